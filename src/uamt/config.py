@@ -1,0 +1,142 @@
+"""params.yaml -> frozen dataclasses, one section per pipeline stage.
+
+Each stage module defines its own frozen dataclass and reads its section with
+:func:`load_section`.  Unknown keys and wrong types raise :class:`ConfigError` naming the
+file, the section and the key, so a typo in ``params.yaml`` never silently falls back to a
+default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+class ConfigError(ValueError):
+    """A params file, section or key is missing, unknown or of the wrong type."""
+
+
+def read_params(path: str | Path = DEFAULT_PARAMS) -> dict[str, Any]:
+    """Read a params YAML file into a dict, with a clear error when it is missing or malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: params file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; convert lists to tuples and nested dicts to dataclasses."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in args:
+            try:
+                return _coerce(value, option, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{where}: expected null, got {value!r}")
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{where}: {value!r} not supported; choose from {sorted(map(str, args))}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return _build(tp, value, where)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r} ({type(value).__name__})")
+        item_tp = args[0] if args else Any
+        return tuple(_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        key_tp, val_tp = args if args else (Any, Any)
+        return {
+            _coerce(k, key_tp, f"{where}.{k}"): _coerce(v, val_tp, f"{where}.{k}") for k, v in value.items()
+        }
+    if tp is float:
+        # YAML writes 1 for 1.0; bool is an int subclass and must not pass as a number.
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected float, got {value!r} ({type(value).__name__})")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected int, got {value!r} ({type(value).__name__})")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected str, got {value!r} ({type(value).__name__})")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected bool, got {value!r} ({type(value).__name__})")
+    if isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _build(cls: type[T], values: dict[str, Any], where: str) -> T:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys are {sorted(fields)}")
+    kwargs = {}
+    for name, field in fields.items():
+        if name in values:
+            kwargs[name] = _coerce(values[name], hints[name], f"{where}.{name}")
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{where}: required key {name!r} is missing")
+    return cls(**kwargs)
+
+
+def from_dict(cls: type[T], values: dict[str, Any] | None, where: str = "params") -> T:
+    """Build the frozen dataclass ``cls`` from a plain mapping, validating keys and types."""
+    return _build(cls, values or {}, where)
+
+
+def load_section(cls: type[T], section: str, path: str | Path = DEFAULT_PARAMS) -> T:
+    """Read ``section`` of the params file at ``path`` into the frozen dataclass ``cls``.
+
+    Raises
+    ------
+    ConfigError
+        If the file or section is missing, a key is unknown or a value has the wrong type;
+        the message names ``<file>:<section>.<key>``.
+    """
+    params = read_params(path)
+    if section not in params:
+        raise ConfigError(f"{path}: section {section!r} is missing; sections present: {sorted(params)}")
+    return from_dict(cls, params[section], where=f"{path}:{section}")

@@ -1,0 +1,34 @@
+"""Shared fixtures: where the offline data mirror is, and an isolated working folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def find_mirror() -> Path:
+    """The offline mirror root: $UAMT_DATA_MIRROR, else ../shared/data/github beside the repo."""
+    env = os.environ.get("UAMT_DATA_MIRROR")
+    candidate = Path(env) if env else REPO_ROOT.parent / "shared" / "data" / "github"
+    if not candidate.is_dir():
+        raise RuntimeError(
+            f"offline data mirror not found at {candidate}; set UAMT_DATA_MIRROR to the folder laid "
+            "out as <owner>/<repo>/<path> (CI: ../shared/data/github)"
+        )
+    return candidate
+
+
+@pytest.fixture(scope="session")
+def mirror_root() -> Path:
+    return find_mirror()
+
+
+@pytest.fixture(autouse=True)
+def _offline_env(monkeypatch):
+    # Tests must never reach a model hub, and must never write to the user's MLflow store.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
