@@ -4,8 +4,13 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# Offline mirror of the public data (CI and these machines have no internet); unset it to download.
+# Offline mirror of the public data (CI and these machines have no internet). Without a mirror
+# beside the checkout (and no UAMT_DATA_MIRROR), `uamt data fetch` downloads the pinned URLs.
+ifneq ($(wildcard ../shared/data/github),)
 export UAMT_DATA_MIRROR ?= $(abspath ../shared/data/github)
+endif
+# dvc.yaml's commands call `uamt`/`python` from the project's own environment.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export MLFLOW_TRACKING_URI ?= sqlite:///$(abspath mlflow)/mlflow.db

@@ -1,0 +1,206 @@
+"""The canonical annotation table and the input checks every loader shares.
+
+One row per rated (source, translation) pair; the columns are the contract of
+``docs/architecture.md``.  Scales of the score columns, per dataset:
+
+============== ======================== =========================== ==========================================
+dataset        ``score``                ``score_raw``               ``annotator_scores`` / ``score_std``
+============== ======================== =========================== ==========================================
+wmt21_da       DA z-score (``Z.SCR``,   DA 0-100 (``RAW.SCR``,      per-judgement scores standardised per
+               mean of per-worker       mean of the raw             worker (the ``score`` scale), ordinary
+               standardised scores)     judgements), higher better  ``SYSTEM`` judgements only; std of them
+wmt21_mqm      MQM as published: 0      same as ``score``           one averaged score per segment is
+               best, negative worse                                 published: ``[score]``, std NaN
+ted_mqm        MQM as published (one    same as ``score``           ``[score]``, std NaN
+               rater per segment)
+mlqe           DA z-score ``z_mean``    mean raw DA 0-100 (``mean``) per-annotator **z-scores** (``z_scores``,
+                                                                    the ``score`` scale); std of them
+qt21_hter      HTER: 0 best, higher     same as ``score``           ``[score]`` (one post-edit), std NaN
+               worse (>= 0)
+multihyp_eten  DA z-score               DA z-score (raw not         ``[]``, std NaN
+                                        published)
+============== ======================== =========================== ==========================================
+
+``score_std`` is the sample standard deviation (``ddof=1``) of ``annotator_scores`` and NaN
+with fewer than two of them.  ``n_annotators`` is the number of human judgements behind
+``score`` as published (``N`` for WMT21 DA, ``len(scores)`` for MLQE, 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from uamt.errors import DataError
+
+DATASETS = ("wmt21_da", "wmt21_mqm", "ted_mqm", "mlqe", "qt21_hter", "multihyp_eten")
+SPLITS = ("d_q", "d_e", "dev", "test", "ood")
+
+#: Column order of the canonical table.
+COLUMNS = (
+    "dataset",
+    "split",
+    "lp",
+    "src",
+    "mt",
+    "ref",
+    "refs",
+    "score",
+    "score_raw",
+    "score_std",
+    "n_annotators",
+    "annotator_scores",
+    "doc",
+    "system",
+    "seg_id",
+    "domain",
+    "year",
+    "group",
+)
+
+#: Arrow schema of the parquet files (explicit so empty lists keep their element type).
+ARROW_SCHEMA = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("split", pa.string()),
+        ("lp", pa.string()),
+        ("src", pa.string()),
+        ("mt", pa.string()),
+        ("ref", pa.string()),
+        ("refs", pa.list_(pa.string())),
+        ("score", pa.float64()),
+        ("score_raw", pa.float64()),
+        ("score_std", pa.float64()),
+        ("n_annotators", pa.int64()),
+        ("annotator_scores", pa.list_(pa.float64())),
+        ("doc", pa.string()),
+        ("system", pa.string()),
+        ("seg_id", pa.int64()),
+        ("domain", pa.string()),
+        ("year", pa.int64()),
+        ("group", pa.string()),
+    ]
+)
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """Sample standard deviation (ddof=1) of ``values``; NaN with fewer than two values."""
+    if len(values) < 2:
+        return math.nan
+    return float(np.std(np.asarray(values, dtype=float), ddof=1))
+
+
+def normalise_source(text: str) -> str:
+    """Key under which two source sentences count as the same: NFKC, case-folded, single spaces."""
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text)).strip().casefold()
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file (line N of the file = element N-1), without line ends.
+
+    Splits on ``\\n`` only (``str.splitlines`` would also split on U+2028 and break the
+    line = segment alignment).  Non-UTF-8 bytes raise :class:`DataError` naming the line.
+    """
+    data = Path(path).read_bytes()
+    return decode_lines(data, str(path))
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """Decode UTF-8 ``data`` (from file ``name``) into lines; see :func:`read_lines`."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(
+            f"{name}: line {line}: not valid UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start})"
+        ) from exc
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """Decode a whole UTF-8 file, with the line of the first bad byte in the error."""
+    return "\n".join(decode_lines(data, name))
+
+
+def require_columns(df: pd.DataFrame, columns: Iterable[str], name: str) -> None:
+    """Raise :class:`DataError` naming the file and the missing column(s)."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise DataError(
+            f"{name}: missing column(s) {missing}; found {list(map(str, df.columns))} "
+            "(was a column renamed?)"
+        )
+
+
+def numeric_column(
+    df: pd.DataFrame, column: str, name: str, *, first_line: int = 2, rows: pd.Index | None = None
+) -> pd.Series:
+    """``df[column]`` as float, raising on a NaN, infinite or non-numeric value.
+
+    The error names the file ``name`` and the file line of the bad row: row ``i`` (0-based
+    position in ``df``) is on line ``first_line + i`` (2 for a file with one header line).
+    ``rows``, if given, holds each row's own file line instead.
+    """
+    values = pd.to_numeric(df[column], errors="coerce").astype(float)
+    bad = ~np.isfinite(values.to_numpy())
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        line = int(rows[pos]) if rows is not None else first_line + pos
+        raise DataError(
+            f"{name}: line {line}: column {column!r} must be a finite number, got {df[column].iloc[pos]!r}"
+        )
+    return values
+
+
+def check_text(value: object, name: str, line: int | str, what: str) -> str:
+    """Return ``value`` if it is a non-blank string, else raise naming file, line and field."""
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{name}: line {line}: {what} is empty or whitespace-only ({value!r})")
+    return value
+
+
+def empty_table() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
+
+
+def finish_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Put a loader's frame in canonical column order and dtypes (split and group empty)."""
+    out = df.copy()
+    for column in ("split", "group"):
+        if column not in out.columns:
+            out[column] = ""
+    missing = [c for c in COLUMNS if c not in out.columns]
+    if missing:
+        raise AssertionError(f"loader forgot columns {missing}")  # a bug, not bad input
+    out = out[list(COLUMNS)].reset_index(drop=True)
+    for column in ("score", "score_raw", "score_std"):
+        out[column] = out[column].astype(float)
+    for column in ("n_annotators", "seg_id", "year"):
+        out[column] = out[column].astype("int64")
+    return out
+
+
+def to_arrow(df: pd.DataFrame) -> pa.Table:
+    """The canonical table as an Arrow table with :data:`ARROW_SCHEMA`."""
+    data = {}
+    for field in ARROW_SCHEMA:
+        column = df[field.name]
+        if field.name == "ref":
+            data[field.name] = [None if (v is None or (isinstance(v, float) and math.isnan(v))) else v for v in column]
+        elif pa.types.is_list(field.type):
+            data[field.name] = [list(v) for v in column]
+        else:
+            data[field.name] = column.tolist()
+    return pa.Table.from_pydict(data, schema=ARROW_SCHEMA)

@@ -1,0 +1,128 @@
+"""Hyper-parameters of the estimator family: the ``train_base:`` and ``train_dup:`` sections of params.yaml.
+
+Both sections are read into the same frozen :class:`TrainConfig`; ``train_dup`` only sets the keys that
+differ for the second DUP stage (method, pool, base model, loss, bottleneck).  Defaults follow
+App. C of *Better Uncertainty Quantification for MT Evaluation* where they apply to the frozen-encoder
+path (hidden sizes [3072, 1024], dropout 0.15, bottleneck 256, DUP loss L_HTS^E); the learning rate
+and batch size of the frozen-encoder default are larger than the paper's fine-tuning values (3e-5,
+batch 4) because only the head is trained there.  With ``finetune: true`` set the paper's values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from uamt.config import DEFAULT_PARAMS, load_section
+
+#: params.yaml sections this package reads.
+BASE_SECTION = "train_base"
+DUP_SECTION = "train_dup"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One estimator's training and inference settings.
+
+    Attributes
+    ----------
+    method : str
+        Key of :data:`uamt.models.registry.METHODS`.
+    reference_free : bool
+        QE variant on <src, mt> (features [mt, src, mt*src, |mt-src|]) instead of <src, mt, ref>.
+    hidden_sizes, activations, dropout, layer_transformation
+        COMET ``FeedForward`` / ``LayerwiseAttention`` settings.
+    batch_size, learning_rate, max_epochs, patience, seed, deterministic, accelerator
+        Training loop; early stopping watches the dev loss with ``patience`` epochs.
+    mc_samples : int
+        Stochastic passes for ``mcd_head`` / ``mcd_full`` / ``hts_mcd`` (paper: 100).
+    mcd_scope : {"head", "full"}
+        Where ``hts_mcd`` applies dropout at inference: head only (cached features) or the whole
+        network including the encoder (needs the encoder).
+    ensemble_size, ensemble_member, n_jobs
+        Deep ensemble: K members of method ``ensemble_member`` trained with seeds seed..seed+K-1, in
+        ``n_jobs`` parallel processes.
+    kl_missing_std : {"mean", "floor", "drop"}
+        KL target std for rows with fewer than 2 annotators: the training split's mean annotator std,
+        the floor ``kl_std_floor``, or drop those rows.
+    kl_std_floor : float
+        Lower bound on the KL target std, in ``score`` units (annotators who agree exactly would make
+        log(sigma_hat^2 / sigma*^2) infinite).
+    dup_loss : {"abs", "sq", "hts"}
+        DUP second-stage loss (Eqs. 5, 6, 7).
+    bottleneck_size : int
+        DUP bottleneck layer, where q_hat enters (App. C: 256).
+    base_model_dir : str or None
+        DUP: the trained first-stage model M_Q.
+    finetune, encoder_learning_rate, layerwise_decay, nr_frozen_epochs, keep_embeddings_frozen
+        Encoder-in-the-network path (GPU users): COMET's layer-wise learning-rate decay and a frozen
+        encoder for the first ``nr_frozen_epochs`` epochs (fractions allowed).
+    predict_batch_size : int
+        Rows per forward pass at inference.
+    train_split, dev_split, out_dir
+        CLI / pipeline: the prepared splits to train on and stop on, and where the model goes
+        (``{method}`` is replaced by the method name).
+    """
+
+    method: str = "point"
+    reference_free: bool = False
+    hidden_sizes: tuple[int, ...] = (3072, 1024)
+    activations: str = "Tanh"
+    dropout: float = 0.15
+    layer_transformation: Literal["softmax", "sparsemax"] = "softmax"
+    batch_size: int = 32
+    learning_rate: float = 1e-4
+    max_epochs: int = 10
+    patience: int = 2
+    seed: int = 42
+    deterministic: bool = True
+    accelerator: str = "cpu"
+    mc_samples: int = 100
+    mcd_scope: Literal["head", "full"] = "head"
+    ensemble_size: int = 5
+    ensemble_member: str = "point"
+    n_jobs: int = 1
+    kl_missing_std: Literal["mean", "floor", "drop"] = "mean"
+    kl_std_floor: float = 0.01
+    dup_loss: str = "hts"
+    bottleneck_size: int = 256
+    base_model_dir: str | None = None
+    finetune: bool = False
+    encoder_learning_rate: float = 1e-5
+    layerwise_decay: float = 0.95
+    nr_frozen_epochs: float = 0.3
+    keep_embeddings_frozen: bool = True
+    predict_batch_size: int = 256
+    train_split: str = "d_q"
+    dev_split: str = "dev"
+    out_dir: str = "models/{method}"
+
+    def replace(self, **changes) -> TrainConfig:
+        """A copy with ``changes`` applied (validated like the YAML)."""
+        import dataclasses
+
+        from uamt.config import from_dict
+
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values.update(changes)
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+        return from_dict(TrainConfig, values, where="TrainConfig")
+
+
+def load_train_config(method: str, path: str | Path = DEFAULT_PARAMS) -> TrainConfig:
+    """The config for ``method``: ``train_dup`` over ``train_base`` for DUP, ``train_base`` otherwise."""
+    from uamt.config import from_dict, read_params
+
+    base = load_section(TrainConfig, BASE_SECTION, path)
+    if method != "dup":
+        return base.replace(method=method, out_dir=_default_out(base.out_dir, method))
+    params = read_params(path)
+    dup_values = params.get(DUP_SECTION) or {}
+    # Validate the DUP section on its own first so an error names train_dup.<key>.
+    from_dict(TrainConfig, dup_values, where=f"{path}:{DUP_SECTION}")
+    return base.replace(**{"out_dir": "models/dup", **dup_values, "method": "dup"})
+
+
+def _default_out(out_dir: str, method: str) -> str:
+    return out_dir.replace("{method}", method)

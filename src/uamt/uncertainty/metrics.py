@@ -1,0 +1,519 @@
+"""Performance indicators of uncertainty-aware MT evaluation (Glushkova et al., 2021, §4 and App. D).
+
+Every quality prediction is a Gaussian :math:`\\hat p_Q(q) = \\mathcal N(q; \\hat\\mu, \\hat\\sigma^2)`.
+Throughout, ``human`` is the ground-truth score :math:`q^*`, ``mu`` the predicted mean
+:math:`\\hat\\mu` and ``sigma`` the predicted **standard deviation** :math:`\\hat\\sigma`
+(never a variance); all three are arrays of shape ``[n_segments]`` on the same scale.
+
+Naming follows scikit-learn: ``*_score`` higher is better, ``*_loss`` / ``*_error`` lower is
+better.  :func:`interval_coverage` is neither (the target is the nominal level).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import erfinv, ndtr
+
+#: Number of confidence levels of the expected calibration error used in both papers.
+N_CONFIDENCE_LEVELS = 100
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+
+
+# --------------------------------------------------------------------------- validation helpers
+def _as_1d(name: str, values, *, nonnegative: bool = False) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D [n_segments], got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError(f"{name} is empty; need at least one segment")
+    if not np.all(np.isfinite(array)):
+        bad = int(np.flatnonzero(~np.isfinite(array))[0])
+        raise ValueError(f"{name}[{bad}] = {array[bad]!r} is not finite")
+    if nonnegative and np.any(array < 0):
+        bad = int(np.flatnonzero(array < 0)[0])
+        raise ValueError(f"{name}[{bad}] = {array[bad]!r} is negative; sigma is a standard deviation >= 0")
+    return array
+
+
+def _check_same_length(**arrays: np.ndarray) -> None:
+    lengths = {name: len(a) for name, a in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"arrays differ in length: {lengths}")
+
+
+def _triple(human, mu, sigma) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    human = _as_1d("human", human)
+    mu = _as_1d("mu", mu)
+    sigma = _as_1d("sigma", sigma, nonnegative=True)
+    _check_same_length(human=human, mu=mu, sigma=sigma)
+    return human, mu, sigma
+
+
+def _check_gamma(gamma: float) -> float:
+    gamma = float(gamma)
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"confidence level gamma={gamma!r} must lie in [0, 1]")
+    return gamma
+
+
+# --------------------------------------------------------------------------- building blocks
+def probit(p):
+    """Standard-normal quantile function, as written in the paper (Eq. 1).
+
+    .. math:: \\operatorname{probit}(p) = \\sqrt 2 \\, \\operatorname{erf}^{-1}(2p - 1)
+
+    Parameters
+    ----------
+    p : float or array_like
+        Probabilities in [0, 1]; ``probit(1) = +inf`` and ``probit(0) = -inf``.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        Same shape as ``p``.
+    """
+    return np.sqrt(2.0) * erfinv(2.0 * np.asarray(p, dtype=float) - 1.0)
+
+
+def confidence_levels(n_levels: int = N_CONFIDENCE_LEVELS) -> np.ndarray:
+    """The confidence levels :math:`\\gamma_b` of the ECE: ``numpy.linspace(0, 1, n_levels)``.
+
+    Evenly spaced from 0 to 1 inclusive, as in the authors' evaluation code
+    (deep-spin/UA_COMET ``evaluation/calibration.py``, ``NUM_BINS = 100``).  The two end levels are
+    trivially calibrated (the empty interval at 0 and the whole line at 1 are covered with
+    probability 0 and 1), so they only dilute the mean; they are kept for comparability with the
+    published numbers.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``[n_levels]``.
+    """
+    if int(n_levels) < 2:
+        raise ValueError(f"n_levels={n_levels!r} must be >= 2")
+    return np.linspace(0.0, 1.0, int(n_levels))
+
+
+def standardized_abs_error(human, mu, sigma) -> np.ndarray:
+    """Absolute error in units of the predicted standard deviation, :math:`|q^* - \\hat\\mu| / \\hat\\sigma`.
+
+    A segment is inside the Gaussian interval :math:`I(\\gamma)` exactly when this value is at most
+    :math:`\\operatorname{probit}((1+\\gamma)/2)`.  Where ``sigma == 0`` the value is 0 if the
+    prediction is exact and ``+inf`` otherwise (the limit of a point mass).
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+
+    Returns
+    -------
+    numpy.ndarray, shape [n_segments]
+    """
+    human, mu, sigma = _triple(human, mu, sigma)
+    return _z_abs(np.abs(human - mu), sigma)
+
+
+def _z_abs(abs_err: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    z = np.empty_like(abs_err)
+    positive = sigma > 0
+    z[positive] = abs_err[positive] / sigma[positive]
+    z[~positive] = np.where(abs_err[~positive] == 0, 0.0, np.inf)
+    return z
+
+
+def _observed_coverage(z_abs: np.ndarray, gammas: np.ndarray) -> np.ndarray:
+    """Fraction of ``z_abs <= probit((1 + gamma)/2)`` for each gamma (sorted once, then searched)."""
+    thresholds = probit((1.0 + gammas) / 2.0)
+    z_sorted = np.sort(z_abs)
+    return np.searchsorted(z_sorted, thresholds, side="right") / z_abs.size
+
+
+def gaussian_interval(mu, sigma, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """Central Gaussian confidence interval :math:`I(\\gamma) = [q_{min}, q_{max}]` (Eq. 1).
+
+    .. math::
+        q_{min}(\\gamma) = \\hat\\mu - \\hat\\sigma \\operatorname{probit}((1+\\gamma)/2), \\quad
+        q_{max}(\\gamma) = \\hat\\mu + \\hat\\sigma \\operatorname{probit}((1+\\gamma)/2)
+
+    Parameters
+    ----------
+    mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+    gamma : float
+        Confidence level in [0, 1].
+
+    Returns
+    -------
+    (lower, upper) : tuple of numpy.ndarray, each shape [n_segments]
+    """
+    mu = _as_1d("mu", mu)
+    sigma = _as_1d("sigma", sigma, nonnegative=True)
+    _check_same_length(mu=mu, sigma=sigma)
+    half = sigma * float(probit((1.0 + _check_gamma(gamma)) / 2.0)) if gamma < 1 else np.full_like(sigma, np.inf)
+    return mu - half, mu + half
+
+
+# --------------------------------------------------------------------------- Pearson scores
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson r; NaN when fewer than 2 points or either input is constant (r undefined)."""
+    if x.size < 2:
+        return float("nan")
+    dx = x - x.mean()
+    dy = y - y.mean()
+    denom = math.sqrt(float(np.dot(dx, dx)) * float(np.dot(dy, dy)))
+    if denom == 0.0:
+        return float("nan")
+    return float(np.clip(np.dot(dx, dy) / denom, -1.0, 1.0))
+
+
+def predictive_pearson_score(human, mu) -> float:
+    """Predictive Pearson score (PPS): :math:`r(q^*, \\hat\\mu)`.
+
+    .. math:: \\mathrm{PPS} = \\frac{\\sum_j (q^*_j - \\bar q^*)(\\hat\\mu_j - \\bar{\\hat\\mu})}
+              {\\sqrt{\\sum_j (q^*_j - \\bar q^*)^2 \\sum_j (\\hat\\mu_j - \\bar{\\hat\\mu})^2}}
+
+    Higher is better.
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+
+    Returns
+    -------
+    float
+        In [-1, 1]; NaN when ``n_segments < 2`` or an input is constant.
+    """
+    human = _as_1d("human", human)
+    mu = _as_1d("mu", mu)
+    _check_same_length(human=human, mu=mu)
+    return _pearson(human, mu)
+
+
+def uncertainty_pearson_score(human, mu, sigma) -> float:
+    """Uncertainty Pearson score (UPS): :math:`r(|q^* - \\hat\\mu|, \\hat\\sigma)`.
+
+    Correlation between the absolute prediction error and the predicted **standard deviation**
+    (not the variance).  Higher is better.
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations, >= 0.
+
+    Returns
+    -------
+    float
+        In [-1, 1]; NaN when ``sigma`` is constant (e.g. the fixed-variance baseline, whose UPS
+        the paper reports as "-") or ``n_segments < 2``.
+    """
+    human, mu, sigma = _triple(human, mu, sigma)
+    return _pearson(np.abs(human - mu), sigma)
+
+
+# --------------------------------------------------------------------------- proper scores
+def gaussian_nll(human, mu, sigma) -> np.ndarray:
+    """Per-segment Gaussian negative log-likelihood :math:`-\\log \\mathcal N(q^*; \\hat\\mu, \\hat\\sigma^2)`.
+
+    .. math:: \\mathrm{nll}_j = \\tfrac12 \\log(2\\pi\\hat\\sigma_j^2) + \\frac{(q^*_j - \\hat\\mu_j)^2}{2\\hat\\sigma_j^2}
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances); must be > 0.
+
+    Returns
+    -------
+    numpy.ndarray, shape [n_segments]
+        In nats.
+
+    Raises
+    ------
+    ValueError
+        If any ``sigma`` is 0 (the density is then not defined).
+    """
+    human, mu, sigma = _triple(human, mu, sigma)
+    if np.any(sigma <= 0):
+        bad = int(np.flatnonzero(sigma <= 0)[0])
+        raise ValueError(f"sigma[{bad}] = 0: the Gaussian NLL needs sigma > 0")
+    var = sigma**2
+    return 0.5 * (_LOG_2PI + np.log(var)) + (human - mu) ** 2 / (2.0 * var)
+
+
+def gaussian_nll_loss(human, mu, sigma) -> float:
+    """Mean Gaussian negative log-likelihood (NLL, Eq. 4 of Glushkova et al., 2021).
+
+    .. math:: \\mathrm{NLL} = -\\frac{1}{|D|} \\sum_{j} \\log \\mathcal N(q^*_j; \\hat\\mu_j, \\hat\\sigma_j^2)
+
+    Lower is better.  When ``q* ~ N(mu, sigma^2)`` exactly, its expectation is the Gaussian entropy
+    :math:`\\tfrac12 \\log(2\\pi e \\sigma^2)` (averaged over segments).
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances); must be > 0.
+
+    Returns
+    -------
+    float
+        In nats.
+    """
+    return float(np.mean(gaussian_nll(human, mu, sigma)))
+
+
+def gaussian_crps(human, mu, sigma) -> np.ndarray:
+    """Per-segment continuous ranked probability score of :math:`\\mathcal N(\\hat\\mu, \\hat\\sigma^2)`.
+
+    Closed form (Gneiting et al., 2005), with :math:`z = (q^* - \\hat\\mu)/\\hat\\sigma`:
+
+    .. math:: \\mathrm{CRPS}_j = \\hat\\sigma_j \\left[ z_j (2\\Phi(z_j) - 1) + 2\\varphi(z_j) - \\frac{1}{\\sqrt\\pi} \\right]
+              = \\int_{-\\infty}^{\\infty} (F_j(x) - \\mathbb 1[x \\ge q^*_j])^2 \\, dx
+
+    For ``sigma == 0`` it is the limit :math:`|q^* - \\hat\\mu|`.
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+
+    Returns
+    -------
+    numpy.ndarray, shape [n_segments]
+        In the units of the scores.
+    """
+    human, mu, sigma = _triple(human, mu, sigma)
+    abs_err = np.abs(human - mu)
+    out = abs_err.copy()
+    positive = sigma > 0
+    s = sigma[positive]
+    z = (human[positive] - mu[positive]) / s
+    pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
+    out[positive] = s * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * pdf - _INV_SQRT_PI)
+    return out
+
+
+def gaussian_crps_loss(human, mu, sigma) -> float:
+    """Mean continuous ranked probability score of the Gaussian predictions (lower is better).
+
+    See :func:`gaussian_crps` for the closed form.  Not one of the papers' indicators; it is a
+    proper score that, unlike the NLL, stays finite as ``sigma -> 0`` (it then becomes the MAE).
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+
+    Returns
+    -------
+    float
+    """
+    return float(np.mean(gaussian_crps(human, mu, sigma)))
+
+
+# --------------------------------------------------------------------------- calibration & sharpness
+def reliability_curve(human, mu, sigma, n_levels: int = N_CONFIDENCE_LEVELS) -> tuple[np.ndarray, np.ndarray]:
+    """Expected vs observed coverage of the Gaussian intervals, for a reliability plot.
+
+    For each confidence level :math:`\\gamma_b` of :func:`confidence_levels` (Eq. 3):
+
+    .. math:: \\mathrm{acc}(\\gamma_b) = \\frac{1}{|D|} \\sum_j \\mathbb 1\\left(q^*_j \\in I_j(\\gamma_b)\\right)
+
+    with the closed interval :math:`I_j(\\gamma)` of Eq. 1 (:func:`gaussian_interval`).
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+    n_levels : int
+        Number M of confidence levels (100 in both papers).
+
+    Returns
+    -------
+    expected : numpy.ndarray, shape [n_levels]
+        The levels :math:`\\gamma_b`.
+    observed : numpy.ndarray, shape [n_levels]
+        :math:`\\mathrm{acc}(\\gamma_b)`.
+    """
+    gammas = confidence_levels(n_levels)
+    z = standardized_abs_error(human, mu, sigma)
+    return gammas, _observed_coverage(z, gammas)
+
+
+def expected_calibration_error(human, mu, sigma, n_levels: int = N_CONFIDENCE_LEVELS) -> float:
+    """Expected calibration error for regression (ECE, Eq. 2 of Glushkova et al., 2021).
+
+    .. math:: \\mathrm{ECE} = \\frac{1}{M} \\sum_{b=1}^{M} |\\mathrm{acc}(\\gamma_b) - \\gamma_b|
+
+    the mean absolute gap between observed and nominal coverage of the central Gaussian intervals,
+    over M confidence levels ``linspace(0, 1, M)`` (M = 100 in both papers).  Lower is better.
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+    n_levels : int
+        Number M of confidence levels.
+
+    Returns
+    -------
+    float
+        In [0, 0.5].
+    """
+    gammas, observed = reliability_curve(human, mu, sigma, n_levels)
+    return float(np.mean(np.abs(observed - gammas)))
+
+
+def sharpness_loss(sigma) -> float:
+    """Sharpness (Eq. 5 of Glushkova et al., 2021): the mean predicted **variance**.
+
+    .. math:: \\mathrm{sha} = \\frac{1}{|D|} \\sum_j \\hat\\sigma_j^2
+
+    Lower is sharper (tighter intervals); only meaningful alongside a calibration indicator.
+
+    Parameters
+    ----------
+    sigma : array_like, shape [n_segments]
+        Standard deviations (squared here; pass sigma, not var).
+
+    Returns
+    -------
+    float
+        In squared score units.
+    """
+    sigma = _as_1d("sigma", sigma, nonnegative=True)
+    return float(np.mean(sigma**2))
+
+
+def interval_coverage(human, mu, sigma, gamma: float) -> float:
+    """Observed coverage :math:`\\mathrm{acc}(\\gamma)` of the central Gaussian interval at level gamma.
+
+    .. math:: \\frac{1}{|D|} \\sum_j \\mathbb 1\\left(|q^*_j - \\hat\\mu_j| \\le \\hat\\sigma_j \\operatorname{probit}((1+\\gamma)/2)\\right)
+
+    A calibrated model has coverage close to ``gamma``.
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+    gamma : float
+        Confidence level in [0, 1].
+
+    Returns
+    -------
+    float
+        In [0, 1].
+    """
+    z = standardized_abs_error(human, mu, sigma)
+    return float(_observed_coverage(z, np.array([_check_gamma(gamma)]))[0])
+
+
+def mean_interval_width(sigma, gamma: float) -> float:
+    """Mean width of the central Gaussian interval at level gamma: :math:`2 \\overline{\\hat\\sigma} \\operatorname{probit}((1+\\gamma)/2)`.
+
+    Parameters
+    ----------
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+    gamma : float
+        Confidence level in [0, 1).
+
+    Returns
+    -------
+    float
+        In score units.
+    """
+    sigma = _as_1d("sigma", sigma, nonnegative=True)
+    gamma = _check_gamma(gamma)
+    if gamma >= 1.0:
+        return float("inf")
+    return float(2.0 * np.mean(sigma) * probit((1.0 + gamma) / 2.0))
+
+
+def translation_risk(mu, sigma, threshold) -> np.ndarray:
+    """Translation risk :math:`\\hat F_Q(\\chi) = P(Q \\le \\chi) = \\Phi((\\chi - \\hat\\mu)/\\hat\\sigma)` (§3.2).
+
+    The probability that the translation's quality is at or below the threshold :math:`\\chi`
+    (e.g. a critical-error threshold tuned on dev).  For ``sigma == 0`` it is the step
+    :math:`\\mathbb 1(\\hat\\mu \\le \\chi)`.
+
+    Parameters
+    ----------
+    mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+    threshold : float or array_like, shape [n_segments]
+        :math:`\\chi`, on the same scale as ``mu``.
+
+    Returns
+    -------
+    numpy.ndarray, shape [n_segments]
+        Probabilities in [0, 1].
+    """
+    mu = _as_1d("mu", mu)
+    sigma = _as_1d("sigma", sigma, nonnegative=True)
+    _check_same_length(mu=mu, sigma=sigma)
+    chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
+    if not np.all(np.isfinite(chi)):
+        raise ValueError("threshold must be finite")
+    risk = (mu <= chi).astype(float)
+    positive = sigma > 0
+    risk[positive] = ndtr((chi[positive] - mu[positive]) / sigma[positive])
+    return risk
+
+
+def uncertainty_metrics(
+    human,
+    mu,
+    sigma,
+    *,
+    n_levels: int = N_CONFIDENCE_LEVELS,
+    coverage_gamma: float = 0.9,
+) -> dict[str, float | None]:
+    """All indicators of one method on one set, as a JSON-safe dict.
+
+    Keys: ``n``, ``pps``, ``ups``, ``nll``, ``ece``, ``sharpness``, ``coverage@<gamma>``,
+    ``width@<gamma>``, ``crps``.  Undefined values (UPS with constant sigma, Pearson with fewer than 2
+    segments, NLL with some ``sigma == 0``) are ``None``.
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+    n_levels : int
+        Confidence levels of the ECE.
+    coverage_gamma : float
+        Level of the reported interval coverage and width.
+    """
+    human, mu, sigma = _triple(human, mu, sigma)
+
+    def finite_or_none(value: float) -> float | None:
+        return float(value) if math.isfinite(value) else None
+
+    nll = gaussian_nll_loss(human, mu, sigma) if np.all(sigma > 0) else float("nan")
+    tag = f"{coverage_gamma:g}"
+    return {
+        "n": int(human.size),
+        "pps": finite_or_none(predictive_pearson_score(human, mu)),
+        "ups": finite_or_none(uncertainty_pearson_score(human, mu, sigma)),
+        "nll": finite_or_none(nll),
+        "ece": expected_calibration_error(human, mu, sigma, n_levels),
+        "sharpness": sharpness_loss(sigma),
+        f"coverage@{tag}": interval_coverage(human, mu, sigma, coverage_gamma),
+        f"width@{tag}": mean_interval_width(sigma, coverage_gamma),
+        "crps": gaussian_crps_loss(human, mu, sigma),
+    }

@@ -1,0 +1,95 @@
+"""The registry's promise: every candidate registered, champion moved only after the gates pass."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+import mlflow
+from uamt import registry
+from uamt.registry import Gates, promotion_decision
+
+
+class ConstantModel(mlflow.pyfunc.PythonModel):
+    def predict(self, context, model_input, params=None):
+        return pd.DataFrame({"mu": [0.0] * len(model_input)})
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return registry.tracking_uri(root=tmp_path)
+
+
+def _register(uri, metrics):
+    return registry.register_candidate(
+        uri,
+        "uamt-test",
+        run_name="register",
+        python_model=ConstantModel(),
+        artifacts={},
+        signature=None,
+        test_metrics=metrics,
+        tags={"method": "hts"},
+    )
+
+
+def test_first_version_passing_ece_becomes_champion():
+    decision = promotion_decision({"ece": 0.01, "nll": 1.0, "pps": 0.3}, None, Gates(max_ece=0.05))
+    assert decision.promote and "first version" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("candidate", "needle"),
+    [
+        ({"ece": 0.2, "nll": 1.0, "pps": 0.3}, "ECE 0.2000 > max_ece"),
+        ({"ece": 0.01, "nll": 1.5, "pps": 0.3}, "NLL 1.5000 worse than champion"),
+        ({"ece": 0.01, "nll": 1.0, "pps": 0.1}, "PPS 0.1000 worse than champion"),
+        ({"ece": math.nan, "nll": 1.0, "pps": 0.3}, "not finite"),
+    ],
+)
+def test_gate_rejects_with_reason(candidate, needle):
+    champion = {"ece": 0.01, "nll": 1.0, "pps": 0.3}
+    decision = promotion_decision(candidate, champion, Gates(max_ece=0.05, nll_tolerance=0.02, pps_tolerance=0.01))
+    assert not decision.promote
+    assert needle in decision.reason
+
+
+def test_within_tolerance_is_promoted():
+    champion = {"ece": 0.01, "nll": 1.0, "pps": 0.3}
+    decision = promotion_decision({"ece": 0.02, "nll": 1.01, "pps": 0.295}, champion, Gates())
+    assert decision.promote
+
+
+def test_champion_moves_only_after_gate(store):
+    client = registry._client(store)
+    v1 = _register(store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
+    assert client.get_model_version(name="uamt-test", version=v1).tags[registry.STATUS_TAG] == "pending"
+    assert registry.gate_and_alias(client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates()).promote
+    assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
+
+    worse = {"ece": 0.01, "nll": 2.0, "pps": 0.10}
+    v2 = _register(store, worse)
+    decision = registry.gate_and_alias(client, "uamt-test", v2, worse, Gates())
+    assert not decision.promote
+    assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
+    assert str(client.get_model_version_by_alias("uamt-test", "challenger").version) == v2
+    tags = client.get_model_version(name="uamt-test", version=v2).tags
+    assert tags[registry.STATUS_TAG] == "rejected" and "NLL" in tags[registry.REASON_TAG]
+
+
+def test_interrupted_registration_leaves_champion_and_marks_orphan(store):
+    client = registry._client(store)
+    v1 = _register(store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
+    registry.gate_and_alias(client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates())
+    v2 = _register(store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})  # "crash": the gate never runs
+    assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
+    v3 = _register(store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})
+    assert registry.mark_orphans(client, "uamt-test", keep_version=v3) == [v2]
+    assert client.get_model_version(name="uamt-test", version=v2).tags[registry.STATUS_TAG] == "orphaned"
+    rows = registry.describe(store, "uamt-test")
+    assert [r["version"] for r in rows] == [v3, v2, v1]
+    assert rows[-1]["aliases"] == "champion"
