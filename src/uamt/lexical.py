@@ -203,11 +203,9 @@ def multihyp_variants(
 
     n = len(mt)
     out: dict[str, np.ndarray] = reference_variants(mt, ref_streams, metric) if ref_streams else {}
-    names = []
-    for comb in COMBINERS:
-        if used_refs:
-            names += [f"{prefix}-ref-{comb}-micro", f"{prefix}-ref-{comb}-macro", f"{prefix}-mt-{comb}-ref"]
-        names += [f"{prefix}-self-{comb}", f"{prefix}-mt-{comb}"]
+    patterns = ["ref-{}-micro", "ref-{}-macro", "mt-{}-ref"] if used_refs else []
+    patterns += ["mt-{}", "self-{}"]
+    names = [f"{prefix}-{pattern.format(comb)}" for pattern in patterns for comb in COMBINERS]
     values = {name: np.empty(n, dtype=np.float64) for name in names}
 
     sim = _Similarity(metric)
@@ -280,7 +278,7 @@ def read_lines(path: str | Path) -> list[str]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     data = path.read_bytes()
-    if not data.strip():
+    if not data:  # "\n\n" is two empty segments (e.g. empty MT outputs), not an empty file
         raise DataError(f"{path}: file is empty")
     raw_lines = data.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":

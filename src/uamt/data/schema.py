@@ -139,8 +139,7 @@ def require_columns(df: pd.DataFrame, columns: Iterable[str], name: str) -> None
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise DataError(
-            f"{name}: missing column(s) {missing}; found {list(map(str, df.columns))} "
-            "(was a column renamed?)"
+            f"{name}: missing column(s) {missing}; found {list(map(str, df.columns))} (was a column renamed?)"
         )
 
 
@@ -198,7 +197,9 @@ def to_arrow(df: pd.DataFrame) -> pa.Table:
     for field in ARROW_SCHEMA:
         column = df[field.name]
         if field.name == "ref":
-            data[field.name] = [None if (v is None or (isinstance(v, float) and math.isnan(v))) else v for v in column]
+            data[field.name] = [
+                None if (v is None or (isinstance(v, float) and math.isnan(v))) else v for v in column
+            ]
         elif pa.types.is_list(field.type):
             data[field.name] = [list(v) for v in column]
         else:

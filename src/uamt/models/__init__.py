@@ -1,0 +1,31 @@
+"""COMET-style uncertainty-aware estimators (point, MC dropout, ensembles, HTS, KL, HTS+MCD, DUP).
+
+Public API::
+
+    from uamt.models import train, load, TrainConfig, METHODS, LOSSES, features_from_cache
+    path = train("hts", cfg, train_df, dev_df, features, "models/hts")
+    preds = load(path).predict(df, features)            # DataFrame[mu, sigma, ...]
+    table = load(path).predictions_table(df, features)  # dataset, lp, seg_id, system, human, mu, sigma, ...
+"""
+
+from uamt.models.api import load, train
+from uamt.models.base import Estimator, NonFiniteLossError
+from uamt.models.config import TrainConfig, load_train_config
+from uamt.models.data import FeatureSource, features_from_cache, features_from_encoder
+from uamt.models.registry import LOSSES, METHODS, get_loss, get_method
+
+__all__ = [
+    "LOSSES",
+    "METHODS",
+    "Estimator",
+    "FeatureSource",
+    "NonFiniteLossError",
+    "TrainConfig",
+    "features_from_cache",
+    "features_from_encoder",
+    "get_loss",
+    "get_method",
+    "load",
+    "load_train_config",
+    "train",
+]

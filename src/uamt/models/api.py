@@ -1,0 +1,502 @@
+"""Train, save, load and run every estimator: the one entry point for stages, the CLI and MLflow.
+
+Model folder (written to a temp folder beside ``out_dir``, then renamed into place; ``model.json``
+is written last, so a folder without a complete ``model.json`` is never loaded)::
+
+    out_dir/model.json      method, config, encoder_id, (num_layers, dim), target mean/std, state
+    out_dir/weights.pt      state_dict (single-network methods and DUP's M_E)
+    out_dir/members/<k>/    ensemble members (each a model folder)
+    out_dir/base/           DUP: a copy of the base model M_Q
+
+Example
+-------
+>>> path = train("hts", cfg, train_df, dev_df, features, "models/hts")          # doctest: +SKIP
+>>> load(path).predict(test_df, features)          # DataFrame[mu, sigma, aleatoric]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytorch_lightning as pl
+import torch
+
+from uamt.config import from_dict
+from uamt.errors import DataError, UamtError
+from uamt.models.base import Estimator, fit, save_weights
+from uamt.models.config import TrainConfig
+from uamt.models.data import (
+    EncodedRows,
+    TargetScaler,
+    encode_rows,
+    encoder_id_of,
+    encoder_of,
+    targets_of,
+)
+from uamt.models.ensemble import combine_members, run_members
+from uamt.models.registry import ENSEMBLE_MEMBERS, SINGLE_METHODS, get_loss, get_method
+
+MANIFEST = "model.json"
+WEIGHTS = "weights.pt"
+FORMAT = "uamt-model/1"
+
+#: Columns of the predictions table (docs/architecture.md); optional ones follow when present.
+TABLE_COLUMNS = ("dataset", "lp", "seg_id", "system", "human", "mu", "sigma")
+OPTIONAL_COLUMNS = ("epistemic", "aleatoric", "q_hat")
+
+
+# --------------------------------------------------------------------------- saving
+@contextlib.contextmanager
+def atomic_dir(out_dir: Path):
+    """Yield a temp folder beside ``out_dir``; on success it replaces ``out_dir``, on error it is removed."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _config_dict(cfg: TrainConfig) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def write_manifest(folder: Path, meta: dict) -> None:
+    """Write ``model.json`` (temp file + os.replace); call it last, it marks the folder complete."""
+    meta = {"format": FORMAT, **meta, "complete": True}
+    fd, tmp = tempfile.mkstemp(prefix=".model.json.", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(meta, handle, indent=2, sort_keys=True)
+    os.replace(tmp, folder / MANIFEST)
+
+
+def read_manifest(model_dir: Path) -> dict:
+    """The manifest of a complete model folder, else UamtError naming what is missing."""
+    model_dir = Path(model_dir)
+    path = model_dir / MANIFEST
+    if not path.is_file():
+        raise UamtError(f"{model_dir}: not a trained model (no {MANIFEST}; training unfinished or failed)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UamtError(f"{path}: corrupt manifest ({exc})") from exc
+    if meta.get("format") != FORMAT or not meta.get("complete"):
+        raise UamtError(f"{path}: not a complete {FORMAT} model")
+    return meta
+
+
+# --------------------------------------------------------------------------- training
+def _encode_pair(cfg, train_df, dev_df, features):
+    train_rows = encode_rows(train_df, features, cfg.reference_free, where="training split")
+    dev_rows = encode_rows(
+        dev_df, features, cfg.reference_free, where="dev split", expected_shape=train_rows.table.shape[1:]
+    )
+    return train_rows, dev_rows
+
+
+def _subset(rows: EncodedRows, keep: np.ndarray | None) -> EncodedRows:
+    if keep is None:
+        return rows
+    index = torch.from_numpy(np.flatnonzero(keep))
+    return EncodedRows(
+        rows.table,
+        rows.texts,
+        rows.src[index],
+        rows.mt[index],
+        None if rows.ref is None else rows.ref[index],
+        {k: v[index] for k, v in rows.columns.items()},
+    )
+
+
+def _train_single(
+    cfg: TrainConfig,
+    train_rows: EncodedRows,
+    dev_rows: EncodedRows,
+    train_df: pd.DataFrame,
+    dev_df: pd.DataFrame,
+    scaler: TargetScaler,
+    folder: Path,
+    encoder_id: str | None,
+    encoder=None,
+) -> dict:
+    """Train one single-network model into ``folder`` (already a temp location); returns its manifest."""
+    cls = SINGLE_METHODS[cfg.method]
+    state: dict = {}
+    train_cols, train_keep = cls.target_columns(train_df, scaler, cfg, "training split", state)
+    dev_cols, dev_keep = cls.target_columns(dev_df, scaler, cfg, "dev split", state)
+    train_rows = _subset(train_rows.with_columns(**train_cols), train_keep)
+    dev_rows = _subset(dev_rows.with_columns(**dev_cols), dev_keep)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)  # initial weights depend on the seed
+    module = cls(cfg, train_rows.num_layers, train_rows.dim, encoder=encoder)
+    fit(module, train_rows, dev_rows, folder)
+    save_weights(module, folder / WEIGHTS)
+    meta = {
+        "method": cfg.method,
+        "config": _config_dict(cfg),
+        "encoder_id": encoder_id,
+        "num_layers": train_rows.num_layers,
+        "dim": train_rows.dim,
+        "target_mean": scaler.mean,
+        "target_std": scaler.std,
+        "state": state,
+        "best_val_loss": module.best_val_loss,
+        "n_train": len(train_rows),
+        "n_dev": len(dev_rows),
+        "versions": _versions(),
+    }
+    write_manifest(folder, meta)
+    return meta
+
+
+def _train_member(cfg, train_rows, dev_rows, train_df, dev_df, scaler, folder, encoder_id) -> float:
+    folder.mkdir(parents=True, exist_ok=True)
+    return _train_single(cfg, train_rows, dev_rows, train_df, dev_df, scaler, folder, encoder_id)[
+        "best_val_loss"
+    ]
+
+
+def _versions() -> dict:
+    import comet
+    import pytorch_lightning
+
+    return {
+        "torch": torch.__version__,
+        "pytorch_lightning": pytorch_lightning.__version__,
+        "comet": comet.__version__,
+    }
+
+
+def train(
+    method: str,
+    cfg: TrainConfig,
+    train_df: pd.DataFrame,
+    dev_df: pd.DataFrame,
+    features,
+    out_dir: str | Path,
+    base_model_dir: str | Path | None = None,
+    encoder=None,
+) -> Path:
+    """Train ``method`` on ``train_df`` (early stopping on ``dev_df``) and write the model to ``out_dir``.
+
+    Parameters
+    ----------
+    method : str
+        A key of :data:`uamt.models.registry.METHODS`.
+    cfg : TrainConfig
+        Hyper-parameters (``cfg.method`` is overridden by ``method``).
+    train_df, dev_df : DataFrame
+        Canonical-table rows: ``src``, ``mt``, ``ref`` (unless ``cfg.reference_free``), ``score``
+        (KL also ``score_std``, ``n_annotators``).  Targets are standardised on ``train_df``.
+    features : callable
+        ``texts -> float32 [n, num_layers, dim]`` (e.g. ``features_from_cache(cache)``); its
+        ``encoder_id`` attribute, when present, is stored and checked at prediction time.
+    out_dir : path
+        Replaced atomically when training succeeds; untouched when it fails.
+    base_model_dir : path, optional
+        DUP only: the trained first-stage model (else ``cfg.base_model_dir``).
+    encoder : optional
+        The encoder object, needed when ``cfg.finetune`` (default: the one behind ``features``).
+
+    Returns
+    -------
+    Path
+        ``out_dir``.
+    """
+    get_method(method)
+    cfg = cfg.replace(method=method)
+    if cfg.finetune and encoder is None:
+        encoder = encoder_of(features)
+    encoder_id = encoder_id_of(features)
+    out_dir = Path(out_dir)
+    if method == "dup":
+        return _train_dup(
+            cfg, train_df, dev_df, features, out_dir, base_model_dir or cfg.base_model_dir, encoder
+        )
+    scaler = TargetScaler.fit(targets_of(train_df, "training split"), "training split")
+    train_rows, dev_rows = _encode_pair(cfg, train_df, dev_df, features)
+    if method == "ensemble":
+        return _train_ensemble(cfg, train_rows, dev_rows, train_df, dev_df, scaler, out_dir, encoder_id)
+    with atomic_dir(out_dir) as tmp:
+        _train_single(cfg, train_rows, dev_rows, train_df, dev_df, scaler, tmp, encoder_id, encoder)
+    return out_dir
+
+
+def _train_ensemble(cfg, train_rows, dev_rows, train_df, dev_df, scaler, out_dir, encoder_id) -> Path:
+    if cfg.ensemble_member not in ENSEMBLE_MEMBERS:
+        raise ValueError(
+            f"ensemble_member={cfg.ensemble_member!r} not supported; choose from {sorted(ENSEMBLE_MEMBERS)}"
+        )
+    if cfg.ensemble_size < 2:
+        raise UamtError(f"ensemble_size={cfg.ensemble_size}; an ensemble needs at least 2 members")
+    if cfg.finetune:
+        raise UamtError(
+            "ensemble with finetune=true is not supported; train members with the cached features"
+        )
+    with atomic_dir(out_dir) as tmp:
+        jobs = [
+            (
+                cfg.replace(method=cfg.ensemble_member, seed=cfg.seed + k),
+                train_rows,
+                dev_rows,
+                train_df,
+                dev_df,
+                scaler,
+                tmp / "members" / str(k),
+                encoder_id,
+            )
+            for k in range(cfg.ensemble_size)
+        ]
+        losses = run_members(_train_member, jobs, cfg.n_jobs)
+        meta = {
+            "method": "ensemble",
+            "config": _config_dict(cfg),
+            "encoder_id": encoder_id,
+            "num_layers": train_rows.num_layers,
+            "dim": train_rows.dim,
+            "target_mean": scaler.mean,
+            "target_std": scaler.std,
+            "members": [f"members/{k}" for k in range(cfg.ensemble_size)],
+            "member_val_losses": losses,
+            "versions": _versions(),
+        }
+        write_manifest(tmp, meta)
+    return out_dir
+
+
+def _train_dup(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, encoder) -> Path:
+    get_loss(cfg.dup_loss)
+    if base_model_dir is None:
+        raise UamtError(
+            "method 'dup' needs its base model M_Q: set train_dup.base_model_dir (or pass base_model_dir) "
+            "to a model trained first, e.g. `uamt train --method point`"
+        )
+    base_dir = Path(base_model_dir)
+    if not (base_dir / MANIFEST).is_file():
+        raise UamtError(
+            f"method 'dup' needs its base model M_Q, but {base_dir} holds no trained model; "
+            "train it first (e.g. `uamt train --method point`)"
+        )
+    base = load(base_dir)
+    if base.method in ("dup", "ensemble"):
+        raise UamtError(f"{base_dir}: DUP's base model must be a single network, not {base.method!r}")
+    encoder_id = encoder_id_of(features)
+    base._check_encoder(features)
+    train_rows, dev_rows = _encode_pair(cfg, train_df, dev_df, features)
+    columns = {}
+    for name, df, rows in (("training split", train_df, train_rows), ("dev split", dev_df, dev_rows)):
+        base_rows = (
+            rows if base.cfg.reference_free == cfg.reference_free else base._encode(df, features, name)
+        )
+        q_hat = base._standardised(base_rows)["mu"]
+        z = base.scaler.transform(targets_of(df, name))
+        columns[name] = {"q_hat": q_hat, "y": np.abs(q_hat - z)}
+    train_rows = train_rows.with_columns(**columns["training split"])
+    dev_rows = dev_rows.with_columns(**columns["dev split"])
+    cls = get_method("dup")
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    module = cls(cfg, train_rows.num_layers, train_rows.dim, encoder=encoder)
+    with atomic_dir(out_dir) as tmp:
+        fit(module, train_rows, dev_rows, tmp)
+        save_weights(module, tmp / WEIGHTS)
+        shutil.copytree(base_dir, tmp / "base")
+        meta = {
+            "method": "dup",
+            "config": _config_dict(cfg),
+            "encoder_id": encoder_id,
+            "num_layers": train_rows.num_layers,
+            "dim": train_rows.dim,
+            "target_mean": base.scaler.mean,
+            "target_std": base.scaler.std,
+            "base": "base",
+            "base_source": str(base_dir),
+            "best_val_loss": module.best_val_loss,
+            "n_train": len(train_rows),
+            "n_dev": len(dev_rows),
+            "versions": _versions(),
+        }
+        write_manifest(tmp, meta)
+    return out_dir
+
+
+# --------------------------------------------------------------------------- loading / prediction
+class TrainedModel:
+    """A loaded model: ``predict(df, features)`` -> DataFrame[mu, sigma, ...] on the ``score`` scale.
+
+    Attributes
+    ----------
+    method : str
+    cfg : TrainConfig
+    meta : dict
+        The manifest (encoder_id, num_layers, dim, target_mean, target_std, ...).
+    scaler : TargetScaler
+    """
+
+    def __init__(self, model_dir: Path, meta: dict) -> None:
+        self.model_dir = Path(model_dir)
+        self.meta = meta
+        self.method = meta["method"]
+        self.cfg = from_dict(TrainConfig, meta["config"], where=f"{model_dir}/{MANIFEST}:config")
+        self.scaler = TargetScaler(meta["target_mean"], meta["target_std"])
+        self.encoder_id = meta.get("encoder_id")
+        self.shape = (int(meta["num_layers"]), int(meta["dim"]))
+
+    # -- helpers shared by the subclasses
+    def _check_encoder(self, features) -> None:
+        found = encoder_id_of(features)
+        if self.encoder_id is not None and found is not None and found != self.encoder_id:
+            raise DataError(
+                f"{self.model_dir}: model trained on embeddings of encoder {self.encoder_id!r}, but the "
+                f"features come from {found!r}; use the cache of the training encoder"
+            )
+
+    def _encode(self, df: pd.DataFrame, features, where: str = "table") -> EncodedRows:
+        self._check_encoder(features)
+        return encode_rows(df, features, self.cfg.reference_free, where=where, expected_shape=self.shape)
+
+    def _standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def predict_rows(self, rows: EncodedRows, n_samples: int | None = None) -> pd.DataFrame:
+        """Predictions for pre-encoded rows, on the human ``score`` scale."""
+        out = self._standardised(rows, n_samples)
+        std = self.scaler.std
+        frame = {"mu": self.scaler.inverse(out["mu"]), "sigma": np.sqrt(np.asarray(out["var"])) * std}
+        for name in ("epistemic", "aleatoric"):
+            if name in out:
+                frame[name] = np.asarray(out[name]) * std**2
+        if "q_hat" in out:
+            frame["q_hat"] = self.scaler.inverse(out["q_hat"])
+        return pd.DataFrame(frame)
+
+    def predict(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
+        """Score ``df`` (columns ``src``, ``mt`` [, ``ref``]).
+
+        Returns
+        -------
+        DataFrame, one row per input row (same order), columns ``mu``, ``sigma`` (a standard
+        deviation; NaN for ``point``) and, per method, ``epistemic``, ``aleatoric`` (variances) and
+        ``q_hat`` (DUP's base prediction), all on the ``score`` scale.
+        """
+        self._attach(encoder if encoder is not None else encoder_of(features))
+        return self.predict_rows(self._encode(df, features), n_samples)
+
+    def _attach(self, encoder) -> None:
+        pass
+
+    def predictions_table(
+        self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None
+    ) -> pd.DataFrame:
+        """The predictions table of docs/architecture.md: ``dataset, lp, seg_id, system, human, mu, sigma``
+        plus ``epistemic``, ``aleatoric``, ``q_hat`` where the method gives them."""
+        pred = self.predict(df, features, n_samples, encoder)
+        table = pd.DataFrame(index=range(len(df)))
+        for column in ("dataset", "lp", "seg_id", "system"):
+            table[column] = df[column].to_numpy() if column in df.columns else None
+        table["human"] = (
+            pd.to_numeric(df["score"], errors="coerce").to_numpy() if "score" in df.columns else np.nan
+        )
+        for column in ("mu", "sigma", *OPTIONAL_COLUMNS):
+            if column in pred.columns:
+                table[column] = pred[column].to_numpy()
+        return table
+
+
+class SingleModel(TrainedModel):
+    """One Lightning estimator (point, mcd_head, mcd_full, hts, kl, hts_mcd, and DUP's M_E)."""
+
+    def __init__(self, model_dir: Path, meta: dict, encoder=None) -> None:
+        super().__init__(model_dir, meta)
+        cls = get_method(self.method)
+        if self.cfg.finetune and encoder is None:
+            raise UamtError(
+                f"{model_dir}: a fine-tuned model needs its encoder: load(model_dir, encoder=...)"
+            )
+        self.module: Estimator = cls(self.cfg, *self.shape, encoder=encoder if self.cfg.finetune else None)
+        weights = self.model_dir / WEIGHTS
+        try:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+            self.module.load_state_dict(state)
+        except (OSError, RuntimeError, EOFError) as exc:
+            raise UamtError(f"{weights}: cannot load weights ({exc})") from exc
+        self.module.eval()
+
+    def _attach(self, encoder) -> None:
+        if encoder is not None:
+            found = getattr(encoder, "encoder_id", None)
+            if self.encoder_id is not None and found is not None and found != self.encoder_id:
+                raise DataError(
+                    f"{self.model_dir}: model trained with encoder {self.encoder_id!r}, got encoder {found!r}"
+                )
+            self.module.attach_encoder(encoder)
+
+    def _standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+        out = self.module.predict_rows(rows, n_samples)
+        return {k: v.numpy() for k, v in out.items()}
+
+
+class EnsembleModel(TrainedModel):
+    """K members; mu = mean, epistemic = spread, aleatoric = mean member variance (hts/kl members)."""
+
+    def __init__(self, model_dir: Path, meta: dict) -> None:
+        super().__init__(model_dir, meta)
+        self.members = [
+            SingleModel(self.model_dir / sub, read_manifest(self.model_dir / sub)) for sub in meta["members"]
+        ]
+
+    def _standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+        return combine_members([member._standardised(rows) for member in self.members])
+
+
+class DUPModel(TrainedModel):
+    """Base model M_Q (mu = q_hat) + error model M_E (sigma = eps_hat)."""
+
+    def __init__(self, model_dir: Path, meta: dict) -> None:
+        super().__init__(model_dir, meta)
+        self.base = load(self.model_dir / meta["base"])
+        self.error_model = SingleModel(self.model_dir, meta)
+
+    def predict(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
+        rows = self._encode(df, features)
+        base_rows = (
+            rows
+            if self.base.cfg.reference_free == self.cfg.reference_free
+            else self.base._encode(df, features)
+        )
+        q_hat = self.base._standardised(base_rows)["mu"]
+        return self.predict_rows(rows.with_columns(q_hat=q_hat), n_samples)
+
+    def _standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+        if "q_hat" not in rows.columns:
+            raise UamtError("DUP rows need the base model's q_hat column; use DUPModel.predict")
+        return self.error_model._standardised(rows)
+
+
+def load(model_dir: str | Path, encoder=None) -> TrainedModel:
+    """Load a complete model folder written by :func:`train` (UamtError when incomplete or missing)."""
+    model_dir = Path(model_dir)
+    meta = read_manifest(model_dir)
+    method = meta.get("method")
+    get_method(method)
+    if method == "ensemble":
+        return EnsembleModel(model_dir, meta)
+    if method == "dup":
+        return DUPModel(model_dir, meta)
+    return SingleModel(model_dir, meta, encoder=encoder)

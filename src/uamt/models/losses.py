@@ -1,0 +1,60 @@
+"""Training objectives of the papers, on standardised targets; every function returns the batch mean.
+
+Shapes: all tensor arguments are [B].  ``log_var`` is log sigma_hat^2 (a log-variance).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def mse_loss(mu: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Squared error (q* - q_hat)^2 (vanilla COMET)."""
+    return torch.mean((target - mu) ** 2)
+
+
+def hts_loss(mu: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Heteroscedastic loss, Eq. 2: (q* - mu)^2 / (2 sigma^2) + log(sigma^2) / 2."""
+    return torch.mean((target - mu) ** 2 / (2 * torch.exp(log_var)) + 0.5 * log_var)
+
+
+def kl_loss(
+    mu: torch.Tensor, log_var: torch.Tensor, target_mu: torch.Tensor, target_std: torch.Tensor
+) -> torch.Tensor:
+    """KL(N(mu*, sigma*^2) || N(mu, sigma^2)), Eq. 3.
+
+    ((mu* - mu)^2 + sigma*^2) / (2 sigma^2) + log(sigma^2 / sigma*^2) / 2 - 1/2; ``target_std`` is
+    sigma* (a standard deviation, > 0).
+    """
+    target_var = target_std**2
+    return torch.mean(
+        ((target_mu - mu) ** 2 + target_var) / (2 * torch.exp(log_var))
+        + 0.5 * (log_var - torch.log(target_var))
+        - 0.5
+    )
+
+
+def dup_abs_loss(eps_hat: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """DUP L_ABS^E, Eq. 5: (eps* - eps_hat)^2."""
+    return torch.mean((eps - eps_hat) ** 2)
+
+
+def dup_sq_loss(eps_hat: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """DUP L_SQ^E, Eq. 6: (eps*^2 - eps_hat^2)^2."""
+    return torch.mean((eps**2 - eps_hat**2) ** 2)
+
+
+def dup_hts_loss(eps_hat: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """DUP L_HTS^E, Eq. 7: eps*^2 / (2 eps_hat^2) + log(eps_hat^2) / 2."""
+    return torch.mean(eps**2 / (2 * eps_hat**2) + 0.5 * torch.log(eps_hat**2))
+
+
+#: DUP second-stage losses by name (params: ``train_dup.dup_loss``).
+LOSSES = {"abs": dup_abs_loss, "sq": dup_sq_loss, "hts": dup_hts_loss}
+
+
+def get_loss(name: str):
+    """The DUP loss ``name``; unknown names raise ValueError listing the choices."""
+    if name not in LOSSES:
+        raise ValueError(f"loss={name!r} not supported; choose from {sorted(LOSSES)}")
+    return LOSSES[name]

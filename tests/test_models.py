@@ -1,0 +1,244 @@
+"""uamt.models: every method trains on a small fixed table and keeps its invariants; bad input is refused.
+
+The table is synthetic but fixed: each text's "embedding" [3 layers, 8 dims] is drawn from a generator
+seeded by the text's crc32, and the score depends on the mt/ref embeddings with noise that grows with
+one feature (heteroscedastic), so the methods have something to learn.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from uamt.errors import DataError, UamtError
+from uamt.models import METHODS, FeatureSource, NonFiniteLossError, TrainConfig, get_loss, load, train
+from uamt.models.api import MANIFEST, TABLE_COLUMNS
+from uamt.models.mcd import head_mc_outputs
+
+N_LAYERS, DIM = 3, 8
+WEIGHTS = np.random.default_rng(0).normal(size=DIM)
+
+
+def embed(texts):
+    return np.stack(
+        [np.random.default_rng(zlib.crc32(t.encode())).normal(size=(N_LAYERS, DIM)) for t in texts]
+    ).astype(np.float32)
+
+
+FEATURES = FeatureSource(embed, encoder_id="fake-encoder-000")
+
+
+def make_table(n: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        src, mt, ref = f"src {seed}-{i}", f"mt {seed}-{i}", f"ref {seed}-{i}"
+        fm, fr = embed([mt])[0].mean(0), embed([ref])[0].mean(0)
+        noise = 0.2 + abs(fm[0])
+        multi = i % 3 != 0
+        rows.append(
+            {
+                "dataset": "synthetic",
+                "lp": "en-de",
+                "seg_id": i + 1,
+                "system": f"sys{i % 4}",
+                "src": src,
+                "mt": mt,
+                "ref": ref,
+                "score": float(fm @ WEIGHTS - 0.5 * fr @ WEIGHTS + rng.normal() * noise),
+                "score_std": float(abs(rng.normal()) + 0.1) if multi else np.nan,
+                "n_annotators": 3 if multi else 1,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+TRAIN, DEV, TEST = make_table(240, 1), make_table(60, 2), make_table(40, 3)
+CFG = TrainConfig(
+    hidden_sizes=(32, 16), max_epochs=3, batch_size=16, mc_samples=30, ensemble_size=2, patience=2
+)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    paths = {}
+    for method in ("point", "mcd_head", "hts", "kl", "hts_mcd"):
+        paths[method] = train(method, CFG, TRAIN, DEV, FEATURES, root / method)
+    paths["ensemble"] = train("ensemble", CFG.replace(n_jobs=2), TRAIN, DEV, FEATURES, root / "ensemble")
+    paths["dup"] = train("dup", CFG, TRAIN, DEV, FEATURES, root / "dup", base_model_dir=paths["point"])
+    return paths
+
+
+@pytest.mark.parametrize("method", ["point", "mcd_head", "hts", "kl", "hts_mcd", "ensemble", "dup"])
+def test_each_method_predicts_table(models, method):
+    model = load(models[method])
+    table = model.predictions_table(TEST, FEATURES)
+    assert list(table.columns[: len(TABLE_COLUMNS)]) == list(TABLE_COLUMNS)
+    assert len(table) == len(TEST)
+    assert np.isfinite(table["mu"]).all()
+    np.testing.assert_allclose(table["human"], TEST["score"])
+    if method == "point":
+        assert table["sigma"].isna().all()  # a point model has no sigma until calibration
+    else:
+        assert (table["sigma"] > 0).all() and np.isfinite(table["sigma"]).all()
+    # predictions are on the human score scale, not the standardised one
+    assert abs(table["mu"].mean() - TRAIN["score"].mean()) < 2 * TRAIN["score"].std()
+
+
+def test_hts_mcd_total_is_epistemic_plus_aleatoric(models):
+    pred = load(models["hts_mcd"]).predict(TEST, FEATURES)
+    assert (pred["epistemic"] > 0).all() and (pred["aleatoric"] > 0).all()
+    # float32 network outputs: equal up to float32 rounding
+    np.testing.assert_allclose(pred["sigma"] ** 2, pred["epistemic"] + pred["aleatoric"], rtol=1e-6)
+
+
+def test_ensemble_spread_positive_and_members_differ(models):
+    model = load(models["ensemble"])
+    assert len(model.members) == 2
+    pred = model.predict(TEST, FEATURES)
+    assert (pred["epistemic"] > 0).all()
+    np.testing.assert_allclose(pred["sigma"] ** 2, pred["epistemic"], rtol=1e-9)
+    mus = [member.predict(TEST, FEATURES)["mu"].to_numpy() for member in model.members]
+    np.testing.assert_allclose(pred["mu"], np.mean(mus, axis=0), rtol=1e-9)
+    np.testing.assert_allclose(pred["epistemic"], np.var(mus, axis=0), rtol=1e-9)
+
+
+def test_mcd_passes_differ_and_are_one_batched_forward(models):
+    model = load(models["mcd_head"])
+    rows = model._encode(TEST, FEATURES)
+    batch = rows.batch(range(10))
+    calls = []
+    hook = model.module.head.register_forward_hook(lambda *a: calls.append(1))
+    samples = head_mc_outputs(model.module, batch, 25)[..., 0]
+    hook.remove()
+    assert samples.shape == (25, 10)
+    assert len(calls) == 1  # 25 passes, one forward of the repeated batch
+    assert samples.std(dim=0).min() > 0
+    a = model.predict(TEST, FEATURES, n_samples=50)
+    assert (a["sigma"] > 0).all() and np.allclose(a["sigma"] ** 2, a["epistemic"], rtol=1e-6)
+    # the deterministic point prediction sits inside the MC cloud
+    with torch.no_grad():
+        model.module.eval()
+        point = (
+            model.module(rows.batch(range(len(rows)))).view(-1).numpy() * model.scaler.std + model.scaler.mean
+        )
+    assert np.corrcoef(point, a["mu"])[0, 1] > 0.9
+
+
+def test_dup_uses_q_hat(models):
+    model = load(models["dup"])
+    base_pred = model.base.predict(TEST, FEATURES)
+    pred = model.predict(TEST, FEATURES)
+    np.testing.assert_allclose(pred["mu"], base_pred["mu"], rtol=1e-9)
+    np.testing.assert_allclose(pred["q_hat"], base_pred["mu"], rtol=1e-9)
+    rows = model._encode(TEST, FEATURES)
+    q = model.base._standardised(rows)["mu"]
+    eps = model._standardised(rows.with_columns(q_hat=q))["var"]
+    eps_shifted = model._standardised(rows.with_columns(q_hat=q + 3.0))["var"]
+    assert not np.allclose(eps, eps_shifted)
+    assert model.meta["target_std"] == model.base.meta["target_std"]
+
+
+def test_reference_free_variant(tmp_path):
+    no_ref = TRAIN.drop(columns=["ref"])
+    cfg = CFG.replace(reference_free=True, max_epochs=1)
+    path = train("hts", cfg, no_ref, DEV.assign(ref=None), FEATURES, tmp_path / "qe")
+    model = load(path)
+    assert model.module.head.ff[0].in_features == 4 * DIM
+    pred = model.predict(TEST.drop(columns=["ref"]), FEATURES)
+    assert (pred["sigma"] > 0).all()
+    with pytest.raises(DataError, match="column 'ref' is empty or null"):
+        train("point", CFG, TRAIN.assign(ref=None), DEV, FEATURES, tmp_path / "needs_ref")
+
+
+def test_same_seed_same_predictions_other_seed_differs(tmp_path):
+    cfg = CFG.replace(max_epochs=2)
+    a = load(train("hts", cfg, TRAIN, DEV, FEATURES, tmp_path / "a")).predict(TEST, FEATURES)
+    b = load(train("hts", cfg, TRAIN, DEV, FEATURES, tmp_path / "b")).predict(TEST, FEATURES)
+    c = load(train("hts", cfg.replace(seed=7), TRAIN, DEV, FEATURES, tmp_path / "c")).predict(TEST, FEATURES)
+    pd.testing.assert_frame_equal(a, b)
+    assert not np.allclose(a["mu"], c["mu"])
+
+
+def test_kl_missing_annotator_rules(tmp_path):
+    drop = load(
+        train("kl", CFG.replace(kl_missing_std="drop", max_epochs=1), TRAIN, DEV, FEATURES, tmp_path / "d")
+    )
+    assert drop.meta["n_train"] == int((TRAIN["n_annotators"] >= 2).sum())
+    mean = load(tmp_path / "d")  # reload works
+    assert mean.method == "kl"
+    with pytest.raises(DataError, match="'score_std' is missing"):
+        train("kl", CFG, TRAIN.drop(columns=["score_std"]), DEV, FEATURES, tmp_path / "x")
+    with pytest.raises(DataError, match="no row has >= 2 annotators"):
+        train("kl", CFG, TRAIN.assign(score_std=np.nan), DEV, FEATURES, tmp_path / "y")
+
+
+def test_unknown_method_and_loss(tmp_path):
+    with pytest.raises(ValueError, match=r"method='nope' not supported; choose from \['dup', 'ensemble'"):
+        train("nope", CFG, TRAIN, DEV, FEATURES, tmp_path / "m")
+    with pytest.raises(ValueError, match=r"loss='l1' not supported; choose from \['abs', 'hts', 'sq'\]"):
+        get_loss("l1")
+    with pytest.raises(ValueError, match="loss='l1' not supported"):
+        train(
+            "dup", CFG.replace(dup_loss="l1"), TRAIN, DEV, FEATURES, tmp_path / "l", base_model_dir=tmp_path
+        )
+    assert sorted(METHODS) == ["dup", "ensemble", "hts", "hts_mcd", "kl", "mcd_full", "mcd_head", "point"]
+
+
+def test_too_few_rows_for_batch(tmp_path):
+    with pytest.raises(DataError, match="fewer than batch_size=16"):
+        train("point", CFG, TRAIN.head(10), DEV, FEATURES, tmp_path / "few")
+    assert not (tmp_path / "few").exists()
+
+
+def test_nan_loss_stops_and_saves_nothing(tmp_path, monkeypatch):
+    from uamt.models.point import PointEstimator
+
+    monkeypatch.setattr(PointEstimator, "loss", lambda self, out, batch: out.sum() * float("nan"))
+    with pytest.raises(NonFiniteLossError, match="training loss is nan"):
+        train("point", CFG, TRAIN, DEV, FEATURES, tmp_path / "nan")
+    assert not (tmp_path / "nan").exists()
+    assert not list(tmp_path.glob(".nan*"))  # temp folder cleaned up
+
+
+def test_dup_without_base_model(tmp_path):
+    with pytest.raises(UamtError, match="needs its base model"):
+        train("dup", CFG, TRAIN, DEV, FEATURES, tmp_path / "dup", base_model_dir=tmp_path / "missing")
+    with pytest.raises(UamtError, match="needs its base model"):
+        train("dup", CFG.replace(base_model_dir=None), TRAIN, DEV, FEATURES, tmp_path / "dup")
+
+
+def test_features_from_another_encoder(models):
+    model = load(models["hts"])
+    other = FeatureSource(embed, encoder_id="another-encoder-111")
+    with pytest.raises(DataError, match="encoder 'fake-encoder-000'.*another-encoder-111"):
+        model.predict(TEST, other)
+    wider = FeatureSource(lambda texts: np.zeros((len(texts), N_LAYERS, DIM + 1), np.float32))
+    with pytest.raises(DataError, match="another encoder"):
+        model.predict(TEST, wider)
+
+
+def test_half_written_model_is_not_loaded(models, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(models["point"], broken)
+    (broken / MANIFEST).unlink()
+    with pytest.raises(UamtError, match="not a trained model"):
+        load(broken)
+    (broken / MANIFEST).write_text('{"format": "uamt-model/1", "method": "point"')
+    with pytest.raises(UamtError, match="corrupt manifest"):
+        load(broken)
+
+
+def test_cli_refuses_unknown_method(capsys):
+    from uamt.cli import main
+
+    assert main(["train", "--method", "nope"]) == 2
+    assert "method='nope' not supported" in capsys.readouterr().err
