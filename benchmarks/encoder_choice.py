@@ -96,7 +96,9 @@ def fit_predict(kind: str, x_train, y_train, x_dev, y_dev, x_tests: list[np.ndar
     return [model.predict(x) * y_std + y_mean for x in x_tests]
 
 
-def quality_table(prepared: Path, encoders: dict, cache_root: Path, dataset: str, regressors: list[str]):
+def quality_table(
+    prepared: Path, encoders: dict, cache_root: Path, dataset: str, regressors: list[str], storage_dtype: str
+):
     import pandas as pd
     import sacrebleu
 
@@ -139,7 +141,12 @@ def quality_table(prepared: Path, encoders: dict, cache_root: Path, dataset: str
 
             def feats(rows, layers=layers, cache=cache):
                 pick = (lambda e: e[:, -1]) if layers == "last" else (lambda e: e.mean(axis=1))
-                return comet_features(*(pick(cache.get(rows[c].tolist())) for c in ("src", "mt", "ref")))
+                # storage_dtype float16 = exactly what EmbeddingCache(dtype="float16") returns
+                embs = (
+                    cache.get(rows[c].tolist()).astype(storage_dtype).astype(np.float32)
+                    for c in ("src", "mt", "ref")
+                )
+                return comet_features(*(pick(e) for e in embs))
 
             x_train, x_dev = feats(train), feats(dev)
             x_evals = [feats(group) for group in evals.values()]
@@ -170,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="wmt21_mqm")
     parser.add_argument("--regressors", default="ridge,mlp")
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument(
+        "--storage-dtype",
+        default="float32",
+        choices=["float32", "float16"],
+        help="round features as the cache would",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -205,10 +218,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.prepared} not found: quality part skipped")
         return 0
     results = quality_table(
-        args.prepared, encoders, args.cache_root, args.dataset, args.regressors.split(",")
+        args.prepared, encoders, args.cache_root, args.dataset, args.regressors.split(","), args.storage_dtype
     )
     if results:
-        print(f"\nPPS (Pearson with human scores); regressors trained on {args.dataset}/d_q")
+        print(
+            f"\nPPS (Pearson with human scores); regressors trained on {args.dataset}/d_q; {args.storage_dtype}"
+        )
         print(f"{'features':<10} {'layers':<6} {'model':<6} {'eval set':<28} {'PPS':>7} {'fit s':>6}")
         for enc_name, layers, kind, name, value, seconds in results:
             print(f"{enc_name:<10} {layers:<6} {kind:<6} {name:<28} {value:7.3f} {seconds:6.1f}")

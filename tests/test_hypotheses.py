@@ -365,3 +365,30 @@ def test_generate_then_multihyp_end_to_end(tiny_model, source, tmp_path, capsys)
     assert set(pearson) == set(expected) and "hyp-mt-avg-ref" in pearson
     for name, r in expected.items():
         assert (pearson[name] is None and np.isnan(r)) or pearson[name] == pytest.approx(r)
+
+
+def test_mc_dropout_changes_nothing_but_dropout(tiny_model):
+    # With a vanishing dropout probability the MC-dropout passes must equal the deterministic
+    # output: nothing else (LayerDrop, other train-mode behaviour) may be switched on.
+    model, tokenizer = hypotheses.load_model(str(tiny_model))
+    top = hypotheses.top_outputs(model, tokenizer, SOURCES, cfg())
+    passes = hypotheses.hypotheses_for_model(
+        model, tokenizer, SOURCES, cfg(method="mc-dropout", n=2, dropout=1e-12)
+    )
+    assert passes == [top, top]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without a GPU")
+def test_cuda_without_gpu_is_a_clear_error(tiny_model):
+    with pytest.raises(UamtError, match="device='cuda' requested but torch sees no CUDA device"):
+        hypotheses.load_model(str(tiny_model), device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_generation_on_gpu(tiny_model, source, tmp_path):
+    out = tmp_path / "gpu"
+    hypotheses.generate(
+        [str(tiny_model)], source, out, cfg(method="mc-dropout", n=3, device="cuda"), progress=False
+    )
+    streams = hyp_files(out)
+    assert [len(s) for s in streams] == [len(SOURCES)] * 3 and len({tuple(s) for s in streams}) == 3

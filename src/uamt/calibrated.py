@@ -1,0 +1,118 @@
+"""A model's dev-fitted calibration, applied to new predictions (pipeline, pyfunc, CLI, REST).
+
+The calibration is what :func:`uamt.uncertainty.evaluate_predictions` fits on dev (its
+``calibration`` block): a :class:`~uamt.uncertainty.Standardizer` (z-scores on dev), an
+:class:`~uamt.uncertainty.AffineVarianceCalibrator` (sigma^2 -> alpha sigma^2 + beta in z units),
+a :class:`~uamt.uncertainty.FixedVarianceCalibrator` (for the point estimate) and, where dev
+sigma > 0, a :class:`~uamt.uncertainty.ConformalCalibrator`.  Applying it maps raw model output
+(score scale of the training data) to calibrated mu and sigma on the human scale of the dev data.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from uamt.errors import UamtError
+from uamt.uncertainty import (
+    AffineVarianceCalibrator,
+    ConformalCalibrator,
+    FixedVarianceCalibrator,
+    Standardizer,
+    gaussian_interval,
+    translation_risk,
+)
+
+INTERVAL_MODES = ("gaussian", "conformal")
+
+
+@dataclass
+class Calibration:
+    """Fitted calibrators for one model (``fixed=True``: the point estimate's fixed variance)."""
+
+    standardizer: Standardizer
+    affine: AffineVarianceCalibrator
+    fixed_variance: FixedVarianceCalibrator
+    conformal: ConformalCalibrator | None
+    fixed: bool = False
+
+    @classmethod
+    def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
+        """Build from the ``calibration`` block of ``evaluate_predictions`` (fitted with a dev set)."""
+        try:
+            return cls(
+                standardizer=Standardizer.from_dict(calibration["standardizer"]),
+                affine=AffineVarianceCalibrator.from_dict(calibration["affine_variance"]),
+                fixed_variance=FixedVarianceCalibrator.from_dict(calibration["fixed_variance"]),
+                conformal=(
+                    ConformalCalibrator.from_dict(calibration["conformal"]) if calibration.get("conformal") else None
+                ),
+                fixed=fixed,
+            )
+        except KeyError as exc:
+            raise UamtError(f"calibration is missing {exc.args[0]!r}: was it fitted with a dev set?") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "standardizer": self.standardizer.to_dict(),
+            "affine_variance": self.affine.to_dict(),
+            "fixed_variance": self.fixed_variance.to_dict(),
+            "conformal": self.conformal.to_dict() if self.conformal is not None else None,
+            "fixed": self.fixed,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        return cls.from_result(data, fixed=bool(data.get("fixed", False)))
+
+    def save(self, path: str | Path) -> None:
+        from uamt.uncertainty import write_json_atomic
+
+        write_json_atomic(self.to_dict(), path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UamtError(f"{path}: cannot read calibration ({exc})") from exc
+
+    def _z(self, mu, sigma, lp):
+        mu = np.asarray(mu, dtype=float)
+        if self.fixed:
+            sigma = np.ones_like(mu)
+        mu_z, sigma_z = self.standardizer.transform_predictions(mu, np.asarray(sigma, dtype=float), lp)
+        return mu_z, sigma_z
+
+    def apply(self, mu, sigma, lp=None) -> tuple[np.ndarray, np.ndarray]:
+        """Calibrated ``(mu, sigma)`` on the human scale.  ``sigma`` is a standard deviation, shape [n]."""
+        mu_z, sigma_z = self._z(mu, sigma, lp)
+        if self.fixed:
+            cal_sigma_z = self.fixed_variance.transform(mu_z, lp=lp)
+        else:
+            cal_sigma_z = self.affine.transform(mu_z, sigma_z, lp)
+        return self.standardizer.to_human_scale(mu_z, cal_sigma_z, lp)
+
+    def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "gaussian"):
+        """Central interval at ``gamma`` on the human scale: Gaussian-calibrated or split-conformal."""
+        if mode not in INTERVAL_MODES:
+            raise ValueError(f"interval={mode!r} not supported; choose from {sorted(INTERVAL_MODES)}")
+        if mode == "gaussian" or self.fixed:
+            cal_mu, cal_sigma = self.apply(mu, sigma, lp)
+            return gaussian_interval(cal_mu, cal_sigma, gamma)
+        if self.conformal is None:
+            raise UamtError("this model has no conformal calibration (a dev sigma was 0)")
+        mu_z, sigma_z = self._z(mu, sigma, lp)
+        low_z, high_z = self.conformal.interval(mu_z, sigma_z, gamma, lp)
+        low, _ = self.standardizer.to_human_scale(low_z, np.zeros_like(low_z), lp)
+        high, _ = self.standardizer.to_human_scale(high_z, np.zeros_like(high_z), lp)
+        return low, high
+
+    def risk(self, mu, sigma, threshold: float, lp=None) -> np.ndarray:
+        """P(Q <= threshold) under the calibrated Gaussian (human scale)."""
+        cal_mu, cal_sigma = self.apply(mu, sigma, lp)
+        return translation_risk(cal_mu, cal_sigma, threshold)

@@ -1,0 +1,95 @@
+"""What the model stages share: which data and methods the pipeline runs, and where things live.
+
+The ``pipeline:`` section of params.yaml; each stage in dvc.yaml lists the keys it reads
+(``pipeline.datasets``, ``pipeline.methods``, ...), so one change re-runs only what it touches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.errors import DataError
+
+SECTION = "pipeline"
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """params.yaml ``pipeline:`` section.
+
+    Attributes
+    ----------
+    datasets : tuple of str
+        Human judgements the models are trained (d_q, d_e), calibrated (dev) and tested (test) on.
+        They must share one score scale (e.g. ``wmt21_mqm``: MQM, 0 best, negative worse).
+    ood_datasets : tuple of str
+        Out-of-domain evaluation data (split ``ood``), e.g. ``ted_mqm``.
+    methods : tuple of str
+        Single-stage methods the ``train_base`` stage trains (keys of ``uamt.models.METHODS``).
+    dup_base : str
+        The trained method DUP's second stage builds on (its M_Q).
+    register_method : str
+        The method whose model is registered and gated (a key of ``methods`` or ``dup``).
+    prepared_dir, models_dir, predictions_dir, metrics_dir, plots_dir : str
+        Folders (DVC outs).
+    """
+
+    datasets: tuple[str, ...] = ("wmt21_mqm",)
+    ood_datasets: tuple[str, ...] = ("ted_mqm",)
+    methods: tuple[str, ...] = ("point", "mcd_head", "ensemble", "hts", "hts_mcd")
+    dup_base: str = "point"
+    register_method: str = "hts"
+    prepared_dir: str = "data/prepared"
+    models_dir: str = "models"
+    predictions_dir: str = "predictions"
+    metrics_dir: str = "metrics"
+    plots_dir: str = "plots"
+
+    def __post_init__(self) -> None:
+        from uamt.models.registry import METHODS
+
+        for name in (*self.methods, self.dup_base, self.register_method):
+            if name not in METHODS:
+                raise ConfigError(f"{SECTION}: method={name!r} not supported; choose from {sorted(METHODS)}")
+        if self.dup_base not in self.methods:
+            raise ConfigError(f"{SECTION}.dup_base={self.dup_base!r} must be one of pipeline.methods")
+        if self.register_method not in (*self.methods, "dup"):
+            raise ConfigError(f"{SECTION}.register_method={self.register_method!r} is neither trained nor dup")
+
+    @property
+    def all_methods(self) -> tuple[str, ...]:
+        """Every method the pipeline evaluates: the single-stage ones, then DUP."""
+        return (*self.methods, "dup")
+
+    def model_dir(self, method: str) -> Path:
+        return Path(self.models_dir) / method
+
+
+def load_pipeline(path: str | Path = DEFAULT_PARAMS) -> PipelineConfig:
+    return load_section(PipelineConfig, SECTION, path)
+
+
+def read_split(prepared_dir: str | Path, split: str, datasets: tuple[str, ...]) -> pd.DataFrame:
+    """Rows of ``split`` from the prepared tables that belong to ``datasets`` (index reset)."""
+    path = Path(prepared_dir) / f"{split}.parquet"
+    if not path.is_file():
+        raise DataError(f"{path}: prepared split missing; run `uamt data prepare` (dvc stage prepare) first")
+    frame = pd.read_parquet(path)
+    frame = frame[frame["dataset"].isin(datasets)].reset_index(drop=True)
+    if frame.empty:
+        raise DataError(f"{path}: no rows of datasets {list(datasets)} in split {split!r}")
+    return frame
+
+
+def open_features(encode_cfg):
+    """The cached-feature source of the ``encode:`` section (encoder + on-disk cache)."""
+    from uamt.encoders import EmbeddingCache, get_encoder
+    from uamt.models.data import features_from_cache
+
+    encoder = get_encoder(encode_cfg.encoder)
+    cache = EmbeddingCache(encode_cfg.cache_dir, encoder, dtype=encode_cfg.dtype)
+    return features_from_cache(cache)

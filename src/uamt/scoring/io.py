@@ -1,0 +1,179 @@
+"""Line-aligned text input and all-or-nothing output for ``uamt score`` / ``uamt compare``.
+
+Inputs are plain text files with one segment per line (``\\n`` or ``\\r\\n``), UTF-8 (a leading
+BOM is dropped).  Only ``\\n`` separates segments: Unicode line separators inside a segment
+(U+2028, U+0085, ...) stay part of it, so files never shift out of alignment.
+
+Outputs are written to a temp file in the destination folder and moved into place with
+:func:`os.replace`, so a failure leaves no file (or the previous one, byte-identical).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from uamt.errors import DataError
+
+#: Output suffix -> format for segment-level results.
+SEGMENT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Read ``path`` as UTF-8, one segment per line.
+
+    Returns
+    -------
+    list of str
+        The lines without their ``\\n`` / ``\\r\\n`` terminators (a final newline is optional).
+
+    Raises
+    ------
+    uamt.errors.DataError
+        The file is missing or unreadable, is not valid UTF-8 (message names the line and byte
+        offset), is empty, or has an empty (or whitespace-only) line (message names the line).
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a folder, expected a text file with one segment per line") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc}") from None
+    if data.startswith(_BOM):
+        data = data[len(_BOM) :]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        raise DataError(
+            f"{path}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at column {exc.start - line_start + 1}); "
+            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    if not text:
+        raise DataError(f"{path}: file is empty")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final newline terminates the last line; it does not start a new one
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise DataError(f"{path}:{number}: empty line (every line must hold one segment)")
+    return lines
+
+
+def read_aligned(files: dict[str, Sequence[str | Path]]) -> dict[str, list[list[str]]]:
+    """Read every file of ``files`` (role -> paths) and check they all have the same number of lines.
+
+    Returns
+    -------
+    dict
+        role -> one list of lines per path, in the given order.
+
+    Raises
+    ------
+    uamt.errors.DataError
+        From :func:`read_lines`, or when line counts differ (the message lists every file with
+        its count).
+    """
+    read: dict[str, list[list[str]]] = {}
+    counts: list[tuple[str, str, int]] = []
+    for role, paths in files.items():
+        read[role] = []
+        for path in paths:
+            lines = read_lines(path)
+            read[role].append(lines)
+            counts.append((role, str(path), len(lines)))
+    if len({count for _, _, count in counts}) > 1:
+        listing = ", ".join(f"{path} ({role}): {count}" for role, path, count in counts)
+        raise DataError(f"input files have different line counts; they must be line-aligned: {listing}")
+    return read
+
+
+def check_output_path(path: str | Path, formats: dict[str, str] = SEGMENT_FORMATS) -> str:
+    """Check, before any work is done, that ``path`` can be written; return its format.
+
+    Raises
+    ------
+    uamt.errors.DataError
+        Unknown suffix, missing folder, a folder in the way, or a folder we cannot write to.
+    """
+    path = Path(path)
+    fmt = formats.get(path.suffix.lower())
+    if fmt is None:
+        raise DataError(f"{path}: unsupported output suffix {path.suffix!r}; choose from {sorted(formats)}")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise DataError(f"{path}: output folder {folder} does not exist")
+    if path.is_dir():
+        raise DataError(f"{path}: is a folder, expected an output file path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise DataError(f"{path}: output folder {folder} is not writable")
+    return fmt
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file in the same folder and :func:`os.replace`."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot write in {folder}: {exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def json_safe(value: Any) -> Any:
+    """Numpy scalars -> Python numbers, NaN/inf -> None (strict JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def jsonl_text(records: Iterable[dict[str, Any]]) -> str:
+    """One strict-JSON object per line (non-ASCII kept as is)."""
+    return "".join(json.dumps(json_safe(r), ensure_ascii=False, allow_nan=False) + "\n" for r in records)
+
+
+def delimited_text(records: Sequence[dict[str, Any]], sep: str) -> str:
+    """CSV (``sep=","``) or TSV (``sep="\\t"``) with a header row; missing values are empty."""
+    import pandas as pd
+
+    frame = pd.DataFrame.from_records([json_safe(r) for r in records])
+    return frame.to_csv(sep=sep, index=False, lineterminator="\n", float_format="%.6g")
+
+
+def render_segments(fmt: str, records: Sequence[dict[str, Any]], summary: dict[str, Any] | None) -> str:
+    """Text of the segment-level output: JSONL (segments, then ``{"summary": ...}``), CSV or TSV."""
+    if fmt == "jsonl":
+        tail = [{"summary": summary}] if summary is not None else []
+        return jsonl_text([*records, *tail])
+    if fmt == "csv":
+        return delimited_text(records, ",")
+    if fmt == "tsv":
+        return delimited_text(records, "\t")
+    raise DataError(f"output format {fmt!r} not supported; choose from {sorted(set(SEGMENT_FORMATS.values()))}")

@@ -1,0 +1,346 @@
+"""Segment and system scores with calibrated intervals from a :class:`uamt.predictor.Predictor`.
+
+System score
+    The mean of the segment means, :math:`\\bar\\mu = \\frac1n \\sum_i \\hat\\mu_i`.  Assuming
+    independent segment errors, its standard deviation is
+    :math:`\\sigma_{sys} = \\sqrt{\\sum_i \\hat\\sigma_i^2} / n` and the interval is the central
+    Gaussian one at the requested confidence.  The bootstrap alternative resamples segments with
+    replacement (test-set sampling variability) and draws each resampled segment's quality from
+    :math:`\\mathcal N(\\hat\\mu_i, \\hat\\sigma_i^2)` (prediction uncertainty); its interval is the
+    percentile interval of the resampled means.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uamt.errors import DataError, UamtError
+from uamt.predictor import OUTPUT_COLUMNS, Predictor
+from uamt.uncertainty.metrics import gaussian_interval, translation_risk
+
+DEFAULT_MODEL_NAME = "uamt-comet"
+QE_SUFFIX = "-qe"
+DEFAULT_ALIAS = "champion"
+OPTIONAL_COLUMNS = ("epistemic_var", "aleatoric_var")
+REF_COMBINATIONS = ("average", "sample")
+
+INDEPENDENCE_ASSUMPTION = (
+    "independent segment errors: sigma_sys = sqrt(sum sigma_i^2) / n, Gaussian interval around mean(mu)"
+)
+BOOTSTRAP_METHOD = (
+    "segments resampled with replacement, each resampled quality drawn from N(mu_i, sigma_i^2); "
+    "percentile interval of the resampled means"
+)
+
+
+def model_name_from_params(params_path: str | Path | None) -> str:
+    """``register.model_name`` of the params file when present, else ``uamt-comet``."""
+    from uamt.config import ConfigError, read_params
+
+    if params_path is None or not Path(params_path).is_file():
+        return DEFAULT_MODEL_NAME
+    params = read_params(params_path)
+    section = params.get("register") or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{params_path}:register: expected a mapping, got {type(section).__name__}")
+    name = section.get("model_name", DEFAULT_MODEL_NAME)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{params_path}:register.model_name: expected a non-empty str, got {name!r}")
+    return name
+
+
+def default_model_uri(*, reference_free: bool, params_path: str | Path | None = None) -> str:
+    """``models:/<name>@champion`` (reference-based) or ``models:/<name>-qe@champion`` (reference-free)."""
+    name = model_name_from_params(params_path)
+    if reference_free:
+        name += QE_SUFFIX
+    return f"models:/{name}@{DEFAULT_ALIAS}"
+
+
+def load_scoring_predictor(model: str | None, *, has_references: bool, params_path=None) -> tuple[Predictor, str]:
+    """Load the predictor named by ``model`` (or the default for the inputs) and check it fits them.
+
+    Raises
+    ------
+    uamt.errors.UamtError
+        The model cannot be loaded (for the default reference-free model: "no reference-free model
+        registered ..."), or it is reference-free but references were given, or it needs
+        references and none were given.
+    """
+    from uamt.predictor import load_predictor
+
+    uri = model or default_model_uri(reference_free=not has_references, params_path=params_path)
+    try:
+        predictor = load_predictor(uri)
+    except UamtError as exc:
+        if model is None and not has_references:
+            raise UamtError(
+                f"no reference-free (QE) model registered: {uri} could not be loaded. Scoring without "
+                "-r/--ref needs a model trained with --reference-free and registered as "
+                f"'{uri.split('/', 1)[1].split('@')[0]}' with alias @{DEFAULT_ALIAS}; or pass references "
+                f"with -r, or --model. ({exc})"
+            ) from exc
+        raise
+    check_signature(predictor, has_references=has_references, model=uri)
+    return predictor, uri
+
+
+def check_signature(predictor: Predictor, *, has_references: bool, model: str) -> None:
+    """Refuse a reference-free model given references, and a reference model given none."""
+    if has_references and not predictor.uses_references:
+        raise UamtError(
+            f"{model} is a reference-free (QE) model ({predictor.method}) but references were given; "
+            "drop -r/--ref or choose a reference-based model with --model"
+        )
+    if not has_references and predictor.uses_references:
+        raise UamtError(
+            f"{model} is a reference-based model ({predictor.method}) and needs references: pass "
+            "-r/--ref REF.txt, or choose a reference-free (QE) model with --model"
+        )
+
+
+def build_frame(
+    src: Sequence[str],
+    mt: Sequence[str],
+    refs: Sequence[Sequence[str]] = (),
+    *,
+    ref_combination: str = "average",
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The predictor's input frame for aligned ``src`` / ``mt`` lines and zero or more reference files.
+
+    Parameters
+    ----------
+    refs : sequence of reference files' lines, shape [n_references][n_segments]
+        One file -> column ``ref``.  Several -> ``average``: column ``refs`` (list of every
+        reference; the predictor averages its per-reference predictions, §3.4), or ``sample``:
+        column ``ref`` with one reference per segment drawn uniformly at random with ``seed``
+        (the S-N variant; the same draw for every system scored with the same seed).
+    """
+    if ref_combination not in REF_COMBINATIONS:
+        raise UamtError(f"ref_combination={ref_combination!r} not supported; choose from {list(REF_COMBINATIONS)}")
+    frame = pd.DataFrame({"src": list(src), "mt": list(mt)})
+    if len(refs) == 1:
+        frame["ref"] = list(refs[0])
+    elif len(refs) > 1:
+        per_segment = list(zip(*refs, strict=True))
+        if ref_combination == "average":
+            frame["refs"] = [list(options) for options in per_segment]
+        else:
+            picks = sample_reference_indices(len(frame), len(refs), seed)
+            frame["ref"] = [options[k] for options, k in zip(per_segment, picks, strict=True)]
+    return frame
+
+
+def sample_reference_indices(n_segments: int, n_references: int, seed: int) -> np.ndarray:
+    """Which reference each segment uses in ``sample`` mode: uniform, seeded, shape [n_segments]."""
+    return np.random.default_rng(seed).integers(0, n_references, size=n_segments)
+
+
+def predict(
+    predictor: Predictor,
+    frame: pd.DataFrame,
+    *,
+    confidence: float,
+    risk_threshold: float,
+    batch_size: int,
+    progress: bool,
+) -> pd.DataFrame:
+    """``predictor.predict_frame`` with its output checked (columns present, one row per input)."""
+    out = predictor.predict_frame(
+        frame, confidence=confidence, risk_threshold=risk_threshold, batch_size=batch_size, progress=progress
+    )
+    missing = [c for c in OUTPUT_COLUMNS if c not in out.columns]
+    if missing:
+        raise UamtError(f"the model returned no {missing} columns (got {list(out.columns)}); is it a uamt model?")
+    if len(out) != len(frame):
+        raise UamtError(f"the model returned {len(out)} rows for {len(frame)} segments")
+    return out.reset_index(drop=True)
+
+
+def validate_settings(
+    *, confidence: float, batch_size: int = 1, max_risk: float | None = None, bootstrap: int = 0
+) -> None:
+    """Refuse out-of-range options with a message naming the option."""
+    if not (0.0 < confidence < 1.0):
+        raise UamtError(f"--confidence must be in (0, 1), got {confidence}")
+    if batch_size < 1:
+        raise UamtError(f"--batch-size must be >= 1, got {batch_size}")
+    if max_risk is not None and not (0.0 <= max_risk <= 1.0):
+        raise UamtError(f"--max-risk must be a probability in [0, 1], got {max_risk}")
+    if bootstrap < 0:
+        raise UamtError(f"--bootstrap must be >= 0, got {bootstrap}")
+
+
+@dataclass(frozen=True)
+class SystemScore:
+    """System-level score: mean of mu with its independence-based and (optional) bootstrap intervals."""
+
+    mean: float
+    sigma: float
+    lower: float
+    upper: float
+    n_segments: int
+    bootstrap_lower: float | None = None
+    bootstrap_upper: float | None = None
+    bootstrap_sigma: float | None = None
+    n_bootstrap: int = 0
+
+    def as_dict(self, prefix: str = "system_") -> dict[str, Any]:
+        out: dict[str, Any] = {
+            f"{prefix}score": self.mean,
+            f"{prefix}sigma": self.sigma,
+            f"{prefix}lower": self.lower,
+            f"{prefix}upper": self.upper,
+        }
+        if self.n_bootstrap:
+            out.update(
+                {
+                    f"{prefix}bootstrap_sigma": self.bootstrap_sigma,
+                    f"{prefix}bootstrap_lower": self.bootstrap_lower,
+                    f"{prefix}bootstrap_upper": self.bootstrap_upper,
+                    "n_bootstrap": self.n_bootstrap,
+                }
+            )
+        return out
+
+
+def bootstrap_means(mu, sigma, n_bootstrap: int, rng: np.random.Generator, idx=None) -> np.ndarray:
+    """Resampled system means, shape [n_bootstrap] (see module docstring).
+
+    ``idx`` (shape [n_bootstrap, n_segments]) lets paired comparisons share the resampled segments.
+    """
+    mu = np.asarray(mu, dtype=float)
+    sigma = np.asarray(sigma, dtype=float)
+    n = mu.size
+    if idx is None:
+        idx = rng.integers(0, n, size=(n_bootstrap, n))
+    draws = mu[idx] + sigma[idx] * rng.standard_normal(idx.shape)
+    return draws.mean(axis=1)
+
+
+def system_score(
+    mu, sigma, confidence: float, *, n_bootstrap: int = 0, seed: int = 0
+) -> SystemScore:
+    """System score of one system's segments (formulas in the module docstring).
+
+    Parameters
+    ----------
+    mu, sigma : array_like, shape [n_segments]
+        Segment means and standard deviations.
+    confidence : float
+        Level of the central interval, in (0, 1).
+    n_bootstrap : int
+        Bootstrap resamples (0 = none).
+    """
+    mu = np.asarray(mu, dtype=float)
+    sigma = np.asarray(sigma, dtype=float)
+    n = mu.size
+    if n == 0:
+        raise DataError("no segments to score")
+    mean = float(mu.mean())
+    sys_sigma = float(math.sqrt(float(np.sum(sigma**2))) / n)
+    lower, upper = gaussian_interval([mean], [sys_sigma], confidence)
+    result = {"mean": mean, "sigma": sys_sigma, "lower": float(lower[0]), "upper": float(upper[0]), "n_segments": n}
+    if n_bootstrap:
+        means = _chunked_bootstrap(mu, sigma, n_bootstrap, np.random.default_rng(seed))
+        alpha = (1.0 - confidence) / 2.0
+        lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+        result.update(
+            bootstrap_lower=float(lo),
+            bootstrap_upper=float(hi),
+            bootstrap_sigma=float(means.std(ddof=1)) if n_bootstrap > 1 else 0.0,
+            n_bootstrap=n_bootstrap,
+        )
+    return SystemScore(**result)
+
+
+def _chunked_bootstrap(mu, sigma, n_bootstrap: int, rng: np.random.Generator, chunk_cells: int = 2_000_000):
+    """:func:`bootstrap_means` in chunks so memory stays ~chunk_cells floats whatever the input size."""
+    per_chunk = max(1, chunk_cells // max(1, len(mu)))
+    parts = []
+    done = 0
+    while done < n_bootstrap:
+        k = min(per_chunk, n_bootstrap - done)
+        parts.append(bootstrap_means(mu, sigma, k, rng))
+        done += k
+    return np.concatenate(parts)
+
+
+def segment_records(
+    out: pd.DataFrame,
+    *,
+    flag_below: float | None = None,
+    max_risk: float | None = None,
+    risk_threshold: float | None = None,
+) -> list[dict[str, Any]]:
+    """One record per segment: ``line`` (1-based), mu, sigma, lower, upper, risk, variances, flags.
+
+    ``flagged`` = P(Q <= flag_below) > max_risk; when ``flag_below`` differs from the
+    ``risk_threshold`` the ``risk`` column was computed at, that probability is added as
+    ``flag_risk``.
+    """
+    columns = [*OUTPUT_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in out.columns]]
+    table = out[columns].astype(float)
+    if flag_below is not None:
+        if max_risk is None:
+            raise UamtError("--flag-below needs --max-risk")
+        if risk_threshold is not None and math.isclose(flag_below, risk_threshold):
+            flag_risk = table["risk"].to_numpy()
+        else:
+            flag_risk = translation_risk(table["mu"], table["sigma"], flag_below)
+            table["flag_risk"] = flag_risk
+        table["flagged"] = flag_risk > max_risk
+    records = table.to_dict(orient="records")
+    return [{"line": i, **record} for i, record in enumerate(records, start=1)]
+
+
+def score_summary(
+    predictor: Predictor,
+    out: pd.DataFrame,
+    *,
+    model: str,
+    confidence: float,
+    risk_threshold: float,
+    n_bootstrap: int = 0,
+    seed: int = 0,
+    n_references: int = 0,
+    ref_combination: str | None = None,
+    flag_below: float | None = None,
+    max_risk: float | None = None,
+    records: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The summary record: scale, model, settings, system score and intervals, flag counts."""
+    system = system_score(out["mu"], out["sigma"], confidence, n_bootstrap=n_bootstrap, seed=seed)
+    summary: dict[str, Any] = {
+        "scale": predictor.scale.name,
+        "scale_description": predictor.scale.description,
+        "method": predictor.method,
+        "model": model,
+        "n_segments": len(out),
+        "n_references": n_references,
+        "confidence": confidence,
+        "risk_threshold": risk_threshold,
+        **system.as_dict(),
+        "system_interval_assumption": INDEPENDENCE_ASSUMPTION,
+    }
+    if n_references > 1:
+        summary["ref_combination"] = ref_combination
+    if n_bootstrap:
+        summary["bootstrap_method"] = BOOTSTRAP_METHOD
+    if n_bootstrap or (n_references > 1 and ref_combination == "sample"):
+        summary["seed"] = seed
+    if flag_below is not None:
+        summary.update(
+            flag_below=flag_below,
+            max_risk=max_risk,
+            n_flagged=int(sum(bool(r.get("flagged")) for r in records)),
+        )
+    return summary
