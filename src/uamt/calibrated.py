@@ -49,7 +49,9 @@ class Calibration:
                 affine=AffineVarianceCalibrator.from_dict(calibration["affine_variance"]),
                 fixed_variance=FixedVarianceCalibrator.from_dict(calibration["fixed_variance"]),
                 conformal=(
-                    ConformalCalibrator.from_dict(calibration["conformal"]) if calibration.get("conformal") else None
+                    ConformalCalibrator.from_dict(calibration["conformal"])
+                    if calibration.get("conformal")
+                    else None
                 ),
                 fixed=fixed,
             )

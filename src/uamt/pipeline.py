@@ -58,7 +58,9 @@ class PipelineConfig:
         if self.dup_base not in self.methods:
             raise ConfigError(f"{SECTION}.dup_base={self.dup_base!r} must be one of pipeline.methods")
         if self.register_method not in (*self.methods, "dup"):
-            raise ConfigError(f"{SECTION}.register_method={self.register_method!r} is neither trained nor dup")
+            raise ConfigError(
+                f"{SECTION}.register_method={self.register_method!r} is neither trained nor dup"
+            )
 
     @property
     def all_methods(self) -> tuple[str, ...]:

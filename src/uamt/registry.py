@@ -71,7 +71,9 @@ def artifact_location(root: str | Path = ".") -> str:
     return (Path(root) / DEFAULT_STORE / "artifacts").resolve().as_uri()
 
 
-def promotion_decision(candidate: dict[str, float], champion: dict[str, float] | None, gates: Gates) -> Decision:
+def promotion_decision(
+    candidate: dict[str, float], champion: dict[str, float] | None, gates: Gates
+) -> Decision:
     """Decide whether ``candidate`` may replace ``champion``.
 
     Parameters
@@ -269,6 +271,10 @@ def register_candidate(
     version_tags = {STATUS_TAG: "pending", **tags}
     version_tags.update({f"{METRIC_TAG_PREFIX}{k}": str(v) for k, v in test_metrics.items()})
     version = client.create_model_version(
-        name, source=info.model_uri, run_id=run_id, tags=version_tags, model_id=getattr(info, "model_id", None)
+        name,
+        source=info.model_uri,
+        run_id=run_id,
+        tags=version_tags,
+        model_id=getattr(info, "model_id", None),
     )
     return str(version.version)

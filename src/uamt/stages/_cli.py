@@ -13,9 +13,13 @@ from uamt.config import DEFAULT_PARAMS, ConfigError
 from uamt.errors import UamtError
 
 
-def stage_main(name: str, doc: str | None, load_config: Callable, run: Callable, argv: list[str] | None) -> int:
+def stage_main(
+    name: str, doc: str | None, load_config: Callable, run: Callable, argv: list[str] | None
+) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m uamt.stages.{name}", description=doc)
-    parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)")
+    parser.add_argument(
+        "--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()

@@ -35,7 +35,9 @@ class CalibrateConfig:
 
 def load_config(path: str | Path = DEFAULT_PARAMS) -> CalibrateConfig:
     return CalibrateConfig(
-        load_pipeline(path), load_section(EvaluationSettings, "evaluate", path), load_section(EncodeConfig, "encode", path)
+        load_pipeline(path),
+        load_section(EvaluationSettings, "evaluate", path),
+        load_section(EncodeConfig, "encode", path),
     )
 
 
@@ -72,9 +74,13 @@ def run(cfg: CalibrateConfig) -> dict[str, Path]:
     features = open_features(cfg.encode)
     metrics, out = {}, {}
     for method in pipe.all_methods:
-        table = predict_split(pipe.model_dir(method), dev_df, features, Path(pipe.predictions_dir) / "dev" / f"{method}.parquet")
+        table = predict_split(
+            pipe.model_dir(method), dev_df, features, Path(pipe.predictions_dir) / "dev" / f"{method}.parquet"
+        )
         table = with_model_sigma(table, method)
-        result = evaluate_predictions(table, table, settings=cfg.evaluate, pred_source=f"dev/{method}", dev_source=f"dev/{method}")
+        result = evaluate_predictions(
+            table, table, settings=cfg.evaluate, pred_source=f"dev/{method}", dev_source=f"dev/{method}"
+        )
         calibration = Calibration.from_result(result["calibration"], fixed=is_fixed_variance(method))
         out[method] = Path(cfg.calibration_dir) / f"{method}.json"
         calibration.save(out[method])

@@ -30,7 +30,9 @@ class TrainBaseConfig:
 
 
 def load_config(path: str | Path = DEFAULT_PARAMS) -> TrainBaseConfig:
-    return TrainBaseConfig(load_pipeline(path), load_train_config("point", path), load_section(EncodeConfig, "encode", path))
+    return TrainBaseConfig(
+        load_pipeline(path), load_train_config("point", path), load_section(EncodeConfig, "encode", path)
+    )
 
 
 def run(cfg: TrainBaseConfig) -> dict[str, Path]:

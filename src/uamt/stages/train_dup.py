@@ -26,7 +26,9 @@ class TrainDupConfig:
 
 
 def load_config(path: str | Path = DEFAULT_PARAMS) -> TrainDupConfig:
-    return TrainDupConfig(load_pipeline(path), load_train_config("dup", path), load_section(EncodeConfig, "encode", path))
+    return TrainDupConfig(
+        load_pipeline(path), load_train_config("dup", path), load_section(EncodeConfig, "encode", path)
+    )
 
 
 def run(cfg: TrainDupConfig) -> Path:

@@ -1,0 +1,318 @@
+"""``uamt score``, ``uamt compare`` and ``uamt serve``: what an MT team runs on its translations.
+
+Every input is checked (files readable, UTF-8, no empty line, same line counts, output folder
+present, options in range) before the model is loaded; results are written only when all
+segments are scored (temp file + ``os.replace``), so a failed run leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_CONFIDENCE = 0.9
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    from uamt.config import DEFAULT_PARAMS
+
+    p.add_argument(
+        "--model",
+        help="MLflow model URI (models:/NAME@ALIAS, runs:/ID/model) or local pyfunc folder; default "
+        "models:/NAME@champion with NAME = params register.model_name (else uamt-comet), "
+        "NAME-qe for reference-free scoring",
+    )
+    p.add_argument(
+        "--params", type=Path, default=DEFAULT_PARAMS, help="params file for register.model_name (optional)"
+    )
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        help="level of the central intervals, in (0, 1) (default 0.9)",
+    )
+    p.add_argument(
+        "--risk-threshold",
+        type=float,
+        help="chi of risk = P(Q <= chi), on the model's score scale (default: the scale's own)",
+    )
+    p.add_argument("--batch-size", type=int, default=64, help="segments per model batch (default 64)")
+
+
+def _add_input_options(p: argparse.ArgumentParser, *, several_mt: bool) -> None:
+    p.add_argument("-s", "--src", required=True, type=Path, help="source sentences, one per line (UTF-8)")
+    if several_mt:
+        p.add_argument(
+            "-t",
+            "--mt",
+            required=True,
+            action="append",
+            type=Path,
+            help="translations of one system, line-aligned with --src (repeat: one per system)",
+        )
+    else:
+        p.add_argument("-t", "--mt", required=True, type=Path, help="translations, line-aligned with --src")
+    p.add_argument(
+        "-r",
+        "--ref",
+        action="append",
+        default=[],
+        type=Path,
+        help="reference translations (repeat for several; none: a reference-free model is needed)",
+    )
+    p.add_argument(
+        "--ref-combination",
+        choices=("average", "sample"),
+        default="average",
+        help="several references: average the per-reference predictions (default), or sample one "
+        "reference per segment at random (S-N variant, seeded by --seed)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of reference sampling and the bootstrap")
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also give bootstrap intervals/probabilities from N resamples of the segments (default 0: off)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def register(subparsers) -> None:
+    score = subparsers.add_parser(
+        "score",
+        help="score translations: per segment mu, sigma, interval and risk; system score with interval",
+        description=(
+            "Score each translation with the calibrated model: mean quality mu, standard deviation "
+            "sigma, central interval [lower, upper] and risk = P(Q <= chi), on the human-score scale "
+            "the model was calibrated on. Output: JSON lines (one per segment, then a summary line "
+            "with the scale and the system score), or CSV/TSV by --out suffix."
+        ),
+    )
+    _add_input_options(score, several_mt=False)
+    _add_model_options(score)
+    score.add_argument("--out", type=Path, help="output file: .jsonl, .csv or .tsv (default: JSON lines on stdout)")
+    score.add_argument(
+        "--flag-below",
+        type=float,
+        metavar="CHI",
+        help="flag segments whose P(Q <= CHI) exceeds --max-risk (critical-error detection)",
+    )
+    score.add_argument(
+        "--max-risk", type=float, metavar="P", help="with --flag-below: flag when the risk exceeds P (default 0.5)"
+    )
+    score.set_defaults(handler=run_score)
+
+    compare = subparsers.add_parser(
+        "compare",
+        help="compare systems on the same segments: scores with intervals and P(A better than B)",
+        description=(
+            "Score every system's translations of the same sources and give each system's score with "
+            "its interval and, for every pair, P(A better than B) under a normal approximation "
+            "(independent segments) and, with --bootstrap N, a paired bootstrap."
+        ),
+    )
+    _add_input_options(compare, several_mt=True)
+    _add_model_options(compare)
+    compare.add_argument("--out", type=Path, help="also write the full comparison as JSON (.json)")
+    compare.set_defaults(handler=run_compare)
+
+    serve = subparsers.add_parser(
+        "serve",
+        help="REST server: POST /invocations (MLflow JSON) -> mu, sigma, interval, risk",
+        description=(
+            "Serve the calibrated model over HTTP. POST /invocations takes MLflow's dataframe_records, "
+            "dataframe_split or inputs JSON of {src, mt, ref?|refs?}; GET /health, /ping, /version. "
+            "The model is loaded once at startup; clients can never choose a model or a file."
+        ),
+    )
+    _add_model_options(serve)
+    serve.add_argument(
+        "--reference-free",
+        action="store_true",
+        help="default model: the reference-free one (models:/NAME-qe@champion)",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=5000, help="port (default 5000, as `mlflow models serve`)")
+    serve.add_argument("--max-batch", type=int, default=256, help="most segments per request (default 256)")
+    serve.add_argument("--max-chars", type=int, default=2000, help="most characters per text field (default 2000)")
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=16 * 1024 * 1024, help="largest request body (default 16 MiB)"
+    )
+    serve.set_defaults(handler=run_serve)
+
+
+def _check_common(args) -> None:
+    from uamt.scoring.score import validate_settings
+
+    validate_settings(confidence=args.confidence, batch_size=args.batch_size, bootstrap=getattr(args, "bootstrap", 0))
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from uamt.errors import UamtError
+    from uamt.scoring.io import check_output_path, read_aligned, render_segments
+    from uamt.scoring.score import (
+        build_frame,
+        load_scoring_predictor,
+        predict,
+        score_summary,
+        segment_records,
+        validate_settings,
+    )
+
+    _check_common(args)
+    max_risk = args.max_risk
+    if args.flag_below is not None and max_risk is None:
+        max_risk = 0.5
+    if max_risk is not None and args.flag_below is None:
+        raise UamtError("--max-risk needs --flag-below CHI (the quality threshold the risk is about)")
+    validate_settings(confidence=args.confidence, max_risk=max_risk)
+    fmt = check_output_path(args.out) if args.out else "jsonl"
+    texts = read_aligned({"src": [args.src], "mt": [args.mt], "ref": args.ref})
+    frame = build_frame(
+        texts["src"][0], texts["mt"][0], texts["ref"], ref_combination=args.ref_combination, seed=args.seed
+    )
+    predictor, uri = load_scoring_predictor(args.model, has_references=bool(args.ref), params_path=args.params)
+    chi = args.risk_threshold
+    if chi is None:
+        chi = args.flag_below if args.flag_below is not None else predictor.scale.default_risk_threshold
+    out = predict(
+        predictor,
+        frame,
+        confidence=args.confidence,
+        risk_threshold=chi,
+        batch_size=args.batch_size,
+        progress=not args.no_progress and len(frame) > args.batch_size,
+    )
+    records = segment_records(out, flag_below=args.flag_below, max_risk=max_risk, risk_threshold=chi)
+    summary = score_summary(
+        predictor,
+        out,
+        model=uri,
+        confidence=args.confidence,
+        risk_threshold=chi,
+        n_bootstrap=args.bootstrap,
+        seed=args.seed,
+        n_references=len(args.ref),
+        ref_combination=args.ref_combination,
+        flag_below=args.flag_below,
+        max_risk=max_risk,
+        records=records,
+    )
+    if fmt in ("csv", "tsv"):
+        records = [{**r, "scale": summary["scale"]} for r in records]
+    text = render_segments(fmt, records, summary)
+    if args.out:
+        from uamt.scoring.io import atomic_write_text
+
+        atomic_write_text(args.out, text)
+        print(_summary_line(summary, args.out), file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return 0
+
+
+def _summary_line(summary: dict, out) -> str:
+    level = f"{round(100 * summary['confidence'], 2):g}%"
+    line = (
+        f"scored {summary['n_segments']} segments -> {out}; system score {summary['system_score']:.4f} "
+        f"({level} interval [{summary['system_lower']:.4f}, {summary['system_upper']:.4f}]) "
+        f"on scale {summary['scale']} ({summary['method']}, {summary['model']})"
+    )
+    if "n_flagged" in summary:
+        line += f"; {summary['n_flagged']} flagged (P(Q <= {summary['flag_below']:g}) > {summary['max_risk']:g})"
+    return line
+
+
+def _system_names(paths: list[Path]) -> list[str]:
+    names = [str(p) for p in paths]
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if names.count(name) == 1 else f"{name}#{seen[name]}")
+    return unique
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from uamt.scoring.compare import compare_outputs, comparison_table
+    from uamt.scoring.io import atomic_write_text, check_output_path, json_safe, read_aligned
+    from uamt.scoring.score import build_frame, load_scoring_predictor, predict
+
+    _check_common(args)
+    if args.out:
+        check_output_path(args.out, {".json": "json"})
+    texts = read_aligned({"src": [args.src], "mt": args.mt, "ref": args.ref})
+    names = _system_names(args.mt)
+    # The same reference draw for every system (sample mode), so the comparison stays paired.
+    frames = [
+        build_frame(texts["src"][0], mt, texts["ref"], ref_combination=args.ref_combination, seed=args.seed)
+        for mt in texts["mt"]
+    ]
+    predictor, uri = load_scoring_predictor(args.model, has_references=bool(args.ref), params_path=args.params)
+    chi = args.risk_threshold if args.risk_threshold is not None else predictor.scale.default_risk_threshold
+    n = len(frames[0])
+    joined = pd.concat(frames, ignore_index=True)
+    out = predict(
+        predictor,
+        joined,
+        confidence=args.confidence,
+        risk_threshold=chi,
+        batch_size=args.batch_size,
+        progress=not args.no_progress and len(joined) > args.batch_size,
+    )
+    outputs = {name: out.iloc[k * n : (k + 1) * n].reset_index(drop=True) for k, name in enumerate(names)}
+    result = compare_outputs(outputs, confidence=args.confidence, n_bootstrap=args.bootstrap, seed=args.seed)
+    result = {
+        "scale": predictor.scale.name,
+        "scale_description": predictor.scale.description,
+        "method": predictor.method,
+        "model": uri,
+        "n_segments": n,
+        "n_references": len(args.ref),
+        **({"ref_combination": args.ref_combination} if len(args.ref) > 1 else {}),
+        "risk_threshold": chi,
+        **result,
+    }
+    for system, name in zip(result["systems"], names, strict=True):
+        frame = outputs[name]
+        system["mean_risk"] = float(frame["risk"].mean())
+    if args.out:
+        import json
+
+        atomic_write_text(args.out, json.dumps(json_safe(result), indent=2, allow_nan=False) + "\n")
+    sys.stdout.write(comparison_table(result))
+    sys.stdout.flush()
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from uamt.errors import UamtError
+    from uamt.scoring.score import default_model_uri
+    from uamt.serve import ServeSettings, run_server
+
+    _check_common(args)
+    for option, value in (
+        ("--max-batch", args.max_batch),
+        ("--max-chars", args.max_chars),
+        ("--max-body-bytes", args.max_body_bytes),
+    ):
+        if value < 1:
+            raise UamtError(f"{option} must be >= 1, got {value}")
+    if not 0 <= args.port <= 65535:
+        raise UamtError(f"--port must be in 0..65535, got {args.port}")
+    model = args.model or default_model_uri(reference_free=args.reference_free, params_path=args.params)
+    settings = ServeSettings(
+        confidence=args.confidence,
+        risk_threshold=args.risk_threshold,
+        batch_size=args.batch_size,
+        max_batch=args.max_batch,
+        max_chars=args.max_chars,
+        max_body_bytes=args.max_body_bytes,
+    )
+    run_server(model, settings, host=args.host, port=args.port)
+    return 0

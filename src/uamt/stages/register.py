@@ -1,0 +1,145 @@
+"""Stage ``register``: log the run to MLflow, register the model as a new version, gate it.
+
+The model of ``pipeline.register_method`` becomes an MLflow pyfunc carrying its checkpoint,
+calibration and encoder spec; every candidate is registered (``validation_status=pending``), the
+promotion gate compares its test metrics with the champion's, and the ``champion`` alias moves
+last, only if the gate passes (see :mod:`uamt.registry`). Writes ``metrics/registry.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.pipeline import PipelineConfig, load_pipeline
+from uamt.registry import Gates
+from uamt.stages._cli import stage_main
+from uamt.stages.encode import EncodeConfig
+
+NAME = "register"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegisterSettings:
+    """params.yaml ``register:`` section."""
+
+    model_name: str = "uamt-comet"
+    experiment: str = "uamt"
+    tracking_uri: str | None = None
+    gates: Gates = field(default_factory=Gates)
+
+
+@dataclass(frozen=True)
+class RegisterConfig:
+    pipeline: PipelineConfig
+    register: RegisterSettings
+    encode: EncodeConfig
+    calibration_dir: str = "calibration"
+
+
+def load_config(path: str | Path = DEFAULT_PARAMS) -> RegisterConfig:
+    return RegisterConfig(
+        load_pipeline(path),
+        load_section(RegisterSettings, "register", path),
+        load_section(EncodeConfig, "encode", path),
+    )
+
+
+def data_version(prepared_dir: str | Path) -> str:
+    """Content hash of the prepared splits the model was trained, calibrated and tested on."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(prepared_dir).glob("*.parquet")):
+        digest.update(path.name.encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:12]
+
+
+def _flat(metrics: dict, prefix: str) -> dict[str, float]:
+    out = {}
+    for method, by_lp in metrics.items():
+        for lp, values in by_lp.items():
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and value is not None:
+                    name = f"{prefix}.{method}.{lp}.{key}".replace("@", "_at_")
+                    out[name] = float(value)
+    return out
+
+
+def run(cfg: RegisterConfig) -> dict:
+    from uamt import registry
+    from uamt.models.api import read_manifest
+    from uamt.pyfunc import UamtPyfunc, scale_for, signature, write_spec
+    from uamt.uncertainty import write_json_atomic
+
+    pipe, reg = cfg.pipeline, cfg.register
+    method = pipe.register_method
+    metrics_dir = Path(pipe.metrics_dir)
+    test = json.loads((metrics_dir / "test.json").read_text(encoding="utf-8"))
+    ood = json.loads((metrics_dir / "ood.json").read_text(encoding="utf-8"))
+    candidate = {
+        k: v for k, v in test[method]["avg"].items() if k in ("ece", "nll", "pps", "ups", "sharpness", "crps")
+    }
+    model_dir = pipe.model_dir(method)
+    manifest = read_manifest(model_dir)
+    scale = scale_for(pipe.datasets)
+    version_tag = data_version(pipe.prepared_dir)
+    spec_dir = Path(tempfile.mkdtemp(prefix="uamt-spec-"))
+    spec = write_spec(spec_dir / "spec.json", cfg.encode.encoder, scale, method, pipe.datasets)
+    uri = registry.tracking_uri(reg.tracking_uri)
+    version = registry.register_candidate(
+        uri,
+        reg.model_name,
+        run_name=NAME,
+        python_model=UamtPyfunc(),
+        artifacts={
+            "model": str(model_dir),
+            "calibration": str(Path(cfg.calibration_dir) / f"{method}.json"),
+            "spec": str(spec),
+        },
+        signature=signature(manifest["config"].get("reference_free", False), scale.default_risk_threshold),
+        test_metrics=candidate,
+        params={
+            "method": method,
+            "datasets": ",".join(pipe.datasets),
+            "encoder": cfg.encode.encoder.name,
+            **{f"train.{k}": v for k, v in manifest["config"].items()},
+        },
+        run_metrics={**_flat(test, "test"), **_flat(ood, "ood")},
+        tags={
+            "method": method,
+            "data_version": version_tag,
+            "encoder_id": str(manifest.get("encoder_id")),
+            "scale": scale.name,
+        },
+        log_artifacts={"metrics": str(metrics_dir), "plots": pipe.plots_dir},
+        experiment=reg.experiment,
+    )
+    client = registry._client(uri)
+    orphans = registry.mark_orphans(client, reg.model_name, keep_version=version)
+    decision = registry.gate_and_alias(client, reg.model_name, version, candidate, reg.gates)
+    summary = {
+        "model_name": reg.model_name,
+        "version": version,
+        "promoted": decision.promote,
+        "reason": decision.reason,
+        "data_version": version_tag,
+        "orphans_marked": orphans,
+        "candidate": candidate,
+    }
+    write_json_atomic(summary, metrics_dir / "registry.json")
+    log.info("registered %s version %s: %s", reg.model_name, version, decision.reason)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    return stage_main(NAME, __doc__, load_config, run, argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
