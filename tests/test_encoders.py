@@ -256,7 +256,9 @@ def test_hub_id_loads_from_the_local_hub_cache(tiny_bert_dir, tmp_path):
         "print(e.encoder_id, type(e.comet_encoder).__name__, tuple(e.pooled_layers(['der hund']).shape))\n"
     )
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     local_id = get_encoder(EncoderConfig(name="hf", path=str(tiny_bert_dir))).encoder_id
     hub_id, cls, shape = result.stdout.strip().splitlines()[-1].split(" ", 2)

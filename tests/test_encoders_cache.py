@@ -255,6 +255,24 @@ def test_encode_stage_fills_cache_and_writes_manifest(tmp_path, monkeypatch):
     manifest = json.loads((cache_dirs[0] / "manifest.json").read_text())
     assert manifest["texts_encoded"] == 0 and manifest["texts_already_cached"] == 7
 
+    # only the rows of the selected datasets
+    cfg = encode.EncodeConfig(
+        encoder=EncoderConfig(name="hf", path=str(model_dir)),
+        cache_dir=str(tmp_path / "cache2"),
+        datasets=("ted_mqm",),
+    )
+    _prepared_table(
+        prepared / "ood.parquet",
+        [
+            {"dataset": "ted_mqm", "src": "die katze", "mt": "the cat is small", "ref": None, "refs": []},
+            {"dataset": "mlqe", "src": "der hund", "mt": "dog", "ref": None, "refs": []},
+        ],
+    )
+    manifest = json.loads((encode.run(cfg, [prepared / "ood.parquet"]) / "manifest.json").read_text())
+    assert manifest["texts_distinct"] == 2 and manifest["tables"] == {"ood.parquet": 1}
+    with pytest.raises(DataError, match="test.parquet: no 'dataset' column"):
+        encode.run(cfg, [prepared / "test.parquet"])
+
     # a table without the canonical columns is named in the error
     _prepared_table(prepared / "bad.parquet", [{"source": "x"}])
     cfg = encode.EncodeConfig(

@@ -74,6 +74,7 @@ class Calibration:
     def save(self, path: str | Path) -> None:
         from uamt.uncertainty import write_json_atomic
 
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.to_dict(), path)
 
     @classmethod

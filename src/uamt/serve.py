@@ -26,7 +26,6 @@ import math
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -133,17 +132,22 @@ class ScoringService:
             raise RequestError(400, "empty batch: send at least one record")
         if len(records) > self.settings.max_batch:
             raise RequestError(
-                413, f"batch of {len(records)} records is over the limit of {self.settings.max_batch}; split it"
+                413,
+                f"batch of {len(records)} records is over the limit of {self.settings.max_batch}; split it",
             )
         uses_refs = self.predictor.uses_references
         src, mt, refs = [], [], []
         for i, record in enumerate(records):
             where = f"record {i}"
             if not isinstance(record, dict):
-                raise RequestError(400, f"{where} must be an object with src, mt[, ref], got {type(record).__name__}")
+                raise RequestError(
+                    400, f"{where} must be an object with src, mt[, ref], got {type(record).__name__}"
+                )
             unknown = sorted(set(record) - set(RECORD_FIELDS))
             if unknown:
-                raise RequestError(400, f"{where}: unknown field(s) {unknown}; fields are {list(RECORD_FIELDS)}")
+                raise RequestError(
+                    400, f"{where}: unknown field(s) {unknown}; fields are {list(RECORD_FIELDS)}"
+                )
             for field in ("src", "mt"):
                 if field not in record:
                     raise RequestError(400, f"{where}: missing field {field!r}")
@@ -220,7 +224,6 @@ class ScoringService:
 
     def version(self) -> dict[str, Any]:
         import mlflow
-
         from uamt import __version__
 
         return {"uamt": __version__, "mlflow": mlflow.__version__, **self.describe()}
@@ -238,7 +241,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, payload: Any, *, text: str | None = None) -> None:
         body = (text if text is not None else json.dumps(payload, allow_nan=False) + "\n").encode("utf-8")
         self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8" if text is not None else "application/json")
+        self.send_header(
+            "Content-Type", "text/plain; charset=utf-8" if text is not None else "application/json"
+        )
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")
@@ -263,7 +268,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/invocations":
             self._error(405, "use POST for /invocations")
         else:
-            self._error(404, f"no endpoint {path}; endpoints: POST /invocations, GET /health, /ping, /version")
+            self._error(
+                404, f"no endpoint {path}; endpoints: POST /invocations, GET /health, /ping, /version"
+            )
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
         if self._path != "/invocations":

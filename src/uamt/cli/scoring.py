@@ -92,7 +92,9 @@ def register(subparsers) -> None:
     )
     _add_input_options(score, several_mt=False)
     _add_model_options(score)
-    score.add_argument("--out", type=Path, help="output file: .jsonl, .csv or .tsv (default: JSON lines on stdout)")
+    score.add_argument(
+        "--out", type=Path, help="output file: .jsonl, .csv or .tsv (default: JSON lines on stdout)"
+    )
     score.add_argument(
         "--flag-below",
         type=float,
@@ -100,7 +102,10 @@ def register(subparsers) -> None:
         help="flag segments whose P(Q <= CHI) exceeds --max-risk (critical-error detection)",
     )
     score.add_argument(
-        "--max-risk", type=float, metavar="P", help="with --flag-below: flag when the risk exceeds P (default 0.5)"
+        "--max-risk",
+        type=float,
+        metavar="P",
+        help="with --flag-below: flag when the risk exceeds P (default 0.5)",
     )
     score.set_defaults(handler=run_score)
 
@@ -133,10 +138,14 @@ def register(subparsers) -> None:
         action="store_true",
         help="default model: the reference-free one (models:/NAME-qe@champion)",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)"
+    )
     serve.add_argument("--port", type=int, default=5000, help="port (default 5000, as `mlflow models serve`)")
     serve.add_argument("--max-batch", type=int, default=256, help="most segments per request (default 256)")
-    serve.add_argument("--max-chars", type=int, default=2000, help="most characters per text field (default 2000)")
+    serve.add_argument(
+        "--max-chars", type=int, default=2000, help="most characters per text field (default 2000)"
+    )
     serve.add_argument(
         "--max-body-bytes", type=int, default=16 * 1024 * 1024, help="largest request body (default 16 MiB)"
     )
@@ -146,7 +155,9 @@ def register(subparsers) -> None:
 def _check_common(args) -> None:
     from uamt.scoring.score import validate_settings
 
-    validate_settings(confidence=args.confidence, batch_size=args.batch_size, bootstrap=getattr(args, "bootstrap", 0))
+    validate_settings(
+        confidence=args.confidence, batch_size=args.batch_size, bootstrap=getattr(args, "bootstrap", 0)
+    )
 
 
 def run_score(args: argparse.Namespace) -> int:
@@ -173,7 +184,9 @@ def run_score(args: argparse.Namespace) -> int:
     frame = build_frame(
         texts["src"][0], texts["mt"][0], texts["ref"], ref_combination=args.ref_combination, seed=args.seed
     )
-    predictor, uri = load_scoring_predictor(args.model, has_references=bool(args.ref), params_path=args.params)
+    predictor, uri = load_scoring_predictor(
+        args.model, has_references=bool(args.ref), params_path=args.params
+    )
     chi = args.risk_threshold
     if chi is None:
         chi = args.flag_below if args.flag_below is not None else predictor.scale.default_risk_threshold
@@ -222,7 +235,9 @@ def _summary_line(summary: dict, out) -> str:
         f"on scale {summary['scale']} ({summary['method']}, {summary['model']})"
     )
     if "n_flagged" in summary:
-        line += f"; {summary['n_flagged']} flagged (P(Q <= {summary['flag_below']:g}) > {summary['max_risk']:g})"
+        line += (
+            f"; {summary['n_flagged']} flagged (P(Q <= {summary['flag_below']:g}) > {summary['max_risk']:g})"
+        )
     return line
 
 
@@ -253,7 +268,9 @@ def run_compare(args: argparse.Namespace) -> int:
         build_frame(texts["src"][0], mt, texts["ref"], ref_combination=args.ref_combination, seed=args.seed)
         for mt in texts["mt"]
     ]
-    predictor, uri = load_scoring_predictor(args.model, has_references=bool(args.ref), params_path=args.params)
+    predictor, uri = load_scoring_predictor(
+        args.model, has_references=bool(args.ref), params_path=args.params
+    )
     chi = args.risk_threshold if args.risk_threshold is not None else predictor.scale.default_risk_threshold
     n = len(frames[0])
     joined = pd.concat(frames, ignore_index=True)

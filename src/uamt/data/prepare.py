@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
@@ -48,6 +49,9 @@ class PrepareConfig:
     drop_systems: dataset -> {system glob: reason} of systems to skip.
     human_reference: WMT21 DA LP -> reference letter that the ``HUMAN`` system is.
     drop_empty_mt: drop rated rows whose published system output line is empty (else error).
+    annotations_pool: parquet file of newly ingested human annotations (written by
+        :mod:`uamt.incoming`); null or a missing file = none.  Pool rows only ever join the
+        training pools (see :func:`place_pool_rows`), so dev/test/ood stay fixed.
     """
 
     raw_dir: str = "data/raw"
@@ -63,6 +67,7 @@ class PrepareConfig:
     )
     human_reference: dict[str, str] = field(default_factory=lambda: dict(loaders.DEFAULT_HUMAN_REFERENCE))
     drop_empty_mt: bool = True
+    annotations_pool: str | None = None
 
     def __post_init__(self) -> None:
         for name in (*self.datasets, *self.forced_splits, *self.drop_systems):
@@ -124,13 +129,117 @@ def limit_rows(df: pd.DataFrame, max_rows_per_lp: int | None, seed: int) -> pd.D
 
 
 def build_table(cfg: PrepareConfig) -> pd.DataFrame:
-    """Load ``cfg.datasets``, apply ``max_rows_per_lp``, assign and check the splits."""
+    """Load ``cfg.datasets``, apply ``max_rows_per_lp``, assign and check the splits, add the pool."""
+    return build_table_with_stats(cfg)[0]
+
+
+def build_table_with_stats(cfg: PrepareConfig) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """:func:`build_table` plus the counts of the annotation pool rows (placed and dropped).
+
+    The published data is split first, on its own, so the pool never changes which split a
+    published row lands in (the test set stays fixed as annotations arrive).
+    """
     frames = [load_dataset(name, cfg) for name in cfg.datasets]
     table = pd.concat(frames, ignore_index=True)
     table = limit_rows(table, cfg.max_rows_per_lp, cfg.seed)
     table = assign_splits(table, cfg.fractions, cfg.forced_splits, cfg.seed)
+    stats: dict[str, Any] = {"path": cfg.annotations_pool, "rows": 0}
+    if cfg.annotations_pool is not None:
+        pool = read_pool(cfg.annotations_pool)
+        if len(pool):
+            table, stats = place_pool_rows(table, pool)
+            stats["path"] = cfg.annotations_pool
     check_disjoint(table)
-    return sort_table(table)
+    return sort_table(table), stats
+
+
+#: Training pools that new annotations may join; every other split is fixed.
+POOL_SPLITS = ("d_q", "d_e")
+
+
+def read_pool(path: str | Path) -> pd.DataFrame:
+    """The annotation pool (canonical columns, ``split``/``group`` ignored); empty if the file is absent."""
+    from uamt.data.schema import empty_table, finish_table, require_columns
+    from uamt.errors import DataError
+
+    path = Path(path)
+    if not path.is_file():
+        log.info("prepare: no annotation pool at %s", path)
+        return empty_table()
+    try:
+        pool = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
+        raise DataError(f"{path}: cannot read the annotation pool as parquet ({exc})") from exc
+    require_columns(pool, [c for c in COLUMNS if c not in ("split", "group")], str(path))
+    pool = pool.drop(columns=["split", "group"], errors="ignore")
+    return finish_table(pool)
+
+
+def place_pool_rows(base: pd.DataFrame, pool: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Add annotation-pool rows to a split table without moving any published row or leaking.
+
+    Components (rows linked by a shared document or normalised source sentence, as in
+    :mod:`uamt.data.splits`) are recomputed over published + pool rows.  A component with pool rows
+    whose published rows are
+
+    * all in ``d_q``, or absent (new documents and sentences): its pool rows go to ``d_q``;
+    * all in ``d_e``: its pool rows go to ``d_e`` (still a training pool, never evaluated on);
+    * in ``dev``, ``test`` or ``ood``, or in both training pools (a pool row bridging two
+      components): its pool rows are **dropped** and counted, because placing them anywhere
+      would either leak a sentence/document across splits or change a fixed evaluation split.
+
+    Returns
+    -------
+    table : DataFrame
+        ``base`` (unchanged rows and splits) plus the placed pool rows (``group`` filled).
+    stats : dict
+        ``rows`` (pool size), ``placed`` per split, ``dropped`` per blocking split set.
+    """
+    from uamt.data.splits import _stable_hash, components
+
+    pool = pool.copy()
+    pool["split"] = ""
+    pool["group"] = ""
+    both = pd.concat([base, pool], ignore_index=True)
+    labels = components(both)
+    is_pool = np.zeros(len(both), dtype=bool)
+    is_pool[len(base) :] = True
+    base_splits = (
+        pd.DataFrame({"label": labels[~is_pool], "split": both["split"].to_numpy()[~is_pool]})
+        .groupby("label")["split"]
+        .agg(lambda s: tuple(sorted(set(s))))
+        .to_dict()
+    )
+    base_group = dict(zip(labels[~is_pool], both["group"].to_numpy()[~is_pool], strict=True))
+    min_doc = pd.Series(both["doc"].to_numpy()).groupby(labels).min().to_dict()
+    pool_labels = labels[is_pool]
+    splits, groups, dropped = [], [], {}
+    for label in pool_labels:
+        found = base_splits.get(label, ())
+        if found in ((), ("d_q",)):
+            split = "d_q"
+        elif found == ("d_e",):
+            split = "d_e"
+        else:
+            split = None
+            key = "+".join(found)
+            dropped[key] = dropped.get(key, 0) + 1
+        splits.append(split)
+        groups.append(base_group.get(label) or "g-" + _stable_hash(min_doc[label])[:16])
+    pool["split"] = splits
+    pool["group"] = groups
+    kept = pool[pool["split"].notna()]
+    placed = {s: int(n) for s, n in kept["split"].value_counts().sort_index().items()}
+    stats = {"rows": int(len(pool)), "placed": placed, "dropped": dropped}
+    if dropped:
+        log.warning(
+            "prepare: dropped %d annotation-pool row(s) that share a document or source sentence with "
+            "a fixed split: %s",
+            sum(dropped.values()),
+            dropped,
+        )
+    log.info("prepare: annotation pool: %d row(s), placed %s", len(pool), placed)
+    return pd.concat([base, kept], ignore_index=True), stats
 
 
 def sort_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -183,9 +292,9 @@ def write_prepared(
 
 def prepare(cfg: PrepareConfig) -> dict[str, Path]:
     """Build the split table from ``cfg.raw_dir`` and write it to ``cfg.out_dir``; returns the paths."""
-    table = build_table(cfg)
+    table, pool_stats = build_table_with_stats(cfg)
     splits = [s for s in SPLITS if s in cfg.fractions or s in cfg.forced_splits.values()]
-    extra = {"settings": asdict(cfg)}
+    extra = {"settings": asdict(cfg), "annotation_pool": pool_stats}
     paths = write_prepared(table, Path(cfg.out_dir), splits, extra)
     log.info("prepare: %d rows -> %s", len(table), cfg.out_dir)
     return paths

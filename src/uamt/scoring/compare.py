@@ -161,7 +161,9 @@ def comparison_table(result: dict[str, Any]) -> str:
         head += f"  {'bootstrap interval':>22}"
     lines = []
     if "scale" in result:
-        lines.append(f"scale: {result['scale']}  model: {result.get('model', '?')}  method: {result.get('method', '?')}")
+        lines.append(
+            f"scale: {result['scale']}  model: {result.get('model', '?')}  method: {result.get('method', '?')}"
+        )
     lines += [head, "-" * len(head)]
     for s in systems:
         row = (

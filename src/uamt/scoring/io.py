@@ -57,7 +57,7 @@ def read_lines(path: str | Path) -> list[str]:
         line = data[: exc.start].count(b"\n") + 1
         line_start = data.rfind(b"\n", 0, exc.start) + 1
         raise DataError(
-            f"{path}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at column {exc.start - line_start + 1}); "
+            f"{path}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at byte {exc.start - line_start + 1} of the line); "
             "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from None
     if not text:
@@ -176,4 +176,6 @@ def render_segments(fmt: str, records: Sequence[dict[str, Any]], summary: dict[s
         return delimited_text(records, ",")
     if fmt == "tsv":
         return delimited_text(records, "\t")
-    raise DataError(f"output format {fmt!r} not supported; choose from {sorted(set(SEGMENT_FORMATS.values()))}")
+    raise DataError(
+        f"output format {fmt!r} not supported; choose from {sorted(set(SEGMENT_FORMATS.values()))}"
+    )

@@ -64,7 +64,9 @@ def default_model_uri(*, reference_free: bool, params_path: str | Path | None = 
     return f"models:/{name}@{DEFAULT_ALIAS}"
 
 
-def load_scoring_predictor(model: str | None, *, has_references: bool, params_path=None) -> tuple[Predictor, str]:
+def load_scoring_predictor(
+    model: str | None, *, has_references: bool, params_path=None
+) -> tuple[Predictor, str]:
     """Load the predictor named by ``model`` (or the default for the inputs) and check it fits them.
 
     Raises
@@ -125,7 +127,9 @@ def build_frame(
         (the S-N variant; the same draw for every system scored with the same seed).
     """
     if ref_combination not in REF_COMBINATIONS:
-        raise UamtError(f"ref_combination={ref_combination!r} not supported; choose from {list(REF_COMBINATIONS)}")
+        raise UamtError(
+            f"ref_combination={ref_combination!r} not supported; choose from {list(REF_COMBINATIONS)}"
+        )
     frame = pd.DataFrame({"src": list(src), "mt": list(mt)})
     if len(refs) == 1:
         frame["ref"] = list(refs[0])
@@ -159,7 +163,9 @@ def predict(
     )
     missing = [c for c in OUTPUT_COLUMNS if c not in out.columns]
     if missing:
-        raise UamtError(f"the model returned no {missing} columns (got {list(out.columns)}); is it a uamt model?")
+        raise UamtError(
+            f"the model returned no {missing} columns (got {list(out.columns)}); is it a uamt model?"
+        )
     if len(out) != len(frame):
         raise UamtError(f"the model returned {len(out)} rows for {len(frame)} segments")
     return out.reset_index(drop=True)
@@ -226,9 +232,7 @@ def bootstrap_means(mu, sigma, n_bootstrap: int, rng: np.random.Generator, idx=N
     return draws.mean(axis=1)
 
 
-def system_score(
-    mu, sigma, confidence: float, *, n_bootstrap: int = 0, seed: int = 0
-) -> SystemScore:
+def system_score(mu, sigma, confidence: float, *, n_bootstrap: int = 0, seed: int = 0) -> SystemScore:
     """System score of one system's segments (formulas in the module docstring).
 
     Parameters
@@ -248,7 +252,13 @@ def system_score(
     mean = float(mu.mean())
     sys_sigma = float(math.sqrt(float(np.sum(sigma**2))) / n)
     lower, upper = gaussian_interval([mean], [sys_sigma], confidence)
-    result = {"mean": mean, "sigma": sys_sigma, "lower": float(lower[0]), "upper": float(upper[0]), "n_segments": n}
+    result = {
+        "mean": mean,
+        "sigma": sys_sigma,
+        "lower": float(lower[0]),
+        "upper": float(upper[0]),
+        "n_segments": n,
+    }
     if n_bootstrap:
         means = _chunked_bootstrap(mu, sigma, n_bootstrap, np.random.default_rng(seed))
         alpha = (1.0 - confidence) / 2.0

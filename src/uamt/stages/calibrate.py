@@ -87,6 +87,7 @@ def run(cfg: CalibrateConfig) -> dict[str, Path]:
         block = result["methods"]["fixed_variance" if is_fixed_variance(method) else "model"]
         metrics[method] = {"avg": block["macro_avg"], **block["per_lp"]}
         log.info("calibrated %s on %d dev rows", method, len(table))
+    Path(pipe.metrics_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics, Path(pipe.metrics_dir) / "dev.json")
     return out
 

@@ -46,6 +46,10 @@ class EncodeConfig:
         Storage precision (float16 halves the ~1.3 GB of float32 MiniLM features; read back as float32).
     shard_size : int
         Texts per shard file (a killed run loses at most one shard of work).
+    datasets : list of str or None
+        Encode only rows of these ``dataset`` values (``None``: every row).  Texts missing from the
+        cache are still encoded on demand by :meth:`EmbeddingCache.get`; this only decides what
+        is computed ahead.
     """
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
@@ -53,9 +57,12 @@ class EncodeConfig:
     cache_dir: str = "cache/embeddings"
     dtype: Literal["float32", "float16"] = "float32"
     shard_size: int = 4096
+    datasets: tuple[str, ...] | None = None
 
 
-def collect_texts(paths: Sequence[str | Path]) -> tuple[list[str], dict[str, int], int]:
+def collect_texts(
+    paths: Sequence[str | Path], datasets: Sequence[str] | None = None
+) -> tuple[list[str], dict[str, int], int]:
     """Distinct texts of the text columns of canonical tables, in first-seen order.
 
     Returns
@@ -63,7 +70,7 @@ def collect_texts(paths: Sequence[str | Path]) -> tuple[list[str], dict[str, int
     texts : list of str
         Distinct non-empty texts of ``src``, ``mt``, ``ref`` and every element of ``refs``.
     rows : dict
-        File name -> number of rows.
+        File name -> number of rows used (after the ``datasets`` filter).
     n_occurrences : int
         Number of texts before de-duplication.
     """
@@ -81,6 +88,10 @@ def collect_texts(paths: Sequence[str | Path]) -> tuple[list[str], dict[str, int
         missing = [column for column in ("src", "mt") if column not in frame.columns]
         if missing:
             raise DataError(f"{path}: missing column(s) {missing}; expected the canonical table")
+        if datasets is not None:
+            if "dataset" not in frame.columns:
+                raise DataError(f"{path}: no 'dataset' column to select datasets {list(datasets)} by")
+            frame = frame[frame["dataset"].isin(list(datasets))]
         rows[path.name] = len(frame)
         for column in TEXT_COLUMNS:
             if column not in frame.columns:
@@ -123,7 +134,7 @@ def run(cfg: EncodeConfig, splits: Sequence[str | Path] | None = None) -> Path:
         if not splits:
             raise DataError(f"{cfg.prepared_dir}: no *.parquet tables to encode (run the prepare stage)")
     started = time.perf_counter()
-    texts, rows, n_occurrences = collect_texts(splits)
+    texts, rows, n_occurrences = collect_texts(splits, cfg.datasets)
     encoder = get_encoder(cfg.encoder)
     cache = EmbeddingCache(cfg.cache_dir, encoder, dtype=cfg.dtype, shard_size=cfg.shard_size)
     log.info("%s: %d distinct texts in %d tables", encoder.encoder_id, len(texts), len(rows))
@@ -142,6 +153,7 @@ def run(cfg: EncodeConfig, splits: Sequence[str | Path] | None = None) -> Path:
         "num_layers": stats["num_layers"],
         "dim": stats["dim"],
         "dtype": stats["dtype"],
+        "datasets": list(cfg.datasets) if cfg.datasets is not None else None,
         "tables": rows,
         "texts_occurrences": n_occurrences,
         "texts_distinct": len(texts),

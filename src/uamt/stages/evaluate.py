@@ -88,6 +88,7 @@ def run(cfg: EvaluateConfig) -> dict[str, Path]:
                 scatter[method] = table
         log.info("evaluated %s", method)
     metrics_dir = Path(pipe.metrics_dir)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics["test"], metrics_dir / "test.json")
     write_json_atomic(metrics["ood"], metrics_dir / "ood.json")
     write_json_atomic(intervals, metrics_dir / "intervals.json")

@@ -80,6 +80,7 @@ def run(cfg: RegisterConfig) -> dict:
     pipe, reg = cfg.pipeline, cfg.register
     method = pipe.register_method
     metrics_dir = Path(pipe.metrics_dir)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
     test = json.loads((metrics_dir / "test.json").read_text(encoding="utf-8"))
     ood = json.loads((metrics_dir / "ood.json").read_text(encoding="utf-8"))
     candidate = {

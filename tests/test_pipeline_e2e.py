@@ -1,0 +1,99 @@
+"""The whole stage chain on a small real slice: fetch -> prepare -> encode -> train_base -> train_dup
+-> calibrate -> evaluate -> register, with the default encoder (MiniLM) and tiny heads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+STAGES = ("fetch", "prepare", "encode", "train_base", "train_dup", "calibrate", "evaluate", "register")
+
+
+def small_params(tmp_path: Path, mirror: Path) -> Path:
+    """The repo's params.yaml with small data and tiny heads, all paths inside ``tmp_path``."""
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    params["fetch"]["mirror"] = str(mirror)
+    params["prepare"]["datasets"] = ["wmt21_mqm", "ted_mqm"]
+    params["prepare"]["forced_splits"] = {"ted_mqm": "ood"}
+    params["prepare"]["max_rows_per_lp"] = 400
+    params["train_base"].update(hidden_sizes=[64], max_epochs=3, batch_size=32, mc_samples=20, ensemble_size=2)
+    params["train_dup"].update(bottleneck_size=16)
+    params["pipeline"]["methods"] = ["point", "mcd_head", "ensemble", "hts", "hts_mcd"]
+    params["register"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params["register"]["gates"]["max_ece"] = 0.5  # tiny models on 400 rows: the gate's logic, not quality
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory, mirror_root):
+    import importlib
+    import os
+
+    tmp_path = tmp_path_factory.mktemp("pipeline")
+    params = small_params(tmp_path, mirror_root)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        outputs = {}
+        for name in STAGES:
+            module = importlib.import_module(f"uamt.stages.{name}")
+            assert module.main(["--params", str(params)]) == 0, f"stage {name} failed"
+            outputs[name] = True
+        yield tmp_path
+    finally:
+        os.chdir(cwd)
+        shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_chain_writes_metrics_for_every_method_and_lp(pipeline_run):
+    test = json.loads((pipeline_run / "metrics" / "test.json").read_text())
+    assert set(test) == {"point", "mcd_head", "ensemble", "hts", "hts_mcd", "dup"}
+    for method, by_lp in test.items():
+        assert {"avg", "en-de", "zh-en"} <= set(by_lp), method
+        for key in ("pps", "nll", "ece", "sharpness", "crps", "coverage@0.9"):
+            assert by_lp["avg"][key] is not None, (method, key)
+    ood = json.loads((pipeline_run / "metrics" / "ood.json").read_text())
+    assert set(ood) == set(test)
+    for plot in ("reliability.png", "sharpness.png", "error_vs_sigma.png"):
+        assert (pipeline_run / "plots" / plot).stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_registered_champion_scores_new_text(pipeline_run):
+    from uamt.predictor import load_predictor
+    from uamt.registry import tracking_uri
+
+    summary = json.loads((pipeline_run / "metrics" / "registry.json").read_text())
+    assert summary["version"] == "1" and summary["promoted"], summary
+    import os
+
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{pipeline_run / 'mlflow.db'}"
+    try:
+        assert tracking_uri().endswith("mlflow.db")
+        predictor = load_predictor("models:/uamt-comet@champion")
+    finally:
+        del os.environ["MLFLOW_TRACKING_URI"]
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "src": ["Der Hund bellt.", "Das ist ein Test."],
+            "mt": ["The dog barks.", "Banana."],
+            "ref": ["The dog is barking.", "This is a test."],
+        }
+    )
+    out = predictor.predict_frame(frame, confidence=0.9, risk_threshold=-5.0)
+    assert list(out.columns[:5]) == ["mu", "sigma", "lower", "upper", "risk"]
+    assert (out["sigma"] > 0).all() and (out["lower"] < out["mu"]).all() and (out["mu"] < out["upper"]).all()
+    assert out["risk"].between(0, 1).all()
+    multi = predictor.predict_frame(frame.assign(refs=[["The dog is barking.", "The dog barks."]] * 2).drop(columns="ref"))
+    assert len(multi) == 2
