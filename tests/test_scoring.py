@@ -146,8 +146,8 @@ def test_multi_reference_average_passes_refs(files, capsys):
     expected = [fake_mu_ref(m, [a, b]) for m, a, b in zip(MT, REF_A, REF_B, strict=True)]
     np.testing.assert_allclose([r["mu"] for r in records], expected)
     assert summary["n_references"] == 2 and summary["ref_combination"] == "average"
-    frame = build_frame(SRC, MT, [REF_A, REF_B])
-    assert "ref" not in frame.columns
+    frame = build_frame(SRC, MT, [REF_A, REF_B], lp="de-en")
+    assert "ref" not in frame.columns and frame["lp"].tolist() == ["de-en"] * len(MT)
     assert frame["refs"].tolist() == [[a, b] for a, b in zip(REF_A, REF_B, strict=True)]
 
 
@@ -211,7 +211,19 @@ def test_delimited_outputs(files, capsys, suffix, sep):
 
 def test_jsonl_file_and_bootstrap(files, capsys):
     out = files["dir"] / "out.jsonl"
-    argv = _score(files, "-r", str(files["ref_a"]), "--out", str(out), "--bootstrap", "400", "--seed", "1")
+    argv = _score(
+        files,
+        "-r",
+        str(files["ref_a"]),
+        "--out",
+        str(out),
+        "--bootstrap",
+        "400",
+        "--seed",
+        "1",
+        "--lp",
+        "de-en",
+    )
     assert main(argv) == 0
     first = out.read_bytes()
     records, summary = _jsonl(first.decode())

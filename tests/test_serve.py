@@ -111,6 +111,15 @@ def test_good_request_all_input_formats(ref_server):
     assert request(ref_server, "POST", "/invocations?x=1", as_columns)[1] == data
 
 
+def test_language_pair_is_passed_through(ref_server):
+    records = [{**r, "lp": "de-en"} for r in RECORDS]
+    status, data = request(ref_server, "POST", "/invocations", {"dataframe_records": records})
+    assert status == 200
+    _check_predictions(data, RECORDS)
+    frame = ref_server.RequestHandlerClass.service.parse({"dataframe_records": records})
+    assert frame["lp"].tolist() == ["de-en", "de-en"]
+
+
 def test_several_references_are_averaged(ref_server):
     records = [
         {"src": "a b", "mt": "The cat sat.", "refs": ["The cat sat down.", "A cat was sitting."]},
@@ -186,6 +195,13 @@ BAD_REQUESTS = {
         400,
         "record 1: this model is reference-based",
     ),
+    "lp on some records only": (
+        {"dataframe_records": [{**RECORDS[0], "lp": "de-en"}, RECORDS[1]]},
+        {},
+        400,
+        "not on records [1]",
+    ),
+    "lp wrong type": ({"dataframe_records": [{**RECORDS[0], "lp": 7}]}, {}, 400, "record 0.lp must be"),
     "empty batch": ({"dataframe_records": []}, {}, 400, "empty batch"),
     "batch too big": ({"dataframe_records": RECORDS * 5}, {}, 413, "over the limit of 8"),
     "segment too long": (

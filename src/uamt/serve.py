@@ -5,8 +5,8 @@ Endpoints
         ``{"dataframe_records": [{"src": .., "mt": .., "ref": ..}, ...]}``,
         ``{"dataframe_split": {"columns": [...], "data": [[...], ...]}}``,
         ``{"inputs": [records] | {column: [values]}}`` (``instances`` is an alias of ``inputs``);
-        each record has ``src``, ``mt`` (strings) and, for a reference-based model, ``ref``
-        (string) or ``refs`` (list of strings, combined by averaging).  Answer:
+        each record has ``src``, ``mt`` (strings), for a reference-based model ``ref`` (string)
+        or ``refs`` (list of strings, combined by averaging), and optionally ``lp`` (all or none).  Answer:
         ``{"predictions": [{"mu", "sigma", "lower", "upper", "risk"[, "epistemic_var",
         "aleatoric_var"]}, ...]}``, in request order.
     ``GET /health``   ``{"status": "ok", "model": .., "method": .., "scale": ..}``
@@ -37,7 +37,8 @@ from uamt.predictor import OUTPUT_COLUMNS, Predictor
 log = logging.getLogger("uamt.serve")
 
 FORMAT_KEYS = ("dataframe_records", "dataframe_split", "inputs", "instances")
-RECORD_FIELDS = ("src", "mt", "ref", "refs")
+RECORD_FIELDS = ("src", "mt", "ref", "refs", "lp")
+MAX_LP_CHARS = 32
 OPTIONAL_COLUMNS = ("epistemic_var", "aleatoric_var")
 
 
@@ -136,7 +137,7 @@ class ScoringService:
                 f"batch of {len(records)} records is over the limit of {self.settings.max_batch}; split it",
             )
         uses_refs = self.predictor.uses_references
-        src, mt, refs = [], [], []
+        src, mt, refs, lps = [], [], [], []
         for i, record in enumerate(records):
             where = f"record {i}"
             if not isinstance(record, dict):
@@ -173,7 +174,18 @@ class ScoringService:
                     400, f"{where}: this model is reference-based ({self.predictor.method}); give ref or refs"
                 )
             refs.append(options)
+            lp = record.get("lp")
+            if lp is not None and (not isinstance(lp, str) or not lp.strip() or len(lp) > MAX_LP_CHARS):
+                raise RequestError(400, f"{where}.lp must be a language pair string like 'en-de'")
+            lps.append(lp)
         frame = pd.DataFrame({"src": src, "mt": mt})
+        if any(lp is not None for lp in lps):
+            if any(lp is None for lp in lps):
+                missing = [i for i, lp in enumerate(lps) if lp is None]
+                raise RequestError(
+                    400, f"lp given on some records but not on records {missing[:10]}; give it on all"
+                )
+            frame["lp"] = lps
         if uses_refs:
             if all(len(options) == 1 for options in refs):
                 frame["ref"] = [options[0] for options in refs]
@@ -291,6 +303,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if length > limit:
             self.close_connection = True  # the unread body must not be parsed as the next request
+            if length <= 2 * limit:
+                # Read and drop a moderately large body: closing a socket with unread data sends a
+                # TCP reset, and the client might never see the 413 and its message.
+                self._discard(length)
             self._error(413, f"body of {length} bytes is over the limit of {limit} bytes")
             return
         body = self.rfile.read(length)
@@ -309,18 +325,29 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(200, result)
 
+    def _discard(self, length: int, chunk: int = 1 << 16) -> None:
+        while length > 0:
+            data = self.rfile.read(min(chunk, length))
+            if not data:
+                break
+            length -= len(data)
+
     def _method_not_allowed(self) -> None:
         self._error(405, f"method {self.command} not allowed")
 
     do_PUT = do_DELETE = do_PATCH = _method_not_allowed  # noqa: N815 - stdlib naming
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's default listen backlog of 5 resets connections when many clients connect at once.
+    request_queue_size = 128
+    daemon_threads = True
+
+
 def make_server(service: ScoringService, host: str = "127.0.0.1", port: int = 5000) -> ThreadingHTTPServer:
     """A threading HTTP server bound to ``host:port`` (port 0: a free one; see ``server_address``)."""
     handler = type("UamtHandler", (_Handler,), {"service": service})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), handler)
 
 
 def run_server(model: str, settings: ServeSettings, *, host: str = "127.0.0.1", port: int = 5000) -> None:

@@ -68,6 +68,9 @@ def _add_input_options(p: argparse.ArgumentParser, *, several_mt: bool) -> None:
         help="several references: average the per-reference predictions (default), or sample one "
         "reference per segment at random (S-N variant, seeded by --seed)",
     )
+    p.add_argument(
+        "--lp", help="language pair xx-yy of the segments (selects per-LP calibration where the model has it)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of reference sampling and the bootstrap")
     p.add_argument(
         "--bootstrap",
@@ -182,7 +185,12 @@ def run_score(args: argparse.Namespace) -> int:
     fmt = check_output_path(args.out) if args.out else "jsonl"
     texts = read_aligned({"src": [args.src], "mt": [args.mt], "ref": args.ref})
     frame = build_frame(
-        texts["src"][0], texts["mt"][0], texts["ref"], ref_combination=args.ref_combination, seed=args.seed
+        texts["src"][0],
+        texts["mt"][0],
+        texts["ref"],
+        ref_combination=args.ref_combination,
+        seed=args.seed,
+        lp=args.lp,
     )
     predictor, uri = load_scoring_predictor(
         args.model, has_references=bool(args.ref), params_path=args.params
@@ -265,7 +273,14 @@ def run_compare(args: argparse.Namespace) -> int:
     names = _system_names(args.mt)
     # The same reference draw for every system (sample mode), so the comparison stays paired.
     frames = [
-        build_frame(texts["src"][0], mt, texts["ref"], ref_combination=args.ref_combination, seed=args.seed)
+        build_frame(
+            texts["src"][0],
+            mt,
+            texts["ref"],
+            ref_combination=args.ref_combination,
+            seed=args.seed,
+            lp=args.lp,
+        )
         for mt in texts["mt"]
     ]
     predictor, uri = load_scoring_predictor(

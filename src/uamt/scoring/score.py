@@ -115,6 +115,7 @@ def build_frame(
     *,
     ref_combination: str = "average",
     seed: int = 0,
+    lp: str | None = None,
 ) -> pd.DataFrame:
     """The predictor's input frame for aligned ``src`` / ``mt`` lines and zero or more reference files.
 
@@ -125,12 +126,17 @@ def build_frame(
         reference; the predictor averages its per-reference predictions, §3.4), or ``sample``:
         column ``ref`` with one reference per segment drawn uniformly at random with ``seed``
         (the S-N variant; the same draw for every system scored with the same seed).
+    lp : str, optional
+        Language pair ``xx-yy`` of every segment (column ``lp``): selects per-LP calibration where
+        the model has it.
     """
     if ref_combination not in REF_COMBINATIONS:
         raise UamtError(
             f"ref_combination={ref_combination!r} not supported; choose from {list(REF_COMBINATIONS)}"
         )
     frame = pd.DataFrame({"src": list(src), "mt": list(mt)})
+    if lp is not None:
+        frame["lp"] = lp
     if len(refs) == 1:
         frame["ref"] = list(refs[0])
     elif len(refs) > 1:

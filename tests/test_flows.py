@@ -1,0 +1,233 @@
+"""flows/: task names = dvc.yaml stages, cache keys, wiring with recorded stage runs, Dask runner."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_flows_harness import REPO_ROOT, prefect_api, read_flow_run  # noqa: F401 - fixture
+
+from flows import pipeline as fp
+
+
+def test_task_names_equal_dvc_stage_names():
+    dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8"))
+    assert list(fp.STAGE_NAMES) == list(dvc["stages"])
+    for stage in fp.STAGES:
+        wrapped = fp.stage_task(stage)
+        assert wrapped.name == stage.name
+        assert wrapped.fn is stage.run  # the same function dvc runs, no second copy
+        cmd = dvc["stages"][stage.name]["cmd"]
+        assert cmd.endswith(f"uamt.stages.{stage.name}")
+        assert stage.run.__module__ == f"uamt.stages.{stage.name}"
+
+
+def test_retries_only_on_transient_stages():
+    retries = {stage.name: fp.stage_task(stage).retries for stage in fp.STAGES}
+    assert retries.pop("fetch") == 3 and retries.pop("register") == 3
+    assert set(retries.values()) == {0}
+
+
+def test_every_stage_loads_its_config_from_the_repo_params():
+    for stage in fp.STAGES:
+        cfg = stage.load_config(REPO_ROOT / "params.yaml")
+        assert dataclasses.is_dataclass(cfg)
+
+
+class _Ctx:
+    def __init__(self, name):
+        self.task = type("T", (), {"name": name})()
+
+
+def test_cache_key_follows_config_content_and_outputs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    stage = fp.STAGE_BY_NAME["encode"]
+    cfg = stage.load_config(REPO_ROOT / "params.yaml")
+    prepared = Path(cfg.prepared_dir)
+    prepared.mkdir(parents=True)
+    (prepared / "d_q.parquet").write_bytes(b"rows v1")
+    # Outputs missing: never a cache hit.
+    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg}) is None
+    manifest = Path(cfg.cache_dir) / "manifest.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("{}")
+    key = fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg})
+    assert key and key.startswith("encode-")
+    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg}) == key  # deterministic
+    (prepared / "d_q.parquet").write_bytes(b"rows v2 (new annotations)")
+    key2 = fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg})
+    assert key2 != key
+    other = dataclasses.replace(cfg, shard_size=cfg.shard_size + 1)
+    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": other}) not in (key, key2, None)
+    (prepared / "d_q.parquet").write_bytes(b"rows v1")
+    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg}) == key  # content, not mtime
+
+
+def test_metrics_markdown_table():
+    test = {
+        "point": {"avg": {"pps": -0.2, "nll": 1.5, "ece": 0.1, "n": 10}, "en-de": {"pps": 0.0}},
+        "hts": {"avg": {"pps": -0.1, "nll": 1.25, "ece": 0.05, "n": 10}},
+    }
+    text = fp.metrics_markdown(
+        test, "abc123", {"model_name": "m", "version": "2", "promoted": True, "reason": "ok"}
+    )
+    lines = text.splitlines()
+    assert "| method | pps | nll | ece | n |" in lines
+    assert "| hts | -0.1000 | 1.2500 | 0.0500 | 10 |" in lines
+    assert "data version: `abc123`" in text and "version 2: promoted to champion" in text
+
+
+def test_task_runner_choice():
+    assert fp.task_runner_for("default") is None
+    runner = fp.task_runner_for("dask", n_workers=3)
+    assert type(runner).__name__ == "DaskTaskRunner"
+    assert runner.cluster_kwargs["n_workers"] == 3 and runner.cluster_kwargs["threads_per_worker"] == 1
+    with pytest.raises(ValueError, match="task_runner='ray' not supported"):
+        fp.task_runner_for("ray")
+
+
+# ----------------------------------------------------------------------------- wiring with fake stages
+
+
+def _fake_stages(calls: list, monkeypatch) -> None:
+    """Replace each stage's run by one that records the call and writes the stage's outputs."""
+
+    def make(stage):
+        def run(cfg):
+            calls.append((stage.name, getattr(getattr(cfg, "pipeline", None), "methods", None)))
+            for out in stage.outputs(cfg):
+                out = Path(out)
+                if out.suffix:
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_text(json.dumps({"stage": stage.name}))
+                else:
+                    out.mkdir(parents=True, exist_ok=True)
+                    (out / "x.parquet").write_bytes(stage.name.encode())
+            if stage.name == "evaluate":
+                metrics = Path(cfg.pipeline.metrics_dir)
+                (metrics / "test.json").write_text(json.dumps({"hts": {"avg": {"pps": -0.5, "ece": 0.04}}}))
+            if stage.name == "register":
+                (Path(cfg.pipeline.metrics_dir) / "registry.json").write_text(
+                    json.dumps({"model_name": "m", "version": "1", "promoted": True, "reason": "first"})
+                )
+            if stage.name == "train_base":
+                return {m: str(cfg.pipeline.model_dir(m)) for m in cfg.pipeline.methods}
+            return stage.name
+
+        run.__name__ = f"fake_{stage.name}"
+        return run
+
+    stages = tuple(dataclasses.replace(stage, run=make(stage)) for stage in fp.STAGES)
+    monkeypatch.setattr(fp, "STAGES", stages)
+    monkeypatch.setattr(fp, "STAGE_BY_NAME", {s.name: s for s in stages})
+
+
+def _small_params(tmp_path: Path) -> Path:
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params["pipeline"]["methods"] = ["point", "hts"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params), encoding="utf-8")
+    return path
+
+
+def test_pipeline_flow_wiring_caching_and_name(prefect_api, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    params = _small_params(tmp_path)
+    calls: list = []
+    _fake_stages(calls, monkeypatch)
+    artifacts = []
+    real_artifact = fp.create_markdown_artifact
+    monkeypatch.setattr(
+        fp, "create_markdown_artifact", lambda **kw: artifacts.append(kw) or real_artifact(**kw)
+    )
+    state = fp.uamt_pipeline(str(params), start="prepare", return_state=True)
+    assert state.is_completed()
+    assert [c[0] for c in calls] == list(fp.STAGE_NAMES[1:])
+    version = fp.register.data_version("data/prepared")
+    assert read_flow_run(state.state_details.flow_run_id).name == f"uamt-data-{version}"
+    assert artifacts and "| hts | -0.5000 | 0.0400 |" in artifacts[-1]["markdown"]
+    assert f"`{version}`" in artifacts[-1]["markdown"]
+
+    # Same config, same data: every stage is a cache hit.
+    calls.clear()
+    assert fp.uamt_pipeline(str(params), start="prepare", return_state=True).is_completed()
+    assert calls == []
+    # New prepared data (as after an ingestion): prepare is cached but everything downstream re-runs.
+    Path("data/prepared/d_q.parquet").write_bytes(b"new annotations")
+    calls.clear()
+    fp.uamt_pipeline(str(params), start="encode")
+    assert [c[0] for c in calls] == list(fp.STAGE_NAMES[2:])
+
+
+def test_pipeline_on_dask_runs_methods_as_parallel_tasks(prefect_api, tmp_path, monkeypatch):
+    from distributed import LocalCluster
+    from prefect_dask import DaskTaskRunner
+
+    monkeypatch.chdir(tmp_path)
+    params = _small_params(tmp_path)
+    calls: list = []
+    _fake_stages(calls, monkeypatch)
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None, host="127.0.0.1"
+    ) as cluster:
+        runner = DaskTaskRunner(address=cluster.scheduler_address)
+        out = fp.uamt_pipeline.with_options(task_runner=runner)(
+            str(params), start="train_base", stop="train_dup", parallel=True
+        )
+    per_method = sorted(c[1] for c in calls if c[0] == "train_base")
+    assert per_method == [("hts",), ("point",)]  # one train_base task per method
+    assert out["train_base"] == {"point": "models/point", "hts": "models/hts"}
+    assert out["train_dup"] == "train_dup"
+
+
+def test_dask_task_runner_runs_independent_tasks_on_workers(prefect_api):
+    from distributed import LocalCluster
+    from prefect import flow, task
+    from prefect_dask import DaskTaskRunner
+
+    @task
+    def where(i: int) -> tuple[int, str]:
+        from distributed import get_worker
+
+        time.sleep(0.2)
+        return i, get_worker().address
+
+    @flow
+    def fan_out(n: int) -> list:
+        return [f.result() for f in [where.submit(i) for i in range(n)]]
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None, host="127.0.0.1"
+    ) as cluster:
+        results = fan_out.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))(4)
+        workers = set(cluster.scheduler_info()["workers"])
+    assert [i for i, _ in results] == [0, 1, 2, 3]
+    assert {address for _, address in results} <= workers
+
+
+def test_retrain_without_new_files_returns_at_once(prefect_api, tmp_path, monkeypatch):
+    from flows.retrain import retrain_on_new_annotations
+
+    monkeypatch.chdir(tmp_path)
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    started = time.perf_counter()
+    assert retrain_on_new_annotations("params.yaml") == {"status": "no new annotations"}
+    assert time.perf_counter() - started < 10
+    assert not Path("data").exists()  # no lock, pool or folder created
+
+
+def test_retrain_refuses_a_pool_prepare_does_not_read(prefect_api, tmp_path, monkeypatch):
+    from flows.retrain import check_pool_wiring
+    from uamt.config import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params["prepare"]["annotations_pool"] = None
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match="prepare.annotations_pool"):
+        check_pool_wiring("params.yaml")

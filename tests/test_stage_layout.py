@@ -1,0 +1,67 @@
+"""One verb, one home: every dvc.yaml stage is a module uamt/stages/<name>.py with run() and main(),
+and its command calls exactly that module."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+DVC = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
+EXPECTED = ["fetch", "prepare", "encode", "train_base", "train_dup", "calibrate", "evaluate", "register"]
+
+
+def test_stage_order_is_the_pipeline():
+    assert list(DVC["stages"]) == EXPECTED
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_stage_module_has_run_and_main(name):
+    module = importlib.import_module(f"uamt.stages.{name}")
+    assert callable(module.run) and callable(module.main)
+    assert DVC["stages"][name]["cmd"] == f"python -m uamt.stages.{name}"
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_stage_params_exist_in_params_yaml(name):
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    for entry in DVC["stages"][name].get("params", []):
+        node = params
+        for part in entry.split("."):
+            assert part in node, f"stage {name}: params key {entry!r} not in params.yaml"
+            node = node[part]
+
+
+def test_params_yaml_loads_into_every_stage_config():
+    for name in EXPECTED:
+        module = importlib.import_module(f"uamt.stages.{name}")
+        loader = getattr(module, "load_config", None)
+        if loader is not None:
+            loader(REPO_ROOT / "params.yaml")
+
+
+def test_unknown_params_key_is_refused(tmp_path):
+    from uamt.config import ConfigError
+    from uamt.stages import register
+
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    params["register"]["gate"] = {"max_ece": 0.1}  # typo of "gates"
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match=r"register: unknown key\(s\) \['gate'\]"):
+        register.load_config(path)
+
+
+def test_wrong_type_is_refused_with_section_and_key(tmp_path):
+    from uamt.config import ConfigError
+    from uamt.stages import register
+
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    params["register"]["gates"]["max_ece"] = "low"
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match=r"register\.gates\.max_ece: expected float, got 'low'"):
+        register.load_config(path)
