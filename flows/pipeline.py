@@ -9,8 +9,8 @@ runs, so this module holds wiring only (order, retries, caching, names, reports)
   content (sha256 of every file) of its input paths (:data:`STAGES`): the prepared data for every
   model stage, the embedding-cache manifest, the upstream models, calibration and metrics.  New
   annotations change ``data/prepared`` and so every key downstream of ``prepare``.  A stage
-  whose outputs are missing is never a cache hit (the key function returns None), so deleting
-  ``models/`` re-trains.  ``refresh_cache=True`` forces every stage to run.
+  whose outputs are missing runs with ``refresh_cache`` (so deleting ``models/`` re-trains and
+  the fresh result replaces the cached one).  ``refresh_cache=True`` forces every stage to run.
 * Flow run name: renamed to ``uamt-data-<data_version>`` once ``prepare`` has run (the content
   hash of the prepared splits, the ``data_version`` tag the registered model gets).
 * Report: a markdown artifact ``uamt-test-metrics`` with the average test metrics per method.
@@ -228,8 +228,6 @@ def stage_cache_key(context, parameters: dict[str, Any]) -> str | None:
     """Prefect ``cache_key_fn``: stage name + project + config + code + input content (see module doc)."""
     stage = STAGE_BY_NAME[context.task.name]
     cfg = parameters["cfg"]
-    if not all(Path(p).exists() for p in stage.outputs(cfg)):
-        return None
     digest = hashlib.sha256()
     digest.update(stage.name.encode())
     digest.update(str(Path.cwd().resolve()).encode())
@@ -240,6 +238,10 @@ def stage_cache_key(context, parameters: dict[str, Any]) -> str | None:
         digest.update(str(path).encode())
         digest.update(content_hash(path).encode())
     return f"{stage.name}-{digest.hexdigest()}"
+
+
+def outputs_missing(stage: Stage, cfg) -> bool:
+    return not all(Path(p).exists() for p in stage.outputs(cfg))
 
 
 def stage_task(stage: Stage, refresh_cache: bool = False):
@@ -325,12 +327,15 @@ def uamt_pipeline(
     version = None
     for stage in selected:
         cfg = stage.load_config(params)
-        run_task = stage_task(stage, refresh_cache)
+        run_task = stage_task(stage, refresh_cache or outputs_missing(stage, cfg))
         if stage.name == "train_base" and parallel:
-            futures = {
-                m: run_task.with_options(task_run_name=f"train_base[{m}]").submit(per_method_config(cfg, m))
-                for m in cfg.pipeline.methods
-            }
+            futures = {}
+            for method in cfg.pipeline.methods:
+                one = per_method_config(cfg, method)
+                futures[method] = run_task.with_options(
+                    task_run_name=f"train_base[{method}]",
+                    refresh_cache=refresh_cache or outputs_missing(stage, one),
+                ).submit(one)
             outputs[stage.name] = futures
             continue
         if stage.name == "train_dup" and parallel and isinstance(outputs.get("train_base"), dict):

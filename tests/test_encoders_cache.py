@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +64,10 @@ def test_get_encodes_only_new_distinct_texts(tmp_path):
     assert stats["texts"] == 5 and stats["encoded"] == 5 and stats["shards"] == 2
     assert stats["encoder_id"] == encoder.encoder_id and stats["bytes"] > 5 * LAYERS * DIM * 4
     assert "d" in cache and "zzz" not in cache and len(cache) == 5
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in (cache.path / "index.json", cache.path / "meta.json", *cache.shards_dir.iterdir()):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600
 
 
 def test_reopened_cache_reads_from_disk(tmp_path):

@@ -8,10 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
+import test_flows_harness as harness
 import yaml
-from test_flows_harness import REPO_ROOT, prefect_api, read_flow_run  # noqa: F401 - fixture
+from test_flows_harness import REPO_ROOT, read_flow_run
 
 from flows import pipeline as fp
+
+prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
 
 
 def test_task_names_equal_dvc_stage_names():
@@ -50,11 +53,11 @@ def test_cache_key_follows_config_content_and_outputs(tmp_path, monkeypatch):
     prepared = Path(cfg.prepared_dir)
     prepared.mkdir(parents=True)
     (prepared / "d_q.parquet").write_bytes(b"rows v1")
-    # Outputs missing: never a cache hit.
-    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg}) is None
+    assert fp.outputs_missing(stage, cfg)  # -> the flow runs it with refresh_cache
     manifest = Path(cfg.cache_dir) / "manifest.json"
     manifest.parent.mkdir(parents=True)
     manifest.write_text("{}")
+    assert not fp.outputs_missing(stage, cfg)
     key = fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg})
     assert key and key.startswith("encode-")
     assert fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg}) == key  # deterministic
@@ -62,7 +65,7 @@ def test_cache_key_follows_config_content_and_outputs(tmp_path, monkeypatch):
     key2 = fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg})
     assert key2 != key
     other = dataclasses.replace(cfg, shard_size=cfg.shard_size + 1)
-    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": other}) not in (key, key2, None)
+    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": other}) not in (key, key2)
     (prepared / "d_q.parquet").write_bytes(b"rows v1")
     assert fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg}) == key  # content, not mtime
 
@@ -98,18 +101,23 @@ def _fake_stages(calls: list, monkeypatch) -> None:
 
     def make(stage):
         def run(cfg):
-            calls.append((stage.name, getattr(getattr(cfg, "pipeline", None), "methods", None)))
+            methods = getattr(getattr(cfg, "pipeline", None), "methods", None)
+            calls.append((stage.name, methods))
+            with open("calls.jsonl", "a") as log:  # survives Dask's pickled copy of the closure
+                log.write(json.dumps([stage.name, methods]) + "\n")
+            data = fp.content_hash("data/prepared")  # outputs depend on the data, as real ones do
             for out in stage.outputs(cfg):
                 out = Path(out)
                 if out.suffix:
                     out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_text(json.dumps({"stage": stage.name}))
+                    out.write_text(json.dumps({"stage": stage.name, "data": data}))
                 else:
                     out.mkdir(parents=True, exist_ok=True)
-                    (out / "x.parquet").write_bytes(stage.name.encode())
+                    (out / "x.parquet").write_text(f"{stage.name}:{data}")
             if stage.name == "evaluate":
                 metrics = Path(cfg.pipeline.metrics_dir)
-                (metrics / "test.json").write_text(json.dumps({"hts": {"avg": {"pps": -0.5, "ece": 0.04}}}))
+                test = {"hts": {"avg": {"pps": -0.5, "ece": 0.04}}, "data": {"avg": {"n": len(data)}}}
+                (metrics / "test.json").write_text(json.dumps(test))
             if stage.name == "register":
                 (Path(cfg.pipeline.metrics_dir) / "registry.json").write_text(
                     json.dumps({"model_name": "m", "version": "1", "promoted": True, "reason": "first"})
@@ -161,6 +169,13 @@ def test_pipeline_flow_wiring_caching_and_name(prefect_api, tmp_path, monkeypatc
     calls.clear()
     fp.uamt_pipeline(str(params), start="encode")
     assert [c[0] for c in calls] == list(fp.STAGE_NAMES[2:])
+    # A deleted output re-runs its stage even though the inputs did not change.
+    import shutil
+
+    shutil.rmtree("models/hts")
+    calls.clear()
+    fp.uamt_pipeline(str(params), start="train_base", stop="train_base")
+    assert [c[0] for c in calls] == ["train_base"]
 
 
 def test_pipeline_on_dask_runs_methods_as_parallel_tasks(prefect_api, tmp_path, monkeypatch):
@@ -171,15 +186,15 @@ def test_pipeline_on_dask_runs_methods_as_parallel_tasks(prefect_api, tmp_path, 
     params = _small_params(tmp_path)
     calls: list = []
     _fake_stages(calls, monkeypatch)
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None, host="127.0.0.1"
-    ) as cluster:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         runner = DaskTaskRunner(address=cluster.scheduler_address)
         out = fp.uamt_pipeline.with_options(task_runner=runner)(
             str(params), start="train_base", stop="train_dup", parallel=True
         )
-    per_method = sorted(c[1] for c in calls if c[0] == "train_base")
-    assert per_method == [("hts",), ("point",)]  # one train_base task per method
+    recorded = [json.loads(line) for line in Path("calls.jsonl").read_text().splitlines()]
+    per_method = sorted(methods for name, methods in recorded if name == "train_base")
+    assert per_method == [["hts"], ["point"]]
+    assert [name for name, _ in recorded].count("train_dup") == 1  # one train_base task per method
     assert out["train_base"] == {"point": "models/point", "hts": "models/hts"}
     assert out["train_dup"] == "train_dup"
 
@@ -200,11 +215,9 @@ def test_dask_task_runner_runs_independent_tasks_on_workers(prefect_api):
     def fan_out(n: int) -> list:
         return [f.result() for f in [where.submit(i) for i in range(n)]]
 
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None, host="127.0.0.1"
-    ) as cluster:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         results = fan_out.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))(4)
-        workers = set(cluster.scheduler_info()["workers"])
+        workers = set(cluster.scheduler_info["workers"])
     assert [i for i, _ in results] == [0, 1, 2, 3]
     assert {address for _, address in results} <= workers
 

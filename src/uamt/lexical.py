@@ -271,13 +271,16 @@ def read_lines(path: str | Path) -> list[str]:
     """Lines of a UTF-8 text file, one segment per line (``\\n`` or ``\\r\\n``).
 
     Only ``\\n`` separates segments (``str.splitlines`` would also split on U+2028 and friends
-    and break the alignment).  Raises :class:`DataError` for a missing or empty file and for
-    bytes that are not UTF-8, naming the file and the 1-based line.
+    and break the alignment); a leading UTF-8 byte-order mark is dropped.  Raises
+    :class:`DataError` for a missing or empty file and for bytes that are not UTF-8, naming the
+    file and the 1-based line.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]  # a UTF-8 byte-order mark (Windows editors) is not part of the first segment
     if not data:  # "\n\n" is two empty segments (e.g. empty MT outputs), not an empty file
         raise DataError(f"{path}: file is empty")
     raw_lines = data.split(b"\n")

@@ -9,8 +9,11 @@ Life of a model version (all recorded as version tags, never the deprecated stag
    on a pass the ``champion`` alias moves to the candidate (the old champion keeps its version),
    otherwise the candidate gets the ``challenger`` alias.
 
-The alias switch is the last write, so a run interrupted anywhere before it leaves the old
-champion untouched; the next registration marks versions still ``pending`` as ``orphaned``.
+The alias switch is the commit point: every write before it (the version, its metrics, the
+verdict's reason) leaves the old champion untouched, and the candidate stays ``pending`` until the
+alias has moved (``passed`` and the old champion's ``replaced_by`` are written after it).  The next
+registration marks versions still ``pending`` as ``orphaned`` -- except one that already holds
+``@champion`` (interrupted right after the switch), whose status is repaired to ``passed``.
 """
 
 from __future__ import annotations
@@ -138,10 +141,18 @@ def champion_metrics(client, name: str) -> tuple[str | None, dict[str, float] | 
 
 
 def mark_orphans(client, name: str, keep_version: str | None = None) -> list[str]:
-    """Tag versions left ``pending`` by an interrupted registration as ``orphaned``."""
+    """Tag versions left ``pending`` by an interrupted registration as ``orphaned``.
+
+    A pending version that holds ``@champion`` was interrupted after its alias switch (the commit
+    point): it is the champion, so its status is repaired to ``passed`` instead.
+    """
+    champion_version, _ = champion_metrics(client, name)
     orphans = []
     for version in client.search_model_versions(f"name='{name}'"):
         if str(version.version) == str(keep_version):
+            continue
+        if version.tags.get(STATUS_TAG) == "pending" and str(version.version) == champion_version:
+            client.set_model_version_tag(name, version.version, STATUS_TAG, "passed")
             continue
         if version.tags.get(STATUS_TAG) == "pending":
             client.set_model_version_tag(name, version.version, STATUS_TAG, "orphaned")
@@ -153,7 +164,12 @@ def mark_orphans(client, name: str, keep_version: str | None = None) -> list[str
 
 
 def gate_and_alias(client, name: str, version: str, metrics: dict[str, float], gates: Gates) -> Decision:
-    """Run the promotion gate for ``version`` and write the verdict; the alias switch comes last."""
+    """Run the promotion gate for ``version`` and write the verdict.
+
+    On a pass the ``champion`` alias moves first and the ``passed`` status follows, so an
+    interruption at any point never shows a ``passed`` version that is not champion (see the
+    module docstring); on a fail the version is tagged ``rejected`` and gets ``challenger``.
+    """
     champion_version, champion = champion_metrics(client, name)
     if champion_version == version:
         champion_version, champion = None, None
@@ -161,10 +177,10 @@ def gate_and_alias(client, name: str, version: str, metrics: dict[str, float], g
     client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
     client.set_model_version_tag(name, version, "gate_checks", json.dumps(decision.checks, default=str))
     if decision.promote:
+        client.set_registered_model_alias(name, CHAMPION, str(version))  # the commit point
         client.set_model_version_tag(name, version, STATUS_TAG, "passed")
         if champion_version is not None:
             client.set_model_version_tag(name, champion_version, "replaced_by", str(version))
-        client.set_registered_model_alias(name, CHAMPION, str(version))  # last write: the promise
     else:
         client.set_model_version_tag(name, version, STATUS_TAG, "rejected")
         client.set_registered_model_alias(name, CHALLENGER, str(version))

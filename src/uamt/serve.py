@@ -211,7 +211,7 @@ class ScoringService:
 
     def invocations(self, body: bytes) -> dict[str, Any]:
         try:
-            payload = json.loads(body.decode("utf-8"))
+            payload = json.loads(body.decode("utf-8-sig"))  # a leading BOM is dropped (RFC 8259 §8.1)
         except UnicodeDecodeError as exc:
             raise RequestError(400, f"body is not UTF-8: {exc}") from None
         except json.JSONDecodeError as exc:

@@ -30,7 +30,11 @@ import numpy as np
 import pandas as pd
 
 from uamt.data.schema import (
+    RAW_DA_RANGE,
+    SCORE_RANGES,
+    check_range,
     check_text,
+    check_unique_keys,
     decode_lines,
     decode_text,
     finish_table,
@@ -83,6 +87,15 @@ QT21_DOMAIN = {"en-de": "it"}  # QT21: en-de is IT; en-cs, en-lv, de-en are life
 def _lp_parts(lp: str) -> tuple[str, str]:
     src, tgt = lp.split("-")
     return src, tgt
+
+
+def _check_lps(lps: Iterable[str], known: Iterable[str], dataset: str) -> list[str]:
+    """The requested language pairs, refusing any the dataset does not publish."""
+    lps, known = list(lps), list(known)
+    for lp in lps:
+        if lp not in known:
+            raise DataError(f"{dataset}: lp={lp!r} not supported; choose from {sorted(known)}")
+    return lps
 
 
 def _read_table(path: Path, *, sep: str, name: str | None = None, data: bytes | None = None) -> pd.DataFrame:
@@ -305,7 +318,7 @@ def load_wmt21_da(
     human_reference = DEFAULT_HUMAN_REFERENCE if human_reference is None else dict(human_reference)
     humaneval = root / WMT_REPO / "humaneval" / "newstest2021-toen"
     rows: list[dict] = []
-    for lp in lps:
+    for lp in _check_lps(lps, WMT21_DA_LPS, "wmt21_da"):
         text = Newstest2021(root, lp, pseudo_doc_size)
         score_path = _require_file(humaneval / f"ad-seg-scores-{lp}.csv", "DA score file")
         name = str(score_path)
@@ -314,6 +327,15 @@ def load_wmt21_da(
         sids = _positive_ints(df, "SID", name)
         raw = numeric_column(df, "RAW.SCR", name).to_numpy()
         z = numeric_column(df, "Z.SCR", name).to_numpy()
+        check_range(z, SCORE_RANGES["wmt21_da"], name, "Z.SCR", "DA z-score")
+        check_range(raw, RAW_DA_RANGE, name, "RAW.SCR", "raw DA score (0-100)")
+        check_unique_keys(
+            list(zip(df["SYS"], sids.tolist(), strict=True)),
+            z,
+            np.arange(len(df)) + 2,
+            name,
+            "(system, segment)",
+        )
         n_ann = _positive_ints(df, "N", name)
         stnd_path = humaneval / f"ad-{lp.replace('-', '')}-good-stnd.csv"
         per_annotator = _da_annotator_scores(stnd_path) if stnd_path.is_file() else {}
@@ -401,6 +423,14 @@ def _mqm_scores(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
     df, lines = df[rated].reset_index(drop=True), lines[rated]
     df["score"] = numeric_column(df, "mqm_avg_score", name, rows=pd.Index(lines))
     df["seg_id"] = numeric_column(df, "seg_id", name, rows=pd.Index(lines)).astype("int64")
+    check_range(df["score"], SCORE_RANGES["wmt21_mqm"], name, "mqm_avg_score", "MQM score", rows=lines)
+    check_unique_keys(
+        list(zip(df["system"], df["seg_id"].tolist(), strict=True)),
+        df["score"].to_numpy(),
+        lines,
+        name,
+        "(system, segment)",
+    )
     bad = df["seg_id"] < 1
     if bad.any():
         pos = int(np.flatnonzero(bad.to_numpy())[0])
@@ -431,7 +461,7 @@ def load_wmt21_mqm(
     root = Path(root)
     drop_systems = DEFAULT_DROP_SYSTEMS["wmt21_mqm"] if drop_systems is None else dict(drop_systems)
     rows: list[dict] = []
-    for lp in lps:
+    for lp in _check_lps(lps, WMT21_MQM_LPS, "wmt21_mqm"):
         text = Newstest2021(root, lp, pseudo_doc_size)
         path = _require_file(
             root
@@ -539,7 +569,7 @@ def load_ted_mqm(
     root = Path(root)
     drop_systems = dict(drop_systems or {})
     rows: list[dict] = []
-    for lp in lps:
+    for lp in _check_lps(lps, TED_MQM_LPS, "ted_mqm"):
         src_lang, _ = _lp_parts(lp)
         folder = root / MQM_REPO / "ted" / lp.replace("-", "")
         text_path = _require_file(folder / f"mqm_ted_{lp.replace('-', '')}.tsv", "TED MQM text file")
@@ -633,7 +663,7 @@ def load_mlqe(root: str | Path, lps: Iterable[str] = MLQE_LPS) -> pd.DataFrame:
     """
     root = Path(root)
     rows: list[dict] = []
-    for lp in lps:
+    for lp in _check_lps(lps, MLQE_LPS, "mlqe"):
         src_lang, tgt_lang = _lp_parts(lp)
         code = f"{src_lang}{tgt_lang}"
         members: dict[str, bytes] = {}
@@ -663,6 +693,8 @@ def load_mlqe(root: str | Path, lps: Iterable[str] = MLQE_LPS) -> pd.DataFrame:
                 )
             z_mean = numeric_column(df, "z_mean", name).to_numpy()
             mean = numeric_column(df, "mean", name).to_numpy()
+            check_range(z_mean, SCORE_RANGES["mlqe"], name, "z_mean", "DA z-score")
+            check_range(mean, RAW_DA_RANGE, name, "mean", "raw DA score (0-100)")
             for i in range(len(df)):
                 line = i + 2
                 src = check_text(df["original"].iat[i], name, line, "original")
@@ -711,11 +743,16 @@ def load_qt21_hter(
     folder = root / HTER_REPO / "evaluation" / "data" / "human_scores" / "hter"
     rows: list[dict] = []
     for system, lp in files:
+        if (system, lp) not in QT21_FILES:
+            raise DataError(
+                f"qt21_hter: file ({system!r}, {lp!r}) not supported; choose from {list(QT21_FILES)}"
+            )
         path = _require_file(folder / f"test.{system}.{lp}.csv", "HTER file")
         name = str(path)
         df = _read_table(path, sep=",")
         require_columns(df, ("src", "mt", "ref", "lp", "score"), name)
         scores = numeric_column(df, "score", name).to_numpy()
+        check_range(scores, SCORE_RANGES["qt21_hter"], name, "score", "HTER")
         src_lang, _ = _lp_parts(lp)
         for i in range(len(df)):
             line = i + 2
@@ -773,6 +810,7 @@ def load_multihyp_eten(root: str | Path, *, pseudo_doc_size: int = 10) -> pd.Dat
             )
     score_name = f"{tar_path}:{members['DA-z.scores'][0]}"
     scores = numeric_column(pd.DataFrame({"DA-z": lines["DA-z.scores"]}), "DA-z", score_name, first_line=1)
+    check_range(scores, SCORE_RANGES["multihyp_eten"], score_name, "DA-z", "DA z-score", first_line=1)
     rows: list[dict] = []
     for i in range(n):
         texts = {

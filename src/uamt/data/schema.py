@@ -163,6 +163,65 @@ def numeric_column(
     return values
 
 
+#: Plausible range of each dataset's ``score`` column (inclusive).  Wide enough for every
+#: published value (DA z-scores reach -12.8 in WMT21 zh-en; MQM is capped at -25 per segment;
+#: HTER can exceed 1 when post-editing takes more edits than the reference has words) and narrow
+#: enough to catch a column from another scale (raw DA 0-100 read as a z-score, MQM with its
+#: sign flipped, a percentage HTER).
+SCORE_RANGES: dict[str, tuple[float, float]] = {
+    "wmt21_da": (-20.0, 20.0),
+    "mlqe": (-20.0, 20.0),
+    "multihyp_eten": (-20.0, 20.0),
+    "wmt21_mqm": (-25.0, 0.0),
+    "ted_mqm": (-25.0, 0.0),
+    "qt21_hter": (0.0, 5.0),
+}
+#: Raw direct-assessment scores (``score_raw`` of wmt21_da and mlqe) are on a 0-100 slider.
+RAW_DA_RANGE = (0.0, 100.0)
+
+
+def check_range(
+    values: pd.Series | np.ndarray,
+    bounds: tuple[float, float],
+    name: str,
+    column: str,
+    scale: str,
+    *,
+    first_line: int = 2,
+    rows: pd.Index | np.ndarray | None = None,
+) -> None:
+    """Raise :class:`DataError` naming file, line and column when a value lies outside ``bounds``.
+
+    ``first_line`` / ``rows`` locate the bad row as in :func:`numeric_column`; ``scale`` says
+    what the column should hold (e.g. ``"DA z-score"``).
+    """
+    lo, hi = bounds
+    array = np.asarray(values, dtype=float)
+    bad = (array < lo) | (array > hi)
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        line = int(rows[pos]) if rows is not None else first_line + pos
+        raise DataError(
+            f"{name}: line {line}: column {column!r} = {array[pos]:g} is outside [{lo:g}, {hi:g}], the "
+            f"range of a {scale}; is the column from another scale?"
+        )
+
+
+def check_unique_keys(
+    keys: Sequence[tuple], scores: Sequence[float], lines: Sequence[int], name: str, what: str
+) -> None:
+    """Raise :class:`DataError` when a key (e.g. (system, segment)) is rated on two lines."""
+    seen: dict[tuple, int] = {}
+    for i, key in enumerate(keys):
+        if key in seen:
+            j = seen[key]
+            raise DataError(
+                f"{name}: line {lines[i]}: {what} {key!r} is rated twice (lines {lines[j]} and {lines[i]}, "
+                f"scores {scores[j]:g} and {scores[i]:g}); keep one row per {what}"
+            )
+        seen[key] = i
+
+
 def check_text(value: object, name: str, line: int | str, what: str) -> str:
     """Return ``value`` if it is a non-blank string, else raise naming file, line and field."""
     if not isinstance(value, str) or not value.strip():

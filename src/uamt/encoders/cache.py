@@ -50,9 +50,18 @@ def text_key(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _file_mode() -> int:
+    # mkstemp creates 0600 files; a shared cache needs the usual umask-derived permissions.
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
     try:
+        os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -67,6 +76,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.stem}-", suffix=".npy", dir=path.parent)
     try:
+        os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "wb") as handle:
             np.save(handle, array, allow_pickle=False)
             handle.flush()

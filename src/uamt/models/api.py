@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -54,12 +55,53 @@ OPTIONAL_COLUMNS = ("epistemic", "aleatoric", "q_hat")
 
 
 # --------------------------------------------------------------------------- saving
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def recover_stale(out_dir: Path) -> list[Path]:
+    """Clean up after a training process that was killed (SIGKILL, OOM) while writing ``out_dir``.
+
+    Temp folders ``.<name>.tmp-<pid>-*`` and ``.<name>.old-<pid>`` of processes that no longer run
+    are removed; when ``out_dir`` itself is missing because the kill fell between the two renames
+    of :func:`atomic_dir`, the previous complete model (``.old-<pid>``) is put back first.
+    Folders of live processes are left alone.  Returns the paths removed or restored.
+    """
+    out_dir = Path(out_dir)
+    parent = out_dir.parent
+    if not parent.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(out_dir.name)}\.(tmp|old)-(\d+)(-.*)?$")
+    touched = []
+    for path in sorted(parent.iterdir()):
+        match = pattern.match(path.name)
+        if not match or _pid_alive(int(match.group(2))):
+            continue
+        if match.group(1) == "old" and not out_dir.exists() and (path / MANIFEST).is_file():
+            os.replace(path, out_dir)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        touched.append(path)
+    return touched
+
+
 @contextlib.contextmanager
 def atomic_dir(out_dir: Path):
-    """Yield a temp folder beside ``out_dir``; on success it replaces ``out_dir``, on error it is removed."""
+    """Yield a temp folder beside ``out_dir``; on success it replaces ``out_dir``, on error it is removed.
+
+    The temp folder's name carries the process id, so leftovers of a killed process are recognised
+    and removed by the next run (:func:`recover_stale`).
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    recover_stale(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
     try:
         yield tmp
     except BaseException:

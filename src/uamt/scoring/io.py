@@ -25,6 +25,12 @@ SEGMENT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 
 _BOM = b"\xef\xbb\xbf"
 
+#: Longest segment ``read_lines`` accepts, in characters.  Encoders read at most a few hundred
+#: tokens (~2,000 characters), so a longer "segment" is scored on its beginning only; one far
+#: longer is almost always a file whose line breaks were lost (CR-only line ends, a document on
+#: one line).  Refused with the line named rather than scored as garbage.
+MAX_SEGMENT_CHARS = 100_000
+
 
 def read_lines(path: str | Path) -> list[str]:
     """Read ``path`` as UTF-8, one segment per line.
@@ -38,7 +44,8 @@ def read_lines(path: str | Path) -> list[str]:
     ------
     uamt.errors.DataError
         The file is missing or unreadable, is not valid UTF-8 (message names the line and byte
-        offset), is empty, or has an empty (or whitespace-only) line (message names the line).
+        offset), is empty, has an empty (or whitespace-only) line, or a line longer than
+        :data:`MAX_SEGMENT_CHARS` (message names the line).
     """
     path = Path(path)
     try:
@@ -69,6 +76,11 @@ def read_lines(path: str | Path) -> list[str]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             raise DataError(f"{path}:{number}: empty line (every line must hold one segment)")
+        if len(line) > MAX_SEGMENT_CHARS:
+            raise DataError(
+                f"{path}:{number}: segment of {len(line)} characters is over the limit of "
+                f"{MAX_SEGMENT_CHARS}; are the line breaks missing (one segment per line)?"
+            )
     return lines
 
 

@@ -35,6 +35,38 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> TrainBaseConfig:
     )
 
 
+#: Methods whose training is *identical* to another's (same network, loss, data and seed): only
+#: inference differs (MC dropout passes), so their weights are the source method's, copied.
+SAME_TRAINING = {"mcd_head": "point", "hts_mcd": "hts"}
+
+
+def training_order(methods: tuple[str, ...]) -> list[str]:
+    """``methods`` with every source of :data:`SAME_TRAINING` before the methods derived from it."""
+    first = [m for m in methods if m not in SAME_TRAINING or SAME_TRAINING[m] not in methods]
+    return first + [m for m in methods if m not in first]
+
+
+def derive(source_dir: Path, method: str, out_dir: Path) -> Path:
+    """Copy the trained ``source_dir`` as a model of ``method`` (atomically; manifest says the method)."""
+    import shutil
+
+    from uamt.models.api import atomic_dir, read_manifest, write_manifest
+
+    meta = read_manifest(source_dir)
+    with atomic_dir(out_dir) as tmp:
+        for item in source_dir.iterdir():
+            if item.name != "model.json":
+                (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+        meta = {
+            **meta,
+            "method": method,
+            "config": {**meta["config"], "method": method},
+            "derived_from": str(source_dir),
+        }
+        write_manifest(tmp, meta)
+    return out_dir
+
+
 def run(cfg: TrainBaseConfig) -> dict[str, Path]:
     """Train each method of ``cfg.pipeline.methods``; returns ``{method: model_dir}``."""
     from uamt.models.api import train
@@ -43,9 +75,13 @@ def run(cfg: TrainBaseConfig) -> dict[str, Path]:
     train_df = read_split(pipe.prepared_dir, cfg.train.train_split, pipe.datasets)
     dev_df = read_split(pipe.prepared_dir, cfg.train.dev_split, pipe.datasets)
     features = open_features(cfg.encode)
-    out = {}
-    for method in pipe.methods:
+    out: dict[str, Path] = {}
+    for method in training_order(pipe.methods):
         started = time.perf_counter()
+        if SAME_TRAINING.get(method) in out:
+            out[method] = derive(out[SAME_TRAINING[method]], method, pipe.model_dir(method))
+            log.info("%s: same training as %s, weights reused", method, SAME_TRAINING[method])
+            continue
         out[method] = train(method, cfg.train, train_df, dev_df, features, pipe.model_dir(method))
         log.info("trained %s on %d rows in %.1f s", method, len(train_df), time.perf_counter() - started)
     return out

@@ -195,7 +195,7 @@ def prediction_arrays(
 
 
 def read_predictions(path: str | Path) -> PredictionArrays:
-    """Read and validate a predictions CSV (see :func:`prediction_arrays` for the layouts).
+    """Read and validate a predictions CSV, or parquet by suffix (see :func:`prediction_arrays`).
 
     Raises
     ------
@@ -205,6 +205,12 @@ def read_predictions(path: str | Path) -> PredictionArrays:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
+    if path.suffix.lower() == ".parquet":  # `uamt predict` writes parquet by default
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
+            raise DataError(f"{path}: not a readable parquet file (truncated or corrupt?): {exc}") from None
+        return prediction_arrays(frame, str(path))
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
     except pd.errors.EmptyDataError:
