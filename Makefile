@@ -15,8 +15,10 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export MLFLOW_TRACKING_URI ?= sqlite:///$(abspath mlflow)/mlflow.db
 export PREFECT_HOME ?= $(abspath .prefect)
+# Prefect's ephemeral API server starts slowly on 2 busy cores.
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 150
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean retrain serve-retrain
 
 # The stamp depends on pyproject.toml, so a dependency change reinstalls and nothing else does.
 $(VENV)/.installed: pyproject.toml
@@ -31,7 +33,16 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
+	$(BIN)/python -m uamt.incoming init-pool
 	$(BIN)/dvc repro
+
+# One tick of the scheduled retrain on new annotations (data/incoming/), and the long-running
+# deployment with its schedule (see docs/orchestration.md).
+retrain: setup
+	$(BIN)/python -m flows.retrain --once
+
+serve-retrain: setup
+	$(BIN)/python -m flows.retrain
 
 test: setup
 	$(BIN)/python -m pytest -q

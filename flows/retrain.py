@@ -41,11 +41,13 @@ from uamt.pipeline import load_pipeline
 ingest = task(name="ingest", persist_result=False)(incoming.ingest_incoming)
 
 
-def _dvc_repro(params: str) -> None:
+def _dvc_repro(params: str, pool_path: str) -> None:
+    """Version the pool (``dvc add``), then ``dvc repro register`` (prepare sees the changed pool)."""
     if Path(params) != Path("params.yaml"):
         raise ConfigError(
             f"{params}: incoming.retrain_with=dvc runs `dvc repro`, which reads params.yaml only"
         )
+    subprocess.run(["dvc", "add", pool_path], check=True)
     subprocess.run(["dvc", "repro", "register"], check=True)
 
 
@@ -81,7 +83,7 @@ def retrain_on_new_annotations(params: str = str(DEFAULT_PARAMS)) -> dict[str, A
                 return {"status": "nothing ingested", **summary}
             print(f"ingested {result.rows_added} row(s) from {result.ingested}; retraining")
             if cfg.retrain_with == "dvc":
-                dvc_repro(params)
+                dvc_repro(params, cfg.pool_path)
             else:
                 run_pipeline(params, start="prepare", stop="register")
             metrics_dir = Path(load_pipeline(params).metrics_dir)

@@ -244,3 +244,31 @@ def test_retrain_refuses_a_pool_prepare_does_not_read(prefect_api, tmp_path, mon
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(ConfigError, match="prepare.annotations_pool"):
         check_pool_wiring("params.yaml")
+
+
+def test_retrain_with_dvc_ingests_then_versions_the_pool_and_runs_dvc_repro(
+    prefect_api, tmp_path, monkeypatch
+):
+    import flows.retrain as fr
+
+    monkeypatch.chdir(tmp_path)
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params["incoming"]["retrain_with"] = "dvc"
+    Path("params.yaml").write_text(yaml.safe_dump(params))
+    Path("data/incoming").mkdir(parents=True)
+    Path("data/incoming/new.csv").write_text(
+        "dataset,lp,src,mt,ref,score,system\nwmt21_mqm,en-de,Hello there.,Hallo.,Hallo da.,-1,sysA\n"
+    )
+    commands = []
+
+    def fake_run(cmd, check):
+        commands.append(cmd)
+        if cmd[:2] == ["dvc", "repro"]:  # what the register stage leaves behind
+            Path("metrics").mkdir(exist_ok=True)
+            Path("metrics/registry.json").write_text(json.dumps({"version": "7"}))
+
+    monkeypatch.setattr(fr.subprocess, "run", fake_run)
+    out = fr.retrain_on_new_annotations("params.yaml")
+    assert out["status"] == "retrained" and out["registry"] == {"version": "7"}
+    assert commands == [["dvc", "add", "data/annotations/pool.parquet"], ["dvc", "repro", "register"]]
+    assert Path("data/incoming/processed/new.csv").is_file()

@@ -96,6 +96,7 @@ def _fastapi_compat(folder: Path) -> None:
 def prefect_api(tmp_path_factory):
     """A temporary Prefect API (``prefect_test_harness``) with PREFECT_HOME and result storage in tmp."""
     home = tmp_path_factory.mktemp("prefect-home")
+    saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "PYTHONPATH")}
     os.environ["PREFECT_HOME"] = str(home)
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     _fastapi_compat(home / "compat")
@@ -116,6 +117,11 @@ def prefect_api(tmp_path_factory):
     ):
         with prefect_test_harness(server_startup_timeout=120):
             yield home
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def read_flow_run(flow_run_id):

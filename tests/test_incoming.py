@@ -80,7 +80,7 @@ def test_every_bad_row_is_named_with_row_line_and_field(tmp_path):
     rows[4]["lp"] = "xx-yy"
     rows.append(dict(GOOD[5], score=-7.0))  # same system/src/mt as row 6, other score
     rows.append(dict(GOOD[0], dataset="wmt99", src="Another sentence."))
-    rows.append(dict(GOOD[0], dataset="wmt21_da", lp="de-en", src="Zwei.", score=11.0))  # DA z > 10
+    rows.append(dict(GOOD[0], dataset="wmt21_da", lp="de-en", src="Zwei.", score=21.0))  # DA z > 20
     rows.append(dict(GOOD[0], src="inf row", score="inf"))
     rows.append(dict(GOOD[0], src="no ref", ref=""))
     check = validate_file(write_csv(tmp_path / "bad.csv", rows))
@@ -100,7 +100,7 @@ def test_every_bad_row_is_named_with_row_line_and_field(tmp_path):
     }
     assert {(p.row, p.field) for p in check.row_problems} == expected, report
     assert "bad.csv: row 3 (line 4): field 'score': 3.0 outside the wmt21_mqm scale [-25.0, 0.0]" in report
-    assert "row 9 (line 10): field 'score': 11.0 outside the wmt21_da scale [-10.0, 10.0]" in report
+    assert "row 9 (line 10): field 'score': 21.0 outside the wmt21_da scale [-20.0, 20.0]" in report
     assert "duplicate of row 7" in report
     assert check.bad_rows == set(range(1, 12)) - set()  # every row here is bad
     assert check.good.empty
@@ -194,6 +194,8 @@ def test_pool_rows_join_training_pools_never_a_fixed_split():
             ("wmt21_mqm", "en-de", "Sentence in d_e.", "docE", "d_e"),
             ("wmt21_mqm", "en-de", "Sentence in test.", "docT", "test"),
             ("wmt21_mqm", "en-de", "Sentence in dev.", "docD", "dev"),
+            ("wmt21_mqm", "en-de", "Second train sentence.", "docQ2", "d_q"),
+            ("wmt21_mqm", "en-de", "Other d_e sentence.", "docE2", "d_e"),
         ]
     )
     pool = _table(
@@ -204,7 +206,7 @@ def test_pool_rows_join_training_pools_never_a_fixed_split():
             ("wmt21_mqm", "en-de", "x", "docE", ""),  # document of d_e -> d_e
             ("wmt21_mqm", "en-de", "Sentence in test.", "new3", ""),  # test source -> dropped
             ("wmt21_mqm", "en-de", "y", "docD", ""),  # dev document -> dropped
-            ("wmt21_mqm", "en-de", "Sentence in d_e.", "docQ", ""),  # bridges d_q and d_e -> dropped
+            ("wmt21_mqm", "en-de", "Other d_e sentence.", "docQ2", ""),  # bridges d_q and d_e -> dropped
         ]
     ).assign(group="")
     table, stats = place_pool_rows(base, pool)

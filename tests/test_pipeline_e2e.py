@@ -22,7 +22,9 @@ def small_params(tmp_path: Path, mirror: Path) -> Path:
     params["prepare"]["datasets"] = ["wmt21_mqm", "ted_mqm"]
     params["prepare"]["forced_splits"] = {"ted_mqm": "ood"}
     params["prepare"]["max_rows_per_lp"] = 400
-    params["train_base"].update(hidden_sizes=[64], max_epochs=3, batch_size=32, mc_samples=20, ensemble_size=2)
+    params["train_base"].update(
+        hidden_sizes=[64], max_epochs=3, batch_size=32, mc_samples=20, ensemble_size=2
+    )
     params["train_dup"].update(bottleneck_size=16)
     params["pipeline"]["methods"] = ["point", "mcd_head", "ensemble", "hts", "hts_mcd"]
     params["register"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -95,5 +97,7 @@ def test_registered_champion_scores_new_text(pipeline_run):
     assert list(out.columns[:5]) == ["mu", "sigma", "lower", "upper", "risk"]
     assert (out["sigma"] > 0).all() and (out["lower"] < out["mu"]).all() and (out["mu"] < out["upper"]).all()
     assert out["risk"].between(0, 1).all()
-    multi = predictor.predict_frame(frame.assign(refs=[["The dog is barking.", "The dog barks."]] * 2).drop(columns="ref"))
+    multi = predictor.predict_frame(
+        frame.assign(refs=[["The dog is barking.", "The dog barks."]] * 2).drop(columns="ref")
+    )
     assert len(multi) == 2

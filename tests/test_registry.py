@@ -53,7 +53,9 @@ def test_first_version_passing_ece_becomes_champion():
 )
 def test_gate_rejects_with_reason(candidate, needle):
     champion = {"ece": 0.01, "nll": 1.0, "pps": 0.3}
-    decision = promotion_decision(candidate, champion, Gates(max_ece=0.05, nll_tolerance=0.02, pps_tolerance=0.01))
+    decision = promotion_decision(
+        candidate, champion, Gates(max_ece=0.05, nll_tolerance=0.02, pps_tolerance=0.01)
+    )
     assert not decision.promote
     assert needle in decision.reason
 
@@ -68,7 +70,9 @@ def test_champion_moves_only_after_gate(store):
     client = registry._client(store)
     v1 = _register(store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
     assert client.get_model_version(name="uamt-test", version=v1).tags[registry.STATUS_TAG] == "pending"
-    assert registry.gate_and_alias(client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates()).promote
+    assert registry.gate_and_alias(
+        client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates()
+    ).promote
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
 
     worse = {"ece": 0.01, "nll": 2.0, "pps": 0.10}

@@ -33,7 +33,10 @@ def _read_split(prepared_dir: str, split: str):
     path = Path(prepared_dir) / f"{split}.parquet"
     if not path.is_file():
         raise DataError(f"{path}: split {split!r} not found (run `uamt data prepare`)")
-    return pd.read_parquet(path)
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a corrupt file
+        raise DataError(f"{path}: not a readable parquet file (truncated or corrupt?): {exc}") from None
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -23,6 +23,10 @@ def register(subparsers) -> None:
     reg = subparsers.add_parser("registry", help="inspect the MLflow model registry")
     reg_sub = reg.add_subparsers(dest="registry_command", metavar="SUBCOMMAND", required=True)
     show = reg_sub.add_parser("show", help="versions, aliases, validation status and key test metrics")
-    show.add_argument("--name", default="uamt-comet", help="registered model name (params: register.model_name)")
-    show.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow/mlflow.db")
+    show.add_argument(
+        "--name", default="uamt-comet", help="registered model name (params: register.model_name)"
+    )
+    show.add_argument(
+        "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow/mlflow.db"
+    )
     show.set_defaults(handler=_registry_show)

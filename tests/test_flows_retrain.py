@@ -1,0 +1,148 @@
+"""End to end: a trained + registered tiny project, new MQM annotations dropped in, one retrain tick.
+
+Real data (WMT21 MQM from the offline mirror), the real stage functions (MiniLM encoder, 2-epoch
+heads), the real MLflow registry (SQLite in tmp).  About 2-3 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import test_flows_harness as harness
+import yaml
+from test_flows_harness import REPO_ROOT
+
+from uamt.config import load_section
+from uamt.data.prepare import PrepareConfig, load_dataset
+from uamt.data.schema import normalise_source
+
+prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_params(root: Path, mirror: Path) -> Path:
+    """The repo's params.yaml with small settings: WMT21 MQM only, ~120 rows per LP, 2 methods."""
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params["prepare"].update(
+        raw_dir=str(mirror),  # the mirror is laid out like data/raw: no fetch needed
+        datasets=["wmt21_mqm"],
+        max_rows_per_lp=120,
+        pseudo_doc_size=1,
+        # No TED here (a whole talk is ~1500 rows): a slice of WMT21 MQM plays the ood split.
+        fractions={"d_q": 0.4, "d_e": 0.2, "dev": 0.15, "test": 0.15, "ood": 0.1},
+        forced_splits={},
+    )
+    params["train_base"].update(hidden_sizes=[64], max_epochs=2, mc_samples=5, patience=1, batch_size=16)
+    params["pipeline"].update(methods=["point", "hts"], register_method="hts", ood_datasets=["wmt21_mqm"])
+    params["register"]["tracking_uri"] = f"sqlite:///{root / 'mlflow.db'}"
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def new_annotations(prepared: Path, n_sources: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Real MQM rows of sentences the tiny project has never seen, and one row of a test sentence."""
+    full = load_dataset("wmt21_mqm", load_section(PrepareConfig, "prepare", "params.yaml"))
+    used = pd.concat([pd.read_parquet(p) for p in prepared.glob("*.parquet")])
+    seen = set(used["src"].map(normalise_source))
+    fresh = full[(full["lp"] == "en-de") & ~full["src"].map(normalise_source).isin(seen)]
+    sources = sorted(fresh["src"].unique())[:n_sources]
+    rows = fresh[fresh["src"].isin(sources)]
+    test = pd.read_parquet(prepared / "test.parquet").iloc[:1]
+    columns = ["dataset", "lp", "src", "mt", "ref", "score", "system", "doc", "seg_id"]
+    return rows[columns].reset_index(drop=True), test[columns].assign(system="new-system")
+
+
+def registry_versions(uri: str) -> list[dict]:
+    from uamt.registry import describe
+
+    return describe(uri, "uamt-comet")
+
+
+def test_retrain_tick_ingests_new_annotations_and_registers_a_new_version(
+    prefect_api, tmp_path, monkeypatch, mirror_root
+):
+    from flows.pipeline import uamt_pipeline
+    from flows.retrain import retrain_on_new_annotations
+    from uamt.models.api import read_manifest
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = tiny_params(tmp_path, mirror_root)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    started = time.perf_counter()
+    first = uamt_pipeline(str(params), start="prepare")
+    first_seconds = time.perf_counter() - started
+    assert first["register"]["version"] == "1"
+    n_train_before = read_manifest(Path("models/hts"))["n_train"]
+    version_before = first["register"]["data_version"]
+
+    # 1. Nothing new: a quick no-op, no new version.
+    started = time.perf_counter()
+    assert retrain_on_new_annotations("params.yaml") == {"status": "no new annotations"}
+    assert time.perf_counter() - started < 10
+
+    # 2. A bad file: rejected with a report naming row and field; nothing ingested, no retrain.
+    fresh, test_row = new_annotations(Path("data/prepared"))
+    incoming = Path("data/incoming")
+    incoming.mkdir(parents=True)
+    bad = fresh.copy()
+    bad.loc[1, "score"] = 5.0  # MQM above 0
+    bad.to_csv(incoming / "bad.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
+    out = retrain_on_new_annotations("params.yaml")
+    assert out["status"] == "nothing ingested"
+    report = (incoming / "rejected" / "bad.tsv.report.txt").read_text()
+    assert "row 2 (line 3): field 'score': 5.0 outside the wmt21_mqm scale" in report
+    assert not Path("data/annotations/pool.parquet").exists()
+    assert [v["version"] for v in registry_versions(uri)] == ["1"]
+
+    # 3. Good new annotations (+ one row of a test sentence, which must not reach training).
+    good = pd.concat([fresh, test_row], ignore_index=True)
+    good.to_csv(incoming / "batch-001.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
+    started = time.perf_counter()
+    out = retrain_on_new_annotations("params.yaml")
+    retrain_seconds = time.perf_counter() - started
+    assert out["status"] == "retrained", out
+    assert out["ingest"]["rows_added"] == len(good)
+    assert (incoming / "processed" / "batch-001.tsv").is_file()
+    summary = json.loads(Path("data/prepared/summary.json").read_text())
+    assert summary["annotation_pool"]["placed"] == {"d_q": len(fresh)}
+    assert summary["annotation_pool"]["dropped"] == {"test": 1}
+    d_q = pd.read_parquet("data/prepared/d_q.parquet")
+    assert set(fresh["src"]) <= set(d_q["src"])
+    test = pd.read_parquet("data/prepared/test.parquet")
+    assert "new-system" not in set(test["system"])  # the test set stays fixed
+    assert read_manifest(Path("models/hts"))["n_train"] == n_train_before + len(fresh)
+
+    versions = registry_versions(uri)
+    assert [v["version"] for v in versions] == ["2", "1"]
+    assert out["registry"]["version"] == "2"
+    assert versions[0]["data_version"] == out["registry"]["data_version"] != version_before
+    print(f"first chain {first_seconds:.1f} s, retrain tick {retrain_seconds:.1f} s, +{len(fresh)} rows")
+
+    # 4. The same file again: recognised, not ingested, no third version.
+    good.to_csv(incoming / "batch-001-copy.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
+    assert retrain_on_new_annotations("params.yaml")["status"] == "nothing ingested"
+    assert len(registry_versions(uri)) == 2
+
+
+def test_second_retrain_exits_while_the_first_holds_the_lock(prefect_api, tmp_path, monkeypatch):
+    from flows.retrain import retrain_on_new_annotations
+    from uamt.incoming import retrain_lock
+
+    monkeypatch.chdir(tmp_path)
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    Path("params.yaml").write_text(yaml.safe_dump(params))
+    Path("data/incoming").mkdir(parents=True)
+    Path("data/incoming/new.csv").write_text("dataset,lp,src,mt,ref,score,system\n")
+    with retrain_lock("data/.retrain.lock"):
+        assert retrain_on_new_annotations("params.yaml") == {"status": "busy"}
+    assert Path("data/incoming/new.csv").is_file()  # untouched by the second run
+    assert not Path("data/annotations").exists()
