@@ -272,3 +272,51 @@ def test_retrain_with_dvc_ingests_then_versions_the_pool_and_runs_dvc_repro(
     assert out["status"] == "retrained" and out["registry"] == {"version": "7"}
     assert commands == [["dvc", "add", "data/annotations/pool.parquet"], ["dvc", "repro", "register"]]
     assert Path("data/incoming/processed/new.csv").is_file()
+
+
+# ----------------------------------------------------------------------------- faults (issue 7, fault 2)
+
+
+def test_transient_failure_is_retried_and_a_permanent_one_fails_the_run(prefect_api, tmp_path, monkeypatch):
+    """A flaky fetch (network) succeeds on Prefect's retry; a stage that keeps failing marks the flow
+    run failed with its reason, and register -- the only stage that touches the registry -- never runs."""
+    monkeypatch.chdir(tmp_path)
+    params = _small_params(tmp_path)
+    calls: list = []
+    _fake_stages(calls, monkeypatch)
+    fetch = fp.STAGE_BY_NAME["fetch"]
+    attempts = []
+
+    def flaky_fetch(cfg):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionError("raw.githubusercontent.com: connection reset")
+        return fetch.run(cfg)
+
+    # Same retries as production, without the 10 s back-off.
+    real_stage_task = fp.stage_task
+    monkeypatch.setattr(
+        fp,
+        "stage_task",
+        lambda stage, refresh=False: real_stage_task(stage, refresh).with_options(retry_delay_seconds=0),
+    )
+    stages = tuple(dataclasses.replace(s, run=flaky_fetch) if s.name == "fetch" else s for s in fp.STAGES)
+    monkeypatch.setattr(fp, "STAGES", stages)
+    monkeypatch.setattr(fp, "STAGE_BY_NAME", {s.name: s for s in stages})
+    state = fp.uamt_pipeline(str(params), stop="prepare", return_state=True, refresh_cache=True)
+    assert state.is_completed()
+    assert len(attempts) == 2 and [c[0] for c in calls] == ["fetch", "prepare"]
+
+    def broken_train(cfg):
+        raise RuntimeError("disk full while writing models/point")
+
+    stages = tuple(
+        dataclasses.replace(s, run=broken_train) if s.name == "train_base" else s for s in fp.STAGES
+    )
+    monkeypatch.setattr(fp, "STAGES", stages)
+    monkeypatch.setattr(fp, "STAGE_BY_NAME", {s.name: s for s in stages})
+    calls.clear()
+    state = fp.uamt_pipeline(str(params), start="encode", return_state=True, refresh_cache=True)
+    assert state.is_failed()
+    assert "disk full" in str(state.message) or "disk full" in repr(state.result(raise_on_failure=False))
+    assert "register" not in [c[0] for c in calls] and not Path("metrics/registry.json").exists()

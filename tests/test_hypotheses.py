@@ -392,3 +392,58 @@ def test_generation_on_gpu(tiny_model, source, tmp_path):
     )
     streams = hyp_files(out)
     assert [len(s) for s in streams] == [len(SOURCES)] * 3 and len({tuple(s) for s in streams}) == 3
+
+
+def test_generated_hypotheses_score_as_pseudo_references(tiny_model, source, tmp_path, monkeypatch, capsys):
+    """`uamt score -r hyp.*.txt`: generated hypotheses are line-aligned pseudo-references (the
+    reference-free setting of Uncertainty-Aware MT Evaluation §5.5) for a registered model."""
+    from test_scoring_support import REF_MODEL, build_store
+
+    out = tmp_path / "hyps"
+    assert (
+        main(
+            [
+                "hypotheses",
+                "generate",
+                "--model",
+                str(tiny_model),
+                "-s",
+                str(source),
+                "--method",
+                "beam",
+                "--n",
+                "3",
+                "--max-new-tokens",
+                "8",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    hyps = sorted(out.glob("hyp.*.txt"))
+    for path in hyps:  # a random tiny model can emit an empty line; a pseudo-reference must not be empty
+        lines = [line if line.strip() else "-" for line in lexical.read_lines(path)]
+        path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", build_store(tmp_path))
+    capsys.readouterr()
+    scored = tmp_path / "scores.jsonl"
+    argv = [
+        "score",
+        "-s",
+        str(source),
+        "-t",
+        str(out / "top.txt"),
+        "--model",
+        f"models:/{REF_MODEL}@champion",
+        "--no-progress",
+        "--out",
+        str(scored),
+    ]
+    for path in hyps:
+        argv += ["-r", str(path)]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in scored.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == len(SOURCES) + 1 and "summary" in rows[-1]
+    assert all({"mu", "sigma", "lower", "upper", "risk"} <= set(r) for r in rows[:-1])

@@ -97,3 +97,66 @@ def test_interrupted_registration_leaves_champion_and_marks_orphan(store):
     rows = registry.describe(store, "uamt-test")
     assert [r["version"] for r in rows] == [v3, v2, v1]
     assert rows[-1]["aliases"] == "champion"
+
+
+@pytest.mark.slow
+def test_registry_promise_holds_against_a_real_mlflow_server(tmp_path, monkeypatch):
+    """The same registration and gate through `mlflow server` on loopback (any MLFLOW_TRACKING_URI works)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise AssertionError("mlflow server did not start") from None
+                time.sleep(1)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.chdir(tmp_path)
+        assert registry.tracking_uri() == uri
+        client = registry._client(uri)
+        v1 = _register(uri, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
+        assert registry.gate_and_alias(
+            client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates()
+        ).promote
+        v2 = _register(uri, {"ece": 0.30, "nll": 1.0, "pps": 0.30})
+        assert not registry.gate_and_alias(
+            client, "uamt-test", v2, {"ece": 0.30, "nll": 1.0, "pps": 0.30}, Gates()
+        ).promote
+        assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
+        assert [row["status"] for row in registry.describe(uri, "uamt-test")] == ["rejected", "passed"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

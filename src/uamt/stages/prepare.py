@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
-import logging
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.data.prepare import PrepareConfig, prepare
+from uamt.stages._cli import stage_main
+
+NAME = "prepare"
 
 
 def run(cfg: PrepareConfig) -> dict[str, Path]:
@@ -15,15 +16,12 @@ def run(cfg: PrepareConfig) -> dict[str, Path]:
     return prepare(cfg)
 
 
+def load_config(path: str | Path = DEFAULT_PARAMS) -> PrepareConfig:
+    return load_section(PrepareConfig, NAME, path)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m uamt.stages.prepare", description=__doc__)
-    parser.add_argument(
-        "--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)"
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    run(load_section(PrepareConfig, "prepare", args.params))
-    return 0
+    return stage_main(NAME, __doc__, load_config, run, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover
