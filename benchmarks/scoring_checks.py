@@ -73,8 +73,22 @@ def main(argv: list[str] | None = None) -> int:
         scored = {}
         for lp, frame in test.groupby("lp"):
             frame = frame.reset_index(drop=True)
-            out = score(work, f"cov-{lp}", frame, [frame["ref"].tolist()], args.model, lp)
-            scored[lp] = (frame, out)
+            dev_lp = dev[dev["lp"] == lp]["score"]
+            chi = (
+                float(np.quantile(dev_lp, args.worst))
+                if len(dev_lp)
+                else float(frame["score"].quantile(args.worst))
+            )
+            out = score(
+                work,
+                f"cov-{lp}",
+                frame,
+                [frame["ref"].tolist()],
+                args.model,
+                lp,
+                ["--risk-threshold", str(chi)],
+            )
+            scored[lp] = (frame, out, chi)
             inside = ((frame["score"] >= out["lower"]) & (frame["score"] <= out["upper"])).mean()
             ok = 0.85 <= inside <= 0.95
             failures += [] if ok else [f"coverage {lp} {inside:.3f}"]
@@ -104,26 +118,11 @@ def main(argv: list[str] | None = None) -> int:
             print("   no en-de test rows with three distinct references")
 
         print(f"3. critical errors: Recall@N of the worst {args.worst:.0%} (length-normalised MQM)")
-        for lp, (frame, _scored) in scored.items():
+        for lp, (frame, risk_out, chi) in scored.items():
             length = frame["mt"].str.split().str.len().clip(lower=1)
             normalised = frame["score"] / length
             n_worst = max(1, int(round(args.worst * len(frame))))
             worst = set(np.argsort(normalised.to_numpy(), kind="stable")[:n_worst])
-            dev_lp = dev[dev["lp"] == lp]
-            chi = (
-                float(np.quantile(dev_lp["score"], args.worst))
-                if len(dev_lp)
-                else float(frame["score"].quantile(args.worst))
-            )
-            risk_out = score(
-                work,
-                f"risk-{lp}",
-                frame,
-                [frame["ref"].tolist()],
-                args.model,
-                lp,
-                ["--risk-threshold", str(chi)],
-            )
             by_risk = set(np.argsort(-risk_out["risk"].to_numpy(), kind="stable")[:n_worst])
             by_mu = set(np.argsort(risk_out["mu"].to_numpy(), kind="stable")[:n_worst])
             recall_risk, recall_mu = len(worst & by_risk) / n_worst, len(worst & by_mu) / n_worst

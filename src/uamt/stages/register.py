@@ -71,6 +71,21 @@ def _flat(metrics: dict, prefix: str) -> dict[str, float]:
     return out
 
 
+def calibration_params(path: Path) -> dict[str, float]:
+    """alpha, beta (affine sigma^2) and sigma^2_fixed per LP and global, as flat MLflow params."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    out = {}
+    for block, keys in (("affine_variance", ("alpha", "beta")), ("fixed_variance", ("var",))):
+        fitted = data.get(block) or {}
+        groups = {"global": fitted.get("global") or {}, **(fitted.get("lps") or {})}
+        for group, values in groups.items():
+            for key in keys:
+                if isinstance(values.get(key), (int, float)):
+                    name = "sigma2_fixed" if key == "var" else key
+                    out[f"calibration.{group}.{name}"] = float(values[key])
+    return out
+
+
 def run(cfg: RegisterConfig) -> dict:
     from uamt import registry
     from uamt.models.api import read_manifest
@@ -110,6 +125,7 @@ def run(cfg: RegisterConfig) -> dict:
             "datasets": ",".join(pipe.datasets),
             "encoder": cfg.encode.encoder.name,
             **{f"train.{k}": v for k, v in manifest["config"].items()},
+            **calibration_params(Path(cfg.calibration_dir) / f"{method}.json"),
         },
         run_metrics={**_flat(test, "test"), **_flat(ood, "ood")},
         tags={
