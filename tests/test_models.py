@@ -242,3 +242,16 @@ def test_cli_refuses_unknown_method(capsys):
 
     assert main(["train", "--method", "nope"]) == 2
     assert "method='nope' not supported" in capsys.readouterr().err
+
+
+def test_mc_dropout_predictions_are_reproducible(models):
+    """Same model, input and seed -> identical MC-dropout predictions; the global RNG is left alone."""
+    model = load(models["mcd_head"])
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = model.predict(TEST, FEATURES, n_samples=30)
+    assert torch.rand(1) == before  # sampling did not consume the caller's random stream
+    b = load(models["mcd_head"]).predict(TEST, FEATURES, n_samples=30)
+    pd.testing.assert_frame_equal(a, b)
+    assert (a["sigma"] > 0).all()

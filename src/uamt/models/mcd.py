@@ -28,6 +28,21 @@ def n_passes(model: Estimator, n_samples: int | None) -> int:
     return n
 
 
+def seeded_passes(fn):
+    """Run ``fn(model, batch, n)`` with the global RNG seeded from ``model.cfg.seed`` (restored after),
+    so the same model, input and seed give the same MC-dropout samples: identical predictions."""
+
+    def wrapper(model: Estimator, batch: dict, n: int) -> torch.Tensor:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(model.cfg.seed)
+            return fn(model, batch, n)
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+@seeded_passes
 def head_mc_outputs(model: Estimator, batch: dict, n: int) -> torch.Tensor:
     """Head outputs [n, B, out_dim] of n dropout passes over the head (layer mix deterministic)."""
     features = model.sentence_features(batch)
@@ -45,6 +60,7 @@ def head_mc_outputs(model: Estimator, batch: dict, n: int) -> torch.Tensor:
     return torch.cat(outs).view(n, rows, -1)
 
 
+@seeded_passes
 def full_mc_outputs(model: Estimator, batch: dict, n: int) -> torch.Tensor:
     """Head outputs [n, B, out_dim] of n passes with dropout in encoder, layer mix and head."""
     if model._encoder is None:
