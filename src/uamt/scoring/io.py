@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from uamt.errors import DataError
+from uamt.fileio import atomic_write_text  # noqa: F401 - re-exported for scoring
 
 #: Output suffix -> format for segment-level results.
 SEGMENT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -132,25 +132,6 @@ def check_output_path(path: str | Path, formats: dict[str, str] = SEGMENT_FORMAT
     if not os.access(folder, os.W_OK | os.X_OK):
         raise DataError(f"{path}: output folder {folder} is not writable")
     return fmt
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder and :func:`os.replace`."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise DataError(f"{path}: cannot write in {folder}: {exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 def json_safe(value: Any) -> Any:

@@ -22,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
+from uamt.fileio import atomic_write_text
 from uamt.uncertainty.calibration import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 from uamt.uncertainty.conformal import REPORT_GAMMAS, ConformalCalibrator, interval_report
 from uamt.uncertainty.metrics import N_CONFIDENCE_LEVELS, reliability_curve, uncertainty_metrics
@@ -415,20 +414,7 @@ def write_json_atomic(data: Any, path: str | Path) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise DataError(f"{path}: output folder {folder} does not exist")
-    text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n"
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise DataError(f"{path}: cannot write in {folder}: {exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def evaluate_prediction_files(
