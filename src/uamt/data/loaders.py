@@ -139,6 +139,23 @@ def _seg_line(
 EMPTY_MT = "empty system output line (drop_empty_mt)"
 
 
+def _system_output(
+    text, file_system, shown_name, sid, name, line, dataset, drop_empty_mt, drops
+) -> str | None:
+    """Segment ``sid`` of a WMT21 system output; None (counted in ``drops``) when it is empty and
+    ``drop_empty_mt``; a DataError naming the score file and line when the system has no text file."""
+    hyp_file = text.hyp_file(file_system)
+    if not hyp_file.is_file():
+        raise DataError(
+            f"{name}: line {line}: unknown system {shown_name!r}: no text file {hyp_file}; list it "
+            f"in prepare.drop_systems.{dataset} with a reason to skip it"
+        )
+    if drop_empty_mt and _is_blank_line(text.hyp(file_system), sid):
+        drops[EMPTY_MT] = drops.get(EMPTY_MT, 0) + 1
+        return None
+    return _seg_line(text.hyp(file_system), sid, hyp_file, name, line, f"system {file_system} output")
+
+
 def _is_blank_line(lines: list[str], sid: int) -> bool:
     return 1 <= sid <= len(lines) and not lines[sid - 1].strip()
 
@@ -372,16 +389,9 @@ def load_wmt21_da(
                 system_name = f"HUMAN-ref{letter}"
             else:
                 others = letters
-                hyp_file = text.hyp_file(system)
-                if not hyp_file.is_file():
-                    raise DataError(
-                        f"{name}: line {line}: unknown system {sys_id!r}: no text file {hyp_file}; list it "
-                        "in prepare.drop_systems.wmt21_da with a reason to skip it"
-                    )
-                if drop_empty_mt and _is_blank_line(text.hyp(system), sid):
-                    drops[EMPTY_MT] = drops.get(EMPTY_MT, 0) + 1
+                mt = _system_output(text, system, sys_id, sid, name, line, "wmt21_da", drop_empty_mt, drops)
+                if mt is None:
                     continue
-                mt = _seg_line(text.hyp(system), sid, hyp_file, name, line, f"system {system} output")
                 system_name = system
             src = _seg_line(text.source, sid, text.source_file, name, line, "source")
             refs = [
@@ -501,16 +511,11 @@ def load_wmt21_mqm(
                 mt = ref_texts[letter]
             else:
                 file_system = SYSTEM_ALIASES.get(system, system)
-                hyp_file = text.hyp_file(file_system)
-                if not hyp_file.is_file():
-                    raise DataError(
-                        f"{name}: line {line}: unknown system {system!r}: no text file {hyp_file}; list it "
-                        "in prepare.drop_systems.wmt21_mqm with a reason to skip it"
-                    )
-                if drop_empty_mt and _is_blank_line(text.hyp(file_system), sid):
-                    drops[EMPTY_MT] = drops.get(EMPTY_MT, 0) + 1
+                mt = _system_output(
+                    text, file_system, system, sid, name, line, "wmt21_mqm", drop_empty_mt, drops
+                )
+                if mt is None:
                     continue
-                mt = _seg_line(text.hyp(file_system), sid, hyp_file, name, line, f"system {system} output")
                 refs = [ref_texts[x] for x in sorted(ref_texts)]
                 system = file_system
             src = _seg_line(text.source, sid, text.source_file, name, line, "source")
