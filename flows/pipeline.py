@@ -35,9 +35,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
 import uamt
-from uamt.config import DEFAULT_PARAMS, load_section
-from uamt.data.fetch import FetchConfig
-from uamt.data.prepare import PrepareConfig
+from uamt.config import DEFAULT_PARAMS
 from uamt.stages import (
     calibrate,
     encode,
@@ -48,24 +46,10 @@ from uamt.stages import (
     train_base,
     train_dup,
 )
-from uamt.stages.encode import EncodeConfig
 
 log = logging.getLogger(__name__)
 PACKAGE_DIR = Path(uamt.__file__).resolve().parent
 REPORTED_METRICS = ("pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
-
-
-def _load_fetch(path: str | Path) -> FetchConfig:
-    # uamt.stages.fetch / prepare / encode have no load_config of their own yet.
-    return load_section(FetchConfig, "fetch", path)
-
-
-def _load_prepare(path: str | Path) -> PrepareConfig:
-    return load_section(PrepareConfig, "prepare", path)
-
-
-def _load_encode(path: str | Path) -> EncodeConfig:
-    return load_section(EncodeConfig, "encode", path)
 
 
 def _models(cfg) -> list[Path]:
@@ -94,7 +78,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "fetch",
         fetch.run,
-        _load_fetch,
+        fetch.load_config,
         inputs=lambda cfg: [],  # every file is pinned by sha256 in the config itself
         outputs=lambda cfg: [Path(cfg.raw_dir)],
         code=("data/fetch.py",),
@@ -103,7 +87,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "prepare",
         prepare.run,
-        _load_prepare,
+        prepare.load_config,
         inputs=lambda cfg: (
             [Path(cfg.raw_dir)] + ([Path(cfg.annotations_pool)] if cfg.annotations_pool else [])
         ),
@@ -113,7 +97,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "encode",
         encode.run,
-        _load_encode,
+        encode.load_config,
         inputs=lambda cfg: [Path(cfg.prepared_dir)],
         outputs=lambda cfg: [Path(cfg.cache_dir) / "manifest.json"],
         code=("encoders", "stages/encode.py"),

@@ -182,9 +182,15 @@ def run(cfg: EncodeConfig, splits: Sequence[str | Path] | None = None) -> Path:
     return cache.path
 
 
+def load_config(path: str | Path = "params.yaml") -> EncodeConfig:
+    from uamt.config import load_section
+
+    return load_section(EncodeConfig, "encode", path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m uamt.stages.encode [--params params.yaml] [TABLE.parquet ...]``."""
-    from uamt.config import ConfigError, load_section
+    from uamt.config import ConfigError
     from uamt.errors import UamtError
 
     parser = argparse.ArgumentParser(prog="uamt-encode", description=__doc__.splitlines()[0])
@@ -195,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        cfg = load_section(EncodeConfig, "encode", args.params)
+        cfg = load_config(args.params)
         path = run(cfg, args.tables or None)
     except (UamtError, ConfigError, ValueError) as exc:
         print(f"encode: error: {exc}", file=sys.stderr)
