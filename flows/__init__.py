@@ -2,4 +2,5 @@
 
 * :mod:`flows.pipeline` - ``uamt-pipeline``: the dvc.yaml stages as Prefect tasks.
 * :mod:`flows.retrain` - ``uamt-retrain``: ingest new human annotations, then retrain and register.
+* :mod:`flows.experiments` - ``uamt-experiments``: the ``exp_*`` analyses and the ``report`` stage.
 """

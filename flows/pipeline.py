@@ -107,7 +107,9 @@ STAGES: tuple[Stage, ...] = (
         train_base.run,
         train_base.load_config,
         inputs=lambda cfg: [Path(cfg.pipeline.prepared_dir), Path(cfg.encode.cache_dir) / "manifest.json"],
-        outputs=lambda cfg: [cfg.pipeline.model_dir(m) for m in cfg.pipeline.methods],
+        outputs=lambda cfg: [
+            cfg.pipeline.model_dir(m) for m in (*cfg.pipeline.methods, *cfg.pipeline.qe_models)
+        ],
         code=("models", "pipeline.py", "stages/train_base.py"),
     ),
     Stage(
@@ -208,9 +210,13 @@ def content_hash(path: str | Path, suffix: str | None = None) -> str:
     return digest.hexdigest()
 
 
-def stage_cache_key(context, parameters: dict[str, Any]) -> str | None:
-    """Prefect ``cache_key_fn``: stage name + project + config + code + input content (see module doc)."""
-    stage = STAGE_BY_NAME[context.task.name]
+def stage_cache_key(context, parameters: dict[str, Any], stages: dict[str, Stage] | None = None) -> str | None:
+    """Prefect ``cache_key_fn``: stage name + project + config + code + input content (see module doc).
+
+    ``stages``: the name -> :class:`Stage` table the task is looked up in (default :data:`STAGE_BY_NAME`;
+    flows/experiments.py passes its own).
+    """
+    stage = (STAGE_BY_NAME if stages is None else stages)[context.task.name]
     cfg = parameters["cfg"]
     digest = hashlib.sha256()
     digest.update(stage.name.encode())
@@ -228,13 +234,13 @@ def outputs_missing(stage: Stage, cfg) -> bool:
     return not all(Path(p).exists() for p in stage.outputs(cfg))
 
 
-def stage_task(stage: Stage, refresh_cache: bool = False):
+def stage_task(stage: Stage, refresh_cache: bool = False, cache_key_fn: Callable = stage_cache_key):
     """The Prefect task of ``stage``: its ``run`` function, wrapped and nothing else."""
     return task(
         name=stage.name,
         retries=stage.retries,
         retry_delay_seconds=[10, 30, 60] if stage.retries else 0,
-        cache_key_fn=stage_cache_key,
+        cache_key_fn=cache_key_fn,
         persist_result=True,
         refresh_cache=refresh_cache,
     )(stage.run)
@@ -282,8 +288,16 @@ def _rename_flow_run(name: str) -> None:
 
 
 def per_method_config(cfg, method: str):
-    """``train_base``'s config restricted to one method (the independent unit of work)."""
-    pipe = dataclasses.replace(cfg.pipeline, methods=(method,), dup_base=method, register_method=method)
+    """``train_base``'s config restricted to one method and its QE variant (the independent unit of work)."""
+    qe = (method,) if method in cfg.pipeline.qe_methods else ()
+    pipe = dataclasses.replace(
+        cfg.pipeline,
+        methods=(method,),
+        dup_base=method,
+        register_method=method,
+        qe_methods=qe,
+        register_qe_method=qe[0] if qe else None,
+    )
     return dataclasses.replace(cfg, pipeline=pipe)
 
 

@@ -58,7 +58,7 @@ def pipeline_run(tmp_path_factory, mirror_root):
 @pytest.mark.slow
 def test_chain_writes_metrics_for_every_method_and_lp(pipeline_run):
     test = json.loads((pipeline_run / "metrics" / "test.json").read_text())
-    assert set(test) == {"point", "mcd_head", "ensemble", "hts", "hts_mcd", "dup"}
+    assert set(test) == {"point", "mcd_head", "ensemble", "hts", "hts_mcd", "dup", "hts_qe"}
     for method, by_lp in test.items():
         assert {"avg", "en-de", "zh-en"} <= set(by_lp), method
         for key in ("pps", "nll", "ece", "sharpness", "crps", "coverage@0.9"):
@@ -101,3 +101,30 @@ def test_registered_champion_scores_new_text(pipeline_run):
         frame.assign(refs=[["The dog is barking.", "The dog barks."]] * 2).drop(columns="ref")
     )
     assert len(multi) == 2
+
+
+@pytest.mark.slow
+def test_reference_free_model_is_registered_and_scores_without_references(pipeline_run):
+    import os
+
+    import pandas as pd
+
+    from uamt.errors import UamtError
+    from uamt.scoring.score import load_scoring_predictor
+
+    summary = json.loads((pipeline_run / "metrics" / "registry.json").read_text())
+    assert summary["qe"]["model_name"] == "uamt-comet-qe" and summary["qe"]["method"] == "hts_qe"
+    assert summary["qe"]["promoted"], summary["qe"]
+    manifest = json.loads((pipeline_run / "models" / "hts_qe" / "model.json").read_text())
+    assert manifest["config"]["reference_free"] is True
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{pipeline_run / 'mlflow.db'}"
+    try:
+        predictor, uri = load_scoring_predictor(None, has_references=False)
+        assert uri == "models:/uamt-comet-qe@champion" and not predictor.uses_references
+        with pytest.raises(UamtError, match="reference-free"):
+            load_scoring_predictor(uri, has_references=True)
+    finally:
+        del os.environ["MLFLOW_TRACKING_URI"]
+    frame = pd.DataFrame({"src": ["Der Hund bellt.", "Das ist ein Test."], "mt": ["The dog barks.", "Banana."]})
+    out = predictor.predict_frame(frame, confidence=0.9, risk_threshold=-5.0)
+    assert (out["sigma"] > 0).all() and (out["lower"] < out["mu"]).all() and (out["mu"] < out["upper"]).all()

@@ -9,9 +9,21 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
+from uamt.experiments import SECTIONS
 
 DVC = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
-EXPECTED = ["fetch", "prepare", "encode", "train_base", "train_dup", "calibrate", "evaluate", "register"]
+EXPECTED = [
+    "fetch",
+    "prepare",
+    "encode",
+    "train_base",
+    "train_dup",
+    "calibrate",
+    "evaluate",
+    "register",
+    *(f"exp_{name}" for name in SECTIONS),
+    "report",
+]
 
 
 def test_stage_order_is_the_pipeline():

@@ -232,3 +232,49 @@ def test_parse_samples_field():
         parse_samples_field("1|x|3")
     with pytest.raises(ValueError, match="sample 3 is empty"):
         parse_samples_field("1|2|")
+
+
+def test_ece_sampling_floor_matches_the_binomial_approximation():
+    from uamt.uncertainty import confidence_levels, ece_sampling_floor
+
+    n = 1000
+    gammas = confidence_levels(100)
+    # E|acc - gamma| ~ sqrt(2 gamma (1 - gamma) / (pi n)) for a binomial proportion
+    approx = float(np.mean(np.sqrt(2 * gammas * (1 - gammas) / (math.pi * n))))
+    assert ece_sampling_floor(n) == pytest.approx(approx, rel=0.1)
+    assert ece_sampling_floor(4 * n) == pytest.approx(ece_sampling_floor(n) / 2, rel=0.15)
+    with pytest.raises(ValueError, match="n_segments=0"):
+        ece_sampling_floor(0)
+
+
+def test_a_calibrated_model_sits_at_the_floor_and_a_miscalibrated_one_above_it():
+    from uamt.uncertainty import ece_sampling_floor, expected_calibration_error
+
+    rng = np.random.default_rng(3)
+    n = 1144
+    eces = []
+    for _ in range(40):
+        sigma = rng.uniform(0.5, 2.0, n)
+        human = sigma * rng.standard_normal(n)
+        eces.append(expected_calibration_error(human, np.zeros(n), sigma))
+    assert np.mean(eces) == pytest.approx(ece_sampling_floor(n), rel=0.25)
+    human = 2.0 * rng.standard_normal(n)  # sigma underestimated by half
+    assert expected_calibration_error(human, np.zeros(n), np.ones(n)) > 5 * ece_sampling_floor(n)
+
+
+def test_effective_sample_size_follows_the_design_effect():
+    from uamt.uncertainty import effective_sample_size
+
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(400), 10)
+    independent = rng.standard_normal(groups.size)
+    assert effective_sample_size(independent, groups) == pytest.approx(groups.size, rel=0.15)
+    # rho = 0.5 within groups of 10: design effect 1 + 9 * 0.5 = 5.5
+    shared = np.sqrt(0.5) * rng.standard_normal(400)[groups] + np.sqrt(0.5) * rng.standard_normal(groups.size)
+    assert effective_sample_size(shared, groups) == pytest.approx(groups.size / 5.5, rel=0.15)
+    assert effective_sample_size(shared, np.arange(groups.size)) == groups.size
+    # order of rows does not matter
+    order = rng.permutation(groups.size)
+    assert effective_sample_size(shared[order], groups[order]) == pytest.approx(effective_sample_size(shared, groups))
+    with pytest.raises(ValueError, match="one label per value"):
+        effective_sample_size(shared, groups[:5])

@@ -6,12 +6,19 @@ The calibration is what :func:`uamt.uncertainty.evaluate_predictions` fits on de
 a :class:`~uamt.uncertainty.FixedVarianceCalibrator` (for the point estimate) and, where dev
 sigma > 0, a :class:`~uamt.uncertainty.ConformalCalibrator`.  Applying it maps raw model output
 (score scale of the training data) to calibrated mu and sigma on the human scale of the dev data.
+
+A reference-based model also carries ``reference_factors``: for k = 2, 3, ... references and per
+language pair, how much smaller (or larger) the squared error of predictions averaged over k
+references (:mod:`uamt.references`) was than that of single-reference predictions *on the same dev
+rows*; a row scored against n references gets its calibrated variance multiplied by the factor of
+the largest fitted k <= n (1 where none was fitted, e.g. an LP whose dev set has one reference).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +26,7 @@ import numpy as np
 
 from uamt.errors import UamtError
 from uamt.uncertainty import (
+    GLOBAL,
     AffineVarianceCalibrator,
     ConformalCalibrator,
     FixedVarianceCalibrator,
@@ -39,6 +47,8 @@ class Calibration:
     fixed_variance: FixedVarianceCalibrator
     conformal: ConformalCalibrator | None
     fixed: bool = False
+    #: k -> {lp or GLOBAL: variance factor of predictions averaged over k references}.
+    reference_factors: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -65,11 +75,20 @@ class Calibration:
             "fixed_variance": self.fixed_variance.to_dict(),
             "conformal": self.conformal.to_dict() if self.conformal is not None else None,
             "fixed": self.fixed,
+            "reference_factors": {str(k): dict(f) for k, f in sorted(self.reference_factors.items())},
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
-        return cls.from_result(data, fixed=bool(data.get("fixed", False)))
+        calibration = cls.from_result(data, fixed=bool(data.get("fixed", False)))
+        try:
+            calibration.reference_factors = {
+                int(k): {str(lp): float(v) for lp, v in factors.items()}
+                for k, factors in (data.get("reference_factors") or {}).items()
+            }
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise UamtError(f"calibration: malformed reference_factors ({exc})") from exc
+        return calibration
 
     def save(self, path: str | Path) -> None:
         from uamt.uncertainty import write_json_atomic
@@ -84,6 +103,26 @@ class Calibration:
         except (OSError, json.JSONDecodeError) as exc:
             raise UamtError(f"{path}: cannot read calibration ({exc})") from exc
 
+    def reference_scale(self, lp, n_refs) -> np.ndarray:
+        """Per-row factor on the calibrated sigma for rows that averaged ``n_refs`` references.
+
+        For each row, the factor of the largest fitted k <= n_refs for its LP (``GLOBAL`` when
+        ``lp`` is None), square-rooted (the factors are on variances); 1 where none was fitted.
+        """
+        n_refs = np.atleast_1d(np.asarray(n_refs, dtype=int))
+        n = n_refs.size
+        lps = np.full(n, GLOBAL, dtype=object) if lp is None else np.asarray(lp, dtype=object)
+        if lps.shape != (n,):
+            raise UamtError(f"lp and n_refs must have one entry per row ({n})")
+        scale = np.ones(n)
+        for k in sorted(self.reference_factors):
+            factors = self.reference_factors[k]
+            for i in np.flatnonzero(n_refs >= k):
+                factor = factors.get(str(lps[i]))
+                if factor is not None:
+                    scale[i] = math.sqrt(factor)
+        return scale
+
     def _z(self, mu, sigma, lp):
         mu = np.asarray(mu, dtype=float)
         if self.fixed:
@@ -91,31 +130,36 @@ class Calibration:
         mu_z, sigma_z = self.standardizer.transform_predictions(mu, np.asarray(sigma, dtype=float), lp)
         return mu_z, sigma_z
 
-    def apply(self, mu, sigma, lp=None) -> tuple[np.ndarray, np.ndarray]:
-        """Calibrated ``(mu, sigma)`` on the human scale.  ``sigma`` is a standard deviation, shape [n]."""
+    def apply(self, mu, sigma, lp=None, n_refs=None) -> tuple[np.ndarray, np.ndarray]:
+        """Calibrated ``(mu, sigma)`` on the human scale.  ``sigma`` is a standard deviation, shape [n];
+        ``n_refs`` (shape [n], optional): how many references each row's prediction averaged."""
         mu_z, sigma_z = self._z(mu, sigma, lp)
         if self.fixed:
             cal_sigma_z = self.fixed_variance.transform(mu_z, lp=lp)
         else:
             cal_sigma_z = self.affine.transform(mu_z, sigma_z, lp)
+        if n_refs is not None and self.reference_factors:
+            cal_sigma_z = cal_sigma_z * self.reference_scale(lp, n_refs)
         return self.standardizer.to_human_scale(mu_z, cal_sigma_z, lp)
 
-    def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "gaussian"):
+    def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "gaussian", n_refs=None):
         """Central interval at ``gamma`` on the human scale: Gaussian-calibrated or split-conformal."""
         if mode not in INTERVAL_MODES:
             raise ValueError(f"interval={mode!r} not supported; choose from {sorted(INTERVAL_MODES)}")
         if mode == "gaussian" or self.fixed:
-            cal_mu, cal_sigma = self.apply(mu, sigma, lp)
+            cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
             return gaussian_interval(cal_mu, cal_sigma, gamma)
         if self.conformal is None:
             raise UamtError("this model has no conformal calibration (a dev sigma was 0)")
         mu_z, sigma_z = self._z(mu, sigma, lp)
+        if n_refs is not None and self.reference_factors:
+            sigma_z = sigma_z * self.reference_scale(lp, n_refs)
         low_z, high_z = self.conformal.interval(mu_z, sigma_z, gamma, lp)
         low, _ = self.standardizer.to_human_scale(low_z, np.zeros_like(low_z), lp)
         high, _ = self.standardizer.to_human_scale(high_z, np.zeros_like(high_z), lp)
         return low, high
 
-    def risk(self, mu, sigma, threshold: float, lp=None) -> np.ndarray:
+    def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray:
         """P(Q <= threshold) under the calibrated Gaussian (human scale)."""
-        cal_mu, cal_sigma = self.apply(mu, sigma, lp)
+        cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
         return translation_risk(cal_mu, cal_sigma, threshold)

@@ -16,6 +16,18 @@ from uamt.errors import DataError
 
 SECTION = "pipeline"
 
+#: Suffix of a reference-free (QE) model's name: ``hts_qe`` is ``hts`` trained on <src, mt> only.
+QE_SUFFIX = "_qe"
+
+
+def base_method(name: str) -> str:
+    """The method of a pipeline model name (``hts_qe`` -> ``hts``)."""
+    return name.removesuffix(QE_SUFFIX)
+
+
+def is_reference_free(name: str) -> bool:
+    return name.endswith(QE_SUFFIX)
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -34,6 +46,12 @@ class PipelineConfig:
         The trained method DUP's second stage builds on (its M_Q).
     register_method : str
         The method whose model is registered and gated (a key of ``methods`` or ``dup``).
+    qe_methods : tuple of str
+        Single-stage methods also trained reference-free (on <src, mt> only), as ``<method>_qe``:
+        the models ``uamt score`` uses when no reference is given.
+    register_qe_method : str or None
+        The QE model registered (as ``<register.model_name>-qe``) and gated next to the
+        reference-based one; a key of ``qe_methods``, or null for none.
     prepared_dir, models_dir, predictions_dir, metrics_dir, plots_dir : str
         Folders (DVC outs).
     """
@@ -43,6 +61,8 @@ class PipelineConfig:
     methods: tuple[str, ...] = ("point", "mcd_head", "ensemble", "hts", "hts_mcd")
     dup_base: str = "point"
     register_method: str = "hts"
+    qe_methods: tuple[str, ...] = ("hts",)
+    register_qe_method: str | None = "hts"
     prepared_dir: str = "data/prepared"
     models_dir: str = "models"
     predictions_dir: str = "predictions"
@@ -52,7 +72,7 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         from uamt.models.registry import METHODS
 
-        for name in (*self.methods, self.dup_base, self.register_method):
+        for name in (*self.methods, *self.qe_methods, self.dup_base, self.register_method):
             if name not in METHODS:
                 raise ConfigError(f"{SECTION}: method={name!r} not supported; choose from {sorted(METHODS)}")
         if self.dup_base not in self.methods:
@@ -61,11 +81,24 @@ class PipelineConfig:
             raise ConfigError(
                 f"{SECTION}.register_method={self.register_method!r} is neither trained nor dup"
             )
+        extra = [m for m in self.qe_methods if m not in self.methods]
+        if extra:
+            raise ConfigError(f"{SECTION}.qe_methods {extra} must also be in pipeline.methods")
+        if self.register_qe_method is not None and self.register_qe_method not in self.qe_methods:
+            raise ConfigError(
+                f"{SECTION}.register_qe_method={self.register_qe_method!r} must be one of "
+                f"pipeline.qe_methods {list(self.qe_methods)} (or null)"
+            )
+
+    @property
+    def qe_models(self) -> tuple[str, ...]:
+        """Names of the reference-free models (``<method>_qe``)."""
+        return tuple(f"{m}{QE_SUFFIX}" for m in self.qe_methods)
 
     @property
     def all_methods(self) -> tuple[str, ...]:
-        """Every method the pipeline evaluates: the single-stage ones, then DUP."""
-        return (*self.methods, "dup")
+        """Every model the pipeline evaluates: the single-stage ones, DUP, then the QE models."""
+        return (*self.methods, "dup", *self.qe_models)
 
     def model_dir(self, method: str) -> Path:
         return Path(self.models_dir) / method

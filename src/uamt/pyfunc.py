@@ -24,6 +24,7 @@ import pandas as pd
 
 from uamt.errors import DataError
 from uamt.predictor import ScoreScale
+from uamt.references import N_REFS, distinct_references
 
 #: Human score scales a model can be calibrated on (by the datasets it is calibrated with).
 SCALES = {
@@ -77,14 +78,16 @@ class CalibratedPredictor:
                 items = [value] if isinstance(value, str) else list(value) if value is not None else []
                 if not items or not all(isinstance(r, str) and r.strip() for r in items):
                     raise DataError(f"row {i}: field 'refs' must be a non-empty list of non-empty strings")
-                refs.append(items)
+                # The same reference given twice is one reference (n_refs picks the calibration).
+                refs.append(distinct_references(items))
             return refs
         return [[r] for r in _text_column(frame, "ref")]
 
     def raw_predict(self, frame: pd.DataFrame) -> pd.DataFrame:
         """Uncalibrated predictions on the training score scale; several references are combined by
         averaging the per-reference predictive distributions' means and standard deviations (the
-        quantile average, the analogue for Gaussians of §3.4's pointwise average of aligned samples)."""
+        quantile average, the analogue for Gaussians of §3.4's pointwise average of aligned samples),
+        and ``n_refs`` says how many each row used (the calibration is chosen by it)."""
         src = _text_column(frame, "src")
         mt = _text_column(frame, "mt")
         if not self.uses_references:
@@ -93,14 +96,11 @@ class CalibratedPredictor:
             return self.model.predict(pd.DataFrame({"src": src, "mt": mt}), self.features)
         if "ref" not in frame.columns and "refs" not in frame.columns:
             raise DataError("this model needs references: add a 'ref' (or 'refs') field, or use a QE model")
-        refs = self._references(frame)
-        rows = [(i, r) for i, items in enumerate(refs) for r in items]
-        expanded = pd.DataFrame(
-            {"src": [src[i] for i, _ in rows], "mt": [mt[i] for i, _ in rows], "ref": [r for _, r in rows]}
+        from uamt.references import predict_with_references
+
+        return predict_with_references(
+            self.model, pd.DataFrame({"src": src, "mt": mt}), self._references(frame), self.features
         )
-        pred = self.model.predict(expanded, self.features)
-        pred["row"] = [i for i, _ in rows]
-        return pred.groupby("row", sort=True).mean(numeric_only=True).reset_index(drop=True)
 
     def predict_frame(
         self,
@@ -130,9 +130,10 @@ class CalibratedPredictor:
             outputs.append(self.raw_predict(chunk))
         raw = pd.concat(outputs, ignore_index=True) if outputs else pd.DataFrame(columns=["mu", "sigma"])
         sigma_raw = raw["sigma"].to_numpy(dtype=float)
-        mu, sigma = self.calibration.apply(raw["mu"].to_numpy(dtype=float), sigma_raw, lp)
+        n_refs = raw[N_REFS].to_numpy(dtype=int) if N_REFS in raw.columns else None
+        mu, sigma = self.calibration.apply(raw["mu"].to_numpy(dtype=float), sigma_raw, lp, n_refs=n_refs)
         lower, upper = self.calibration.interval(
-            raw["mu"].to_numpy(dtype=float), sigma_raw, confidence, lp, interval
+            raw["mu"].to_numpy(dtype=float), sigma_raw, confidence, lp, interval, n_refs=n_refs
         )
         from uamt.uncertainty import translation_risk
 

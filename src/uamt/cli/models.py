@@ -2,6 +2,8 @@
 
 Data come from ``<encode.prepared_dir>/<split>.parquet`` and the embeddings from the cache of
 ``encode.encoder`` under ``encode.cache_dir`` (texts missing from the cache are encoded and stored).
+``uamt predict`` writes the raw predictions (training score scale); with ``--calibrate-on dev`` it also
+fits the dev calibration of the calibrate stage and adds calibrated columns on the human scale.
 """
 
 from __future__ import annotations
@@ -59,14 +61,44 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _predict(args: argparse.Namespace) -> int:
-    from uamt.models import load
+#: The split the calibration is never fitted on: it only measures the calibrated model.
+HELD_OUT_SPLIT = "test"
 
-    encode_cfg, features = _features(args.params)
-    df = _read_split(encode_cfg.prepared_dir, args.split)
-    model = load(args.model)
-    table = model.predictions_table(df, features, n_samples=args.n_samples)
-    out = Path(args.out or Path(args.model) / f"predictions_{args.split}.parquet")
+
+def _evaluation_settings(params: Path):
+    """The ``evaluate:`` section of ``params`` (the calibrate stage's settings), defaults if absent."""
+    from uamt.config import load_section, read_params
+    from uamt.uncertainty import EvaluationSettings
+
+    if "evaluate" not in read_params(params):
+        return EvaluationSettings()
+    return load_section(EvaluationSettings, "evaluate", params)
+
+
+def fit_calibration(dev_table, method: str, settings):
+    """The dev-fitted :class:`~uamt.calibrated.Calibration` of a predictions table, exactly as the
+    calibrate stage fits it (standardisation + affine sigma^2, or the fixed variance of a point model)."""
+    from uamt.calibrated import Calibration
+    from uamt.stages.calibrate import is_fixed_variance, with_model_sigma
+    from uamt.uncertainty import evaluate_predictions
+
+    table = with_model_sigma(dev_table, method)
+    result = evaluate_predictions(table, table, settings=settings, pred_source="dev", dev_source="dev")
+    return Calibration.from_result(result["calibration"], fixed=is_fixed_variance(method))
+
+
+def with_calibration(table, calibration, confidence: float):
+    """``table`` plus ``mu_calibrated``, ``sigma_calibrated`` (a std) and the central interval
+    ``lower``, ``upper`` at ``confidence``, all on the human scale of the calibration split."""
+    lp = table["lp"].astype(str).to_numpy()
+    mu = table["mu"].to_numpy(dtype=float)
+    sigma = table["sigma"].to_numpy(dtype=float)
+    mu_cal, sigma_cal = calibration.apply(mu, sigma, lp=lp)
+    lower, upper = calibration.interval(mu, sigma, confidence, lp=lp)
+    return table.assign(mu_calibrated=mu_cal, sigma_calibrated=sigma_cal, lower=lower, upper=upper)
+
+
+def _write_table(table, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)
@@ -79,7 +111,36 @@ def _predict(args: argparse.Namespace) -> int:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    print(f"{model.method}: scored {len(table)} rows of {args.split} -> {out}")
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from uamt.errors import UamtError
+    from uamt.models import load
+
+    if args.calibrate_on == HELD_OUT_SPLIT:
+        raise UamtError(
+            f"--calibrate-on {HELD_OUT_SPLIT}: calibration is fitted on dev, never on {HELD_OUT_SPLIT} "
+            f"(the {HELD_OUT_SPLIT} split measures the calibrated model); use --calibrate-on dev"
+        )
+    if not 0 < args.confidence < 1:
+        raise UamtError(f"--confidence {args.confidence} must be in (0, 1)")
+    encode_cfg, features = _features(args.params)
+    df = _read_split(encode_cfg.prepared_dir, args.split)
+    model = load(args.model)
+    table = model.predictions_table(df, features, n_samples=args.n_samples)
+    out = Path(args.out or Path(args.model) / f"predictions_{args.split}.parquet")
+    note = ""
+    if args.calibrate_on:
+        dev_df = _read_split(encode_cfg.prepared_dir, args.calibrate_on)
+        dev_table = model.predictions_table(dev_df, features, n_samples=args.n_samples)
+        calibration = fit_calibration(dev_table, model.method, _evaluation_settings(args.params))
+        table = with_calibration(table, calibration, args.confidence)
+        calibration_path = out.with_name(f"{out.name}.calibration.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        calibration.save(calibration_path)
+        note = f"; calibrated on {args.calibrate_on} ({len(dev_table)} rows) -> {calibration_path}"
+    _write_table(table, out)
+    print(f"{model.method}: scored {len(table)} rows of {args.split} -> {out}{note}")
     return 0
 
 
@@ -107,4 +168,13 @@ def register(subparsers) -> None:
         "--out", help="predictions table (.parquet or .csv; default MODEL/predictions_SPLIT.parquet)"
     )
     q.add_argument("--n-samples", type=int, help="MC dropout passes (default: the model's mc_samples)")
+    q.add_argument(
+        "--calibrate-on",
+        metavar="SPLIT",
+        help="also predict SPLIT (e.g. dev), fit the calibration there as the calibrate stage does, add "
+        "mu_calibrated, sigma_calibrated, lower, upper and write OUT.calibration.json (never test)",
+    )
+    q.add_argument(
+        "--confidence", type=float, default=0.9, help="level of the lower/upper interval (default 0.9)"
+    )
     q.set_defaults(handler=_predict)

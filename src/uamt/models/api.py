@@ -341,6 +341,7 @@ def _train_dup(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, e
         raise UamtError(f"{base_dir}: DUP's base model must be a single network, not {base.method!r}")
     encoder_id = encoder_id_of(features)
     base._check_encoder(features)
+    base._attach(encoder if encoder is not None else encoder_of(features))
     train_rows, dev_rows = _encode_pair(cfg, train_df, dev_df, features)
     columns = {}
     for name, df, rows in (("training split", train_df, train_rows), ("dev split", dev_df, dev_rows)):
@@ -466,30 +467,50 @@ class SingleModel(TrainedModel):
 
     def __init__(self, model_dir: Path, meta: dict, encoder=None) -> None:
         super().__init__(model_dir, meta)
+        get_method(self.method)
+        self.module: Estimator | None = None
+        if not self.cfg.finetune or encoder is not None:
+            self._build(encoder)
+        # else: a fine-tuned network is built on first use, from the encoder the features carry
+
+    def _build(self, encoder) -> None:
+        """Instantiate the network and load its weights (``encoder``: the fine-tuned model's base)."""
         cls = get_method(self.method)
-        if self.cfg.finetune and encoder is None:
-            raise UamtError(
-                f"{model_dir}: a fine-tuned model needs its encoder: load(model_dir, encoder=...)"
-            )
-        self.module: Estimator = cls(self.cfg, *self.shape, encoder=encoder if self.cfg.finetune else None)
+        if self.cfg.finetune:
+            # The checkpoint holds the fine-tuned weights; the tokenizer comes from this encoder.
+            self._check_encoder_object(encoder)
+        module = cls(self.cfg, *self.shape, encoder=encoder if self.cfg.finetune else None)
         weights = self.model_dir / WEIGHTS
         try:
             state = torch.load(weights, map_location="cpu", weights_only=True)
-            self.module.load_state_dict(state)
+            module.load_state_dict(state)
         except (OSError, RuntimeError, EOFError) as exc:
             raise UamtError(f"{weights}: cannot load weights ({exc})") from exc
-        self.module.eval()
+        module.eval()
+        self.module = module
+
+    def _check_encoder_object(self, encoder) -> None:
+        found = getattr(encoder, "encoder_id", None)
+        if self.encoder_id is not None and found is not None and found != self.encoder_id:
+            raise DataError(
+                f"{self.model_dir}: model trained with encoder {self.encoder_id!r}, got encoder {found!r}"
+            )
 
     def _attach(self, encoder) -> None:
-        if encoder is not None:
-            found = getattr(encoder, "encoder_id", None)
-            if self.encoder_id is not None and found is not None and found != self.encoder_id:
-                raise DataError(
-                    f"{self.model_dir}: model trained with encoder {self.encoder_id!r}, got encoder {found!r}"
-                )
+        if encoder is None:
+            return
+        if self.module is None:
+            self._build(encoder)
+        else:
+            self._check_encoder_object(encoder)
             self.module.attach_encoder(encoder)
 
     def _standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+        if self.module is None:
+            raise UamtError(
+                f"{self.model_dir}: a fine-tuned model runs its encoder: load(model_dir, encoder=...), or "
+                "predict with features that carry the encoder (features_from_cache / features_from_encoder)"
+            )
         out = self.module.predict_rows(rows, n_samples)
         return {k: v.numpy() for k, v in out.items()}
 
@@ -522,6 +543,7 @@ class DUPModel(TrainedModel):
             if self.base.cfg.reference_free == self.cfg.reference_free
             else self.base._encode(df, features)
         )
+        self.base._attach(encoder if encoder is not None else encoder_of(features))
         q_hat = self.base._standardised(base_rows)["mu"]
         return self.predict_rows(rows.with_columns(q_hat=q_hat), n_samples)
 

@@ -19,13 +19,14 @@ go through COMET's :class:`~comet.modules.FeedForward`.  Each method fills three
     (variances, never standard deviations).
 
 Two feature paths: (a) cached embeddings (frozen encoder; batches hold ``src``/``mt``/``ref``
-[B, L, D]) and (b) ``finetune=True``: the unbabel-comet encoder is a sub-module, batches hold the
+[B, L, D]) and (b) ``finetune=True``: a copy of the unbabel-comet encoder is a sub-module, batches hold the
 texts and ``encoder.pooled_layers(texts, train=True)`` runs inside the network, trained with COMET's
 layer-wise learning-rate decay and a frozen encoder for the first ``nr_frozen_epochs``.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -48,6 +49,25 @@ class NonFiniteLossError(UamtError):
     """Training produced a NaN or infinite loss; no checkpoint of that run is marked valid."""
 
 
+def owned_copy(encoder):
+    """A copy of ``encoder`` whose torch module is a deep copy (the tokenizer is shared).
+
+    The fine-tuned network trains (and loads its checkpoint into) this copy, never the caller's encoder:
+    that one usually sits behind an embedding cache keyed by the frozen weights' id, and other models
+    trained in the same process start from it.
+    """
+    comet_encoder = getattr(encoder, "comet_encoder", None)
+    if not isinstance(comet_encoder, nn.Module):
+        raise UamtError(
+            f"finetune=True needs a torch encoder (encode.encoder hf or minilm); {encoder!r} has none"
+        )
+    tokenizer = getattr(comet_encoder, "tokenizer", None)
+    memo = {} if tokenizer is None else {id(tokenizer): tokenizer}
+    own = copy.copy(encoder)
+    own.comet_encoder = copy.deepcopy(comet_encoder, memo)
+    return own
+
+
 class Estimator(pl.LightningModule):
     """Base LightningModule: layer-wise attention + COMET features + a head filled by the method.
 
@@ -58,7 +78,8 @@ class Estimator(pl.LightningModule):
         Shape of one text's pooled embeddings [num_layers, dim].
     encoder : object, optional
         A ``uamt.encoders`` encoder (``comet_encoder``, ``pooled_layers``); required when
-        ``cfg.finetune`` (its ``comet_encoder`` becomes a trained sub-module).
+        ``cfg.finetune`` (a deep copy of its ``comet_encoder`` becomes a trained sub-module; the
+        caller's encoder is never modified).
     """
 
     #: Width of the head's output (1 for a point score, 2 for (mu, log sigma^2)).
@@ -85,8 +106,11 @@ class Estimator(pl.LightningModule):
         if cfg.finetune:
             if encoder is None:
                 raise UamtError("finetune=True needs the encoder (uamt.encoders.get_encoder)")
-            self.attach_encoder(encoder)
-            self.comet_encoder = encoder.comet_encoder
+            own = owned_copy(encoder)
+            self.attach_encoder(own)
+            # Registered as a sub-module: its (fine-tuned) weights are part of this model's state.
+            # In this module's mode (get_encoder leaves encoders in eval mode for feature extraction).
+            self.comet_encoder = own.comet_encoder.train(self.training)
 
     # ----------------------------------------------------------------- hooks
     def build_head(self, in_dim: int) -> nn.Module:
@@ -124,7 +148,12 @@ class Estimator(pl.LightningModule):
         return self.comet_encoder is not None
 
     def attach_encoder(self, encoder) -> None:
-        """Give an inference-time encoder (``mcd_full`` / ``hts_mcd`` with ``mcd_scope='full'``)."""
+        """Give an inference-time encoder (``mcd_full`` / ``hts_mcd`` with ``mcd_scope='full'``).
+
+        A fine-tuned network keeps running its own encoder: the caller's one holds the frozen weights.
+        """
+        if self.comet_encoder is not None:
+            return
         # Not registered as a sub-module: its weights are not part of this model's state.
         object.__setattr__(self, "_encoder", encoder)
 

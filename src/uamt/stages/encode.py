@@ -4,7 +4,9 @@ Reads ``data/prepared/*.parquet`` (whatever splits exist), collects the distinct
 ``ref`` and ``refs`` texts, and stores the pooled per-layer embeddings of those not cached yet
 under ``<cache_dir>/<encoder_id>/`` (see :mod:`uamt.encoders.cache`).  Writes
 ``<cache_dir>/<encoder_id>/manifest.json`` and a copy at ``<cache_dir>/manifest.json`` (a path that
-does not depend on the encoder, for dvc.yaml): counts, encoder id, seconds.
+does not depend on the encoder, for dvc.yaml): encoder id, shapes and a hash of the texts -- the same
+bytes whenever the same texts are cached, so a re-run with nothing new re-runs nothing downstream --
+and ``encode_run.json`` beside it with this run's counters and timings.
 
 Run it with ``python -m uamt.stages.encode [--params params.yaml]``.
 """
@@ -12,6 +14,7 @@ Run it with ``python -m uamt.stages.encode [--params params.yaml]``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import sys
@@ -22,8 +25,11 @@ from pathlib import Path
 from typing import Literal
 
 from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
-from uamt.encoders.cache import atomic_write_bytes
+from uamt.encoders.cache import atomic_write_bytes, text_key
 from uamt.errors import DataError
+
+#: Counters and timings of the last encode run (not a pipeline dependency; see run()).
+RUN_STATS = "encode_run.json"
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +149,9 @@ def run(cfg: EncodeConfig, splits: Sequence[str | Path] | None = None) -> Path:
     cache.get(texts)
     encode_seconds = time.perf_counter() - encode_started
     stats = cache.stats()
+    # manifest.json is what downstream stages depend on (dvc.yaml): only what the models read --
+    # the encoder and which texts are cached -- so re-running encode with nothing new leaves it
+    # byte-identical and retrains nothing.  Counters and timings of this run go to encode_run.json.
     manifest = {
         "encoder_id": encoder.encoder_id,
         "encoder": {
@@ -157,6 +166,11 @@ def run(cfg: EncodeConfig, splits: Sequence[str | Path] | None = None) -> Path:
         "tables": rows,
         "texts_occurrences": n_occurrences,
         "texts_distinct": len(texts),
+        "texts_sha256": hashlib.sha256("\n".join(sorted(map(text_key, texts))).encode()).hexdigest(),
+    }
+    run_stats = {
+        "encoder_id": encoder.encoder_id,
+        "texts_distinct": len(texts),
         "texts_already_cached": already,
         "texts_encoded": stats["encoded"],
         "texts_stored": stats["texts"],
@@ -168,10 +182,11 @@ def run(cfg: EncodeConfig, splits: Sequence[str | Path] | None = None) -> Path:
         if stats["encoded"] and encode_seconds > 0
         else None,
     }
-    payload = (json.dumps(manifest, indent=2) + "\n").encode()
-    atomic_write_bytes(cache.path / "manifest.json", payload)
-    if cache.path.parent == Path(cfg.cache_dir):
-        atomic_write_bytes(Path(cfg.cache_dir) / "manifest.json", payload)
+    for name, content in (("manifest.json", manifest), (RUN_STATS, run_stats)):
+        payload = (json.dumps(content, indent=2) + "\n").encode()
+        atomic_write_bytes(cache.path / name, payload)
+        if cache.path.parent == Path(cfg.cache_dir):
+            atomic_write_bytes(Path(cfg.cache_dir) / name, payload)
     log.info(
         "%s: %d encoded, %d stored, %.1f s",
         encoder.encoder_id,

@@ -18,15 +18,17 @@ import pandas as pd
 
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.pipeline import PipelineConfig, load_pipeline, open_features, read_split
+from uamt.plots import pyplot, save_figure
 from uamt.stages._cli import stage_main
 from uamt.stages.calibrate import is_fixed_variance, predict_split, with_model_sigma
 from uamt.stages.encode import EncodeConfig
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
+from uamt.uncertainty.evaluate import clustered_ece_floor
 
 NAME = "evaluate"
 log = logging.getLogger(__name__)
 EVAL_SPLITS = ("test", "ood")
-REPORTED = ("pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
+REPORTED = ("pps", "ups", "nll", "ece", "ece_floor", "n_eff", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,23 @@ def _keep(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k in REPORTED or k.startswith(("coverage@", "width@"))}
 
 
-def method_metrics(result: dict, method: str) -> dict:
-    """``{"avg": {...}, lp: {...}}`` for the calibrated model (fixed variance for the point estimate)."""
+def method_metrics(result: dict, method: str, table: pd.DataFrame | None = None, n_levels: int = 100) -> dict:
+    """``{"avg": {...}, lp: {...}}`` for the calibrated model (fixed variance for the point estimate).
+
+    With the predictions ``table``, ``ece_floor`` is the sampling floor at the effective sample size
+    ``n_eff`` (rows of one source segment are correlated: :func:`clustered_ece_floor`), not at n rows.
+    """
     block = result["methods"]["fixed_variance" if is_fixed_variance(method) else "model"]
-    return {"avg": _keep(block["macro_avg"]), **{lp: _keep(m) for lp, m in block["per_lp"].items()}}
+    per_lp = {lp: _keep(m) for lp, m in block["per_lp"].items()}
+    avg = _keep(block["macro_avg"])
+    if table is not None and "seg_id" in table.columns:
+        for lp, floor in clustered_ece_floor(table, n_levels).items():
+            if lp in per_lp:
+                per_lp[lp].update(floor)
+        for key in ("ece_floor", "n_eff"):
+            values = [m[key] for m in per_lp.values() if m.get(key) is not None]
+            avg[key] = float(np.mean(values)) if values else None
+    return {"avg": avg, **per_lp}
 
 
 def run(cfg: EvaluateConfig) -> dict[str, Path]:
@@ -80,7 +95,7 @@ def run(cfg: EvaluateConfig) -> dict[str, Path]:
                 pred_source=f"{split}/{method}",
                 dev_source=f"dev/{method}",
             )
-            metrics[split][method] = method_metrics(result, method)
+            metrics[split][method] = method_metrics(result, method, table, cfg.evaluate.n_levels)
             if split == "test":
                 block = result["methods"]["fixed_variance" if is_fixed_variance(method) else "model"]
                 reliability[method] = block["reliability"]
@@ -98,11 +113,7 @@ def run(cfg: EvaluateConfig) -> dict[str, Path]:
 
 def write_plots(plots_dir: Path, reliability: dict, metrics: dict, scatter: dict) -> dict[str, Path]:
     """Reliability diagram, sharpness in- vs out-of-domain, and |error| vs sigma, as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     plots_dir.mkdir(parents=True, exist_ok=True)
     out = {}
 
@@ -115,7 +126,7 @@ def write_plots(plots_dir: Path, reliability: dict, metrics: dict, scatter: dict
         xlabel="expected coverage (confidence level)", ylabel="observed coverage", title="Reliability on test"
     )
     ax.legend(fontsize=8)
-    out["reliability"] = _save(fig, plots_dir / "reliability.png")
+    out["reliability"] = save_figure(fig, plots_dir / "reliability.png")
 
     methods = list(metrics["test"])
     lps = sorted({lp for split in metrics.values() for m in split.values() for lp in m if lp != "avg"})
@@ -132,7 +143,7 @@ def write_plots(plots_dir: Path, reliability: dict, metrics: dict, scatter: dict
     )
     ax.set(ylabel="sharpness (mean calibrated sigma^2, z units)", title=f"Sharpness, LPs {', '.join(lps)}")
     ax.legend(fontsize=8)
-    out["sharpness"] = _save(fig, plots_dir / "sharpness.png")
+    out["sharpness"] = save_figure(fig, plots_dir / "sharpness.png")
 
     shown = [m for m in scatter if not is_fixed_variance(m)]
     fig, axes = plt.subplots(1, max(len(shown), 1), figsize=(3 * max(len(shown), 1), 3), squeeze=False)
@@ -140,19 +151,8 @@ def write_plots(plots_dir: Path, reliability: dict, metrics: dict, scatter: dict
         table = scatter[method]
         ax.scatter(table["sigma"], (table["human"] - table["mu"]).abs(), s=3, alpha=0.3)
         ax.set(title=method, xlabel="predicted sigma (raw)", ylabel="|human - mu|")
-    out["error_vs_sigma"] = _save(fig, plots_dir / "error_vs_sigma.png")
+    out["error_vs_sigma"] = save_figure(fig, plots_dir / "error_vs_sigma.png")
     return out
-
-
-def _save(fig, path: Path) -> Path:
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.tight_layout()
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(path)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:

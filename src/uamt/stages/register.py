@@ -1,6 +1,7 @@
 """Stage ``register``: log the run to MLflow, register the model as a new version, gate it.
 
-The model of ``pipeline.register_method`` becomes an MLflow pyfunc carrying its checkpoint,
+The model of ``pipeline.register_method`` (and the reference-free model of
+``pipeline.register_qe_method``, as ``<model_name>-qe``) becomes an MLflow pyfunc carrying its checkpoint,
 calibration and encoder spec; every candidate is registered (``validation_status=pending``), the
 promotion gate compares its test metrics with the champion's, and the ``champion`` alias moves
 last, only if the gate passes (see :mod:`uamt.registry`). Writes ``metrics/registry.json``.
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
-from uamt.pipeline import PipelineConfig, load_pipeline
+from uamt.pipeline import QE_SUFFIX, PipelineConfig, load_pipeline
 from uamt.registry import Gates
 from uamt.stages._cli import stage_main
 from uamt.stages.encode import EncodeConfig
@@ -87,13 +88,27 @@ def calibration_params(path: Path) -> dict[str, float]:
 
 
 def run(cfg: RegisterConfig) -> dict:
-    from uamt import registry
-    from uamt.models.api import read_manifest
-    from uamt.pyfunc import UamtPyfunc, scale_for, signature, write_spec
+    """Register and gate the reference-based model, then the QE model (``<model_name>-qe``);
+    ``metrics/registry.json`` holds the first's summary with the QE one under ``"qe"``."""
+    from uamt.scoring.score import QE_SUFFIX as REGISTRY_QE_SUFFIX
     from uamt.uncertainty import write_json_atomic
 
     pipe, reg = cfg.pipeline, cfg.register
-    method = pipe.register_method
+    summary = register_model(cfg, pipe.register_method, reg.model_name)
+    if pipe.register_qe_method is not None:
+        qe_model = f"{pipe.register_qe_method}{QE_SUFFIX}"
+        summary["qe"] = register_model(cfg, qe_model, reg.model_name + REGISTRY_QE_SUFFIX)
+    write_json_atomic(summary, Path(pipe.metrics_dir) / "registry.json")
+    return summary
+
+
+def register_model(cfg: RegisterConfig, method: str, model_name: str) -> dict:
+    """Log ``models/<method>`` as an MLflow run + pyfunc, register it under ``model_name``, gate it."""
+    from uamt import registry
+    from uamt.models.api import read_manifest
+    from uamt.pyfunc import UamtPyfunc, scale_for, signature, write_spec
+
+    pipe, reg = cfg.pipeline, cfg.register
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
     test = json.loads((metrics_dir / "test.json").read_text(encoding="utf-8"))
@@ -110,7 +125,7 @@ def run(cfg: RegisterConfig) -> dict:
     uri = registry.tracking_uri(reg.tracking_uri)
     version = registry.register_candidate(
         uri,
-        reg.model_name,
+        model_name,
         run_name=NAME,
         python_model=UamtPyfunc(),
         artifacts={
@@ -138,10 +153,12 @@ def run(cfg: RegisterConfig) -> dict:
         experiment=reg.experiment,
     )
     client = registry._client(uri)
-    orphans = registry.mark_orphans(client, reg.model_name, keep_version=version)
-    decision = registry.gate_and_alias(client, reg.model_name, version, candidate, reg.gates)
-    summary = {
-        "model_name": reg.model_name,
+    orphans = registry.mark_orphans(client, model_name, keep_version=version)
+    decision = registry.gate_and_alias(client, model_name, version, candidate, reg.gates)
+    log.info("registered %s version %s: %s", model_name, version, decision.reason)
+    return {
+        "model_name": model_name,
+        "method": method,
         "version": version,
         "promoted": decision.promote,
         "reason": decision.reason,
@@ -149,9 +166,6 @@ def run(cfg: RegisterConfig) -> dict:
         "orphans_marked": orphans,
         "candidate": candidate,
     }
-    write_json_atomic(summary, metrics_dir / "registry.json")
-    log.info("registered %s version %s: %s", reg.model_name, version, decision.reason)
-    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 Reads the ``d_q`` (training) and ``dev`` (early stopping) rows of ``pipeline.datasets`` from the
 prepared splits, the cached embeddings of the ``encode`` section, and writes one model folder per
-method of ``pipeline.methods`` under ``pipeline.models_dir``.
+method of ``pipeline.methods`` under ``pipeline.models_dir``, plus a reference-free (QE) model
+``<method>_qe`` for each of ``pipeline.qe_methods`` (what ``uamt score`` uses without references).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.models.config import TrainConfig, load_train_config
-from uamt.pipeline import PipelineConfig, load_pipeline, open_features, read_split
+from uamt.pipeline import QE_SUFFIX, PipelineConfig, load_pipeline, open_features, read_split
 from uamt.stages._cli import stage_main
 from uamt.stages.encode import EncodeConfig
 
@@ -68,7 +69,8 @@ def derive(source_dir: Path, method: str, out_dir: Path) -> Path:
 
 
 def run(cfg: TrainBaseConfig) -> dict[str, Path]:
-    """Train each method of ``cfg.pipeline.methods``; returns ``{method: model_dir}``."""
+    """Train each method of ``cfg.pipeline.methods``, then each of ``qe_methods`` reference-free
+    (as ``<method>_qe``); returns ``{model name: model_dir}``."""
     from uamt.models.api import train
 
     pipe = cfg.pipeline
@@ -76,14 +78,17 @@ def run(cfg: TrainBaseConfig) -> dict[str, Path]:
     dev_df = read_split(pipe.prepared_dir, cfg.train.dev_split, pipe.datasets)
     features = open_features(cfg.encode)
     out: dict[str, Path] = {}
-    for method in training_order(pipe.methods):
-        started = time.perf_counter()
-        if SAME_TRAINING.get(method) in out:
-            out[method] = derive(out[SAME_TRAINING[method]], method, pipe.model_dir(method))
-            log.info("%s: same training as %s, weights reused", method, SAME_TRAINING[method])
-            continue
-        out[method] = train(method, cfg.train, train_df, dev_df, features, pipe.model_dir(method))
-        log.info("trained %s on %d rows in %.1f s", method, len(train_df), time.perf_counter() - started)
+    variants = [(pipe.methods, "", cfg.train), (pipe.qe_methods, QE_SUFFIX, cfg.train.replace(reference_free=True))]
+    for methods, suffix, train_cfg in variants:
+        for method in training_order(methods):
+            name, started = f"{method}{suffix}", time.perf_counter()
+            source = f"{SAME_TRAINING.get(method)}{suffix}"
+            if source in out:
+                out[name] = derive(out[source], method, pipe.model_dir(name))
+                log.info("%s: same training as %s, weights reused", name, source)
+                continue
+            out[name] = train(method, train_cfg, train_df, dev_df, features, pipe.model_dir(name))
+            log.info("trained %s on %d rows in %.1f s", name, len(train_df), time.perf_counter() - started)
     return out
 
 

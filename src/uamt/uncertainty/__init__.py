@@ -27,6 +27,8 @@ from uamt.uncertainty.evaluate import (
 from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
     confidence_levels,
+    ece_sampling_floor,
+    effective_sample_size,
     expected_calibration_error,
     gaussian_crps,
     gaussian_crps_loss,
@@ -66,6 +68,8 @@ __all__ = [
     "average_over_references",
     "combine_heteroscedastic_samples",
     "confidence_levels",
+    "ece_sampling_floor",
+    "effective_sample_size",
     "conformal_quantile",
     "evaluate_prediction_files",
     "evaluate_predictions",

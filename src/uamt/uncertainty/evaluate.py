@@ -402,6 +402,28 @@ def metrics_table(result: dict[str, Any], methods: list[str] | None = None) -> p
 
 
 # =========================================================================== files
+def clustered_ece_floor(table: pd.DataFrame, n_levels: int = N_CONFIDENCE_LEVELS) -> dict[str, dict[str, float]]:
+    """Per LP: the effective sample size and the ECE of a perfectly calibrated model at that size.
+
+    Translations of one source segment (``seg_id`` within an LP) share its difficulty, so their
+    errors are correlated; :func:`~uamt.uncertainty.metrics.effective_sample_size` of the
+    standardised residuals :math:`(q^* - \\hat\\mu)/\\hat\\sigma` (or :math:`q^* - \\hat\\mu` without
+    sigma) within source segments gives :math:`n_{eff}`, and
+    :func:`~uamt.uncertainty.metrics.ece_sampling_floor` at :math:`n_{eff}` the ECE expected from
+    sampling noise alone.  ``table``: columns ``lp, seg_id, human, mu[, sigma]``.
+    """
+    from uamt.uncertainty.metrics import ece_sampling_floor, effective_sample_size
+
+    out = {}
+    for lp, group in table.groupby("lp", sort=True):
+        residual = (group["human"] - group["mu"]).to_numpy(dtype=float)
+        if "sigma" in group.columns and group["sigma"].notna().all() and (group["sigma"] > 0).all():
+            residual = residual / group["sigma"].to_numpy(dtype=float)
+        n_eff = effective_sample_size(residual, group["seg_id"].astype(str).to_numpy())
+        out[str(lp)] = {"n_eff": n_eff, "ece_floor": ece_sampling_floor(max(1, round(n_eff)), n_levels)}
+    return out
+
+
 def write_json_atomic(data: Any, path: str | Path) -> None:
     """Write ``data`` as strict JSON to ``path`` via a temp file in the same folder + ``os.replace``.
 

@@ -11,10 +11,11 @@ better.  :func:`interval_coverage` is neither (the target is the nominal level).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
-from scipy.special import erfinv, ndtr
+from scipy.special import erf, erfinv, ndtr
 
 #: Number of confidence levels of the expected calibration error used in both papers.
 N_CONFIDENCE_LEVELS = 100
@@ -381,6 +382,86 @@ def expected_calibration_error(human, mu, sigma, n_levels: int = N_CONFIDENCE_LE
     return float(np.mean(np.abs(observed - gammas)))
 
 
+def effective_sample_size(values, groups) -> float:
+    """Kish's effective sample size of ``values`` clustered in ``groups`` (design effect).
+
+    .. math:: n_{eff} = \\frac{n}{1 + (m_0 - 1)\\,\\rho}, \\qquad
+              m_0 = \\frac{n - \\sum_g m_g^2 / n}{G - 1}
+
+    with :math:`\\rho` the one-way ANOVA intraclass correlation of ``values`` within groups (clipped to
+    [0, 1]) and :math:`m_g` the group sizes.  Translations of the same source segment share its
+    difficulty, so their errors are correlated and a test set carries less information than its row
+    count: pass the standardised residuals and the source-segment ids.
+
+    Parameters
+    ----------
+    values : array_like, shape [n]
+    groups : array_like, shape [n]
+        Any hashable labels.
+
+    Returns
+    -------
+    float
+        In [n / max group size, n] (n when every group has one row).
+    """
+    values = _as_1d("values", values)
+    groups = np.asarray(groups)
+    if groups.shape != values.shape:
+        raise ValueError(f"groups must have one label per value ({values.size}), got shape {groups.shape}")
+    n = values.size
+    _, index, sizes = np.unique(groups, return_inverse=True, return_counts=True)
+    n_groups = sizes.size
+    if n_groups in (1, n):
+        return float(n) if n_groups == n else 1.0
+    means = np.bincount(index, weights=values) / sizes
+    ss_between = float(np.sum(sizes * (means - values.mean()) ** 2))
+    ss_within = float(np.sum((values - means[index]) ** 2))
+    ms_between = ss_between / (n_groups - 1)
+    ms_within = ss_within / (n - n_groups)
+    m0 = (n - float(np.sum(sizes**2)) / n) / (n_groups - 1)
+    denominator = ms_between + (m0 - 1.0) * ms_within
+    rho = 0.0 if denominator <= 0 else min(max((ms_between - ms_within) / denominator, 0.0), 1.0)
+    return float(n / (1.0 + (m0 - 1.0) * rho))
+
+
+@functools.lru_cache(maxsize=256)
+def ece_sampling_floor(
+    n_segments: int, n_levels: int = N_CONFIDENCE_LEVELS, n_simulations: int = 300, seed: int = 0
+) -> float:
+    """The ECE a *perfectly calibrated* Gaussian model still shows on ``n_segments`` rows.
+
+    Observed coverage on a finite test set fluctuates around the nominal level even when every
+    predictive distribution is exactly right, so the ECE of Eq. 2 is biased upwards by about
+    :math:`\\frac1M\\sum_b \\sqrt{2\\gamma_b(1-\\gamma_b)/(\\pi n)}`.  This returns the Monte-Carlo
+    mean ECE of ``n_simulations`` test sets of ``n_segments`` standard-normal errors with sigma = 1:
+    an observed ECE near it is indistinguishable from perfect calibration at that sample size.
+
+    Parameters
+    ----------
+    n_segments : int
+        Rows of the evaluated set (e.g. test rows of one LP).
+    n_levels : int
+        Confidence levels M of the ECE.
+
+    Returns
+    -------
+    float
+        Expected ECE under perfect calibration, in [0, 0.5].
+    """
+    n_segments, n_simulations = int(n_segments), int(n_simulations)
+    if n_segments < 1 or n_simulations < 1:
+        raise ValueError(f"n_segments={n_segments} and n_simulations={n_simulations} must be >= 1")
+    rng = np.random.default_rng(seed)
+    gammas = confidence_levels(n_levels)
+    # Level index of each |z|: segment j is inside I(gamma_b) iff erf(|z_j|/sqrt2) <= gamma_b.
+    levels = np.abs(rng.standard_normal((n_simulations, n_segments)))
+    index = np.clip(np.ceil(erf(levels / math.sqrt(2.0)) * (n_levels - 1)).astype(np.int64), 0, n_levels - 1)
+    flat = (index + np.arange(n_simulations)[:, None] * n_levels).ravel()
+    counts = np.bincount(flat, minlength=n_simulations * n_levels).reshape(n_simulations, n_levels)
+    observed = np.cumsum(counts, axis=1) / n_segments
+    return float(np.mean(np.abs(observed - gammas[None, :])))
+
+
 def sharpness_loss(sigma) -> float:
     """Sharpness (Eq. 5 of Glushkova et al., 2021): the mean predicted **variance**.
 
@@ -490,8 +571,8 @@ def uncertainty_metrics(
 ) -> dict[str, float | None]:
     """All indicators of one method on one set, as a JSON-safe dict.
 
-    Keys: ``n``, ``pps``, ``ups``, ``nll``, ``ece``, ``sharpness``, ``coverage@<gamma>``,
-    ``width@<gamma>``, ``crps``.  Undefined values (UPS with constant sigma, Pearson with fewer than 2
+    Keys: ``n``, ``pps``, ``ups``, ``nll``, ``ece``, ``ece_floor`` (:func:`ece_sampling_floor` for this
+    many rows), ``sharpness``, ``coverage@<gamma>``, ``width@<gamma>``, ``crps``.  Undefined values (UPS with constant sigma, Pearson with fewer than 2
     segments, NLL with some ``sigma == 0``) are ``None``.
 
     Parameters
@@ -517,6 +598,7 @@ def uncertainty_metrics(
         "ups": finite_or_none(uncertainty_pearson_score(human, mu, sigma)),
         "nll": finite_or_none(nll),
         "ece": expected_calibration_error(human, mu, sigma, n_levels),
+        "ece_floor": ece_sampling_floor(human.size, n_levels),
         "sharpness": sharpness_loss(sigma),
         f"coverage@{tag}": interval_coverage(human, mu, sigma, coverage_gamma),
         f"width@{tag}": mean_interval_width(sigma, coverage_gamma),

@@ -1,0 +1,14 @@
+"""Re-runs of the papers' analyses on real data (issue: experiments), one module per analysis.
+
+Each analysis ``<name>`` has
+
+* a library module ``uamt.experiments.<name>`` with the computation and ``render(result) -> str``
+  (the markdown section of ``reports/experiments.md``: tables from the JSON result, links to figures);
+* a pipeline stage ``uamt.stages.exp_<name>`` (dvc stage ``exp_<name>`` = Prefect task = MLflow run
+  name) whose ``run(cfg)`` writes ``metrics/experiments/<name>.json`` (DVC metrics) and its PNG
+  figures under ``reports/figures/`` (DVC plots);
+* the ``report`` stage assembles every section, in :data:`SECTIONS` order, into ``reports/experiments.md``.
+"""
+
+#: Analyses in report order (the dvc stage of each is ``exp_<name>``).
+SECTIONS = ("methods", "noisy_refs", "ood", "references", "critical", "multihyp", "cost")

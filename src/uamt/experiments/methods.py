@@ -1,0 +1,1240 @@
+"""Method comparison: *Better Uncertainty Quantification* Tables 1–3 and *Uncertainty-Aware MT
+Evaluation* Table 2 (the fixed-variance baseline), re-run on WMT21 DA and WMT21 MQM.
+
+Two benchmarks, each evaluated on its ``test`` split with calibration (dev-standardisation + affine
+sigma^2, per LP with a global fallback) fitted on its ``dev`` split (:func:`common.calibrated_indicators`):
+
+* **DA** (``wmt21_da``, 7 into-English LPs, DA z-scores): one model per method, trained on all LPs
+  together on a per-LP subsample of the prepared splits (whole source sentences with every rated
+  translation of each, so the texts to encode stay few; sizes in ``da_rows_per_lp``).  Single-stage
+  methods train on ``d_q``; DUP's M_E on ``d_e`` over the ``point`` model M_Q; ``dev`` stops training
+  early and fits the calibration.
+* **MQM** (``wmt21_mqm``, en-de + zh-en): the pipeline's models (``models/<method>``, trained on the
+  full MQM ``d_q``) and their dev/test predictions are reused where they match the data; DUP losses
+  the pipeline did not train (it trains one, ``train_dup.dup_loss``) and methods it lacks are trained here.
+
+Rows (keys of ``result[bench]["indicators"]``): ``point`` (COMET point estimate with the dev-fitted
+fixed variance, Glushkova et al. 2021 Eq. 6: the baseline), ``mcd_head`` (MC dropout, ``mc_samples``
+passes through the head on frozen features; the paper's MCD also drops out inside the encoder),
+``ensemble`` (DE), ``hts`` (Eq. 2), ``hts_mcd`` (Eq. 4; same weights as ``hts``), ``kl`` (Eq. 3,
+only where annotator disagreement exists) and ``dup_<loss>`` (Eqs. 5–7).  ``mcd_head`` and
+``hts_mcd`` reuse the weights of ``point`` / ``hts`` (identical training, only inference differs:
+:data:`uamt.stages.train_base.SAME_TRAINING`).
+
+Indicators (App. D): PPS = r(mu, q*), UPS = r(|q* - mu|, sigma), NLL, ECE (100 levels), sharpness =
+mean calibrated sigma^2, all on dev-standardised scores.  Averages are macro over LPs, per group
+(``xx-en`` into English, ``en-xx`` out of English) and over all LPs (``avg``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uamt.config import ConfigError
+from uamt.errors import DataError, UamtError
+from uamt.experiments.common import (
+    FIGURES_DIR,
+    HIGHER_IS_BETTER,
+    INDICATORS,
+    METRICS_DIR,
+    calibrated_indicators,
+    fmt,
+    markdown_table,
+    pyplot,
+    save_figure,
+)
+
+NAME = "methods"
+log = logging.getLogger(__name__)
+
+#: Methods this analysis can compare (``mcd_full`` needs the encoder in every MC pass: left out).
+SUPPORTED_METHODS = ("point", "mcd_head", "ensemble", "hts", "hts_mcd", "kl", "dup")
+#: Prepared splits a benchmark reads: training pools, calibration / early stopping, evaluation.
+SPLITS = ("d_q", "d_e", "dev", "test")
+#: Methods whose weights are another method's (identical training): train once, copy.
+SAME_TRAINING = {"mcd_head": "point", "hts_mcd": "hts"}
+#: The DUP row that represents DUP in Tables 2–3 (the paper picks L_HTS^E after Table 1).
+DUP_REPRESENTATIVE = "dup_hts"
+BENCHMARKS = ("da", "mqm")
+GROUPS = ("xx-en", "en-xx")
+
+LABELS = {
+    "point": "Baseline (fixed σ²)",
+    "mcd_head": "MCD (head)",
+    "ensemble": "DE",
+    "hts": "HTS",
+    "hts_mcd": "HTS+MCD",
+    "kl": "KL",
+    "dup_abs": "DUP L_ABS",
+    "dup_sq": "DUP L_SQ",
+    "dup_hts": "DUP L_HTS",
+}
+INDICATOR_LABELS = {"pps": "PPS ↑", "ups": "UPS ↑", "nll": "NLL ↓", "ece": "ECE ↓", "sharpness": "Sha. ↓"}
+
+#: The papers' averages, quoted beside ours in the findings (Better UQ Tables 1–3, AVG rows).
+PAPER = {
+    "da": {  # Table 2, AVG over 16 LPs (WMT20 DA, XLM-R COMET fine-tuned)
+        "mcd_head": {"pps": 0.435, "ups": 0.071, "nll": 0.816, "ece": 0.053, "sharpness": 1.083},
+        "ensemble": {"pps": 0.455, "ups": 0.090, "nll": 0.728, "ece": 0.086, "sharpness": 0.813},
+        "hts": {"pps": 0.435, "ups": 0.119, "nll": 1.189, "ece": 0.020, "sharpness": 0.466},
+        "hts_mcd": {"pps": 0.429, "ups": 0.254, "nll": 1.167, "ece": 0.013, "sharpness": 0.528},
+        "dup_abs": {"pps": 0.446, "ups": 0.104, "nll": 1.265, "ece": 0.015, "sharpness": 0.414},
+        "dup_sq": {"pps": 0.446, "ups": 0.108, "nll": 1.262, "ece": 0.014, "sharpness": 0.427},
+        "dup_hts": {"pps": 0.446, "ups": 0.112, "nll": 1.266, "ece": 0.015, "sharpness": 0.411},
+    },
+    "mqm": {  # Table 3, AVG over en-de, zh-en, en-ru (WMT21 MQM test)
+        "mcd_head": {"pps": 0.463, "ups": 0.215, "nll": 0.775, "ece": 0.093, "sharpness": 1.038},
+        "ensemble": {"pps": 0.482, "ups": 0.222, "nll": 0.643, "ece": 0.036, "sharpness": 0.997},
+        "hts": {"pps": 0.441, "ups": 0.317, "nll": 1.976, "ece": 0.048, "sharpness": 0.296},
+        "hts_mcd": {"pps": 0.448, "ups": 0.340, "nll": 1.485, "ece": 0.039, "sharpness": 0.414},
+        "kl": {"pps": 0.447, "ups": 0.282, "nll": 2.664, "ece": 0.042, "sharpness": 0.492},
+        "dup_hts": {"pps": 0.469, "ups": 0.317, "nll": 1.981, "ece": 0.032, "sharpness": 0.317},
+    },
+}
+
+
+def _default_rows_per_lp() -> dict[str, int]:
+    return {"d_q": 450, "d_e": 300, "dev": 150, "test": 300}
+
+
+@dataclass(frozen=True)
+class MethodsSettings:
+    """params.yaml ``exp_methods:`` section.
+
+    Attributes
+    ----------
+    metrics_dir, figures_dir : str
+        Where ``methods.json`` and the ``methods_*.png`` figures go.
+    methods : tuple of str
+        Methods compared (of :data:`SUPPORTED_METHODS`); ``point`` is required (baseline and DUP's M_Q).
+        ``dup`` expands into one row per loss of ``dup_losses``.
+    dup_losses : tuple of str
+        DUP second-stage losses (``abs``, ``sq``, ``hts``: Eqs. 5–7).
+    models_dir : str
+        Models trained here: ``<models_dir>/{da,mqm}/<row>``.
+    da_dataset, mqm_dataset : str
+        The ``dataset`` values of the two benchmarks in the prepared splits.
+    da_rows_per_lp : dict
+        Rows per LP drawn from each split of :data:`SPLITS` for the DA benchmark (whole source
+        sentences: every rated translation of a drawn source; the last one may be cut).
+    da_seed : int
+        Seed of that draw.
+    mqm_reuse_models_dir, mqm_reuse_predictions_dir : str or None
+        The pipeline's ``models/`` and ``predictions/`` folders, reused for the MQM benchmark where a
+        model there was trained on the same rows (``n_train`` = rows of ``d_q`` / ``d_e``); null: train
+        and predict everything here.
+    """
+
+    metrics_dir: str = METRICS_DIR
+    figures_dir: str = FIGURES_DIR
+    methods: tuple[str, ...] = SUPPORTED_METHODS
+    dup_losses: tuple[str, ...] = ("abs", "sq", "hts")
+    models_dir: str = "models/experiments"
+    da_dataset: str = "wmt21_da"
+    da_rows_per_lp: dict[str, int] = field(default_factory=_default_rows_per_lp)
+    da_seed: int = 7
+    mqm_dataset: str = "wmt21_mqm"
+    mqm_reuse_models_dir: str | None = "models"
+    mqm_reuse_predictions_dir: str | None = "predictions"
+
+    def __post_init__(self) -> None:
+        from uamt.models.registry import LOSSES
+
+        where = "exp_methods"
+        for name in self.methods:
+            if name not in SUPPORTED_METHODS:
+                raise ConfigError(
+                    f"{where}.methods: method={name!r} not supported; choose from {sorted(SUPPORTED_METHODS)}"
+                )
+        if len(set(self.methods)) != len(self.methods):
+            raise ConfigError(f"{where}.methods: {list(self.methods)} names a method twice")
+        if "point" not in self.methods:
+            raise ConfigError(f"{where}.methods must include 'point' (the baseline and DUP's base model)")
+        for loss in self.dup_losses:
+            if loss not in LOSSES:
+                raise ConfigError(
+                    f"{where}.dup_losses: loss={loss!r} not supported; choose from {sorted(LOSSES)}"
+                )
+        if "dup" in self.methods and not self.dup_losses:
+            raise ConfigError(f"{where}.dup_losses is empty but methods includes 'dup'")
+        if set(self.da_rows_per_lp) != set(SPLITS):
+            raise ConfigError(
+                f"{where}.da_rows_per_lp: keys {sorted(self.da_rows_per_lp)}; expected exactly {list(SPLITS)}"
+            )
+        for split, n in self.da_rows_per_lp.items():
+            if n < 1:
+                raise ConfigError(f"{where}.da_rows_per_lp.{split}: {n}; must be >= 1")
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """Table rows: the methods, with ``dup`` expanded per loss."""
+        return row_keys(self.methods, self.dup_losses)
+
+
+def row_keys(methods: tuple[str, ...], dup_losses: tuple[str, ...]) -> tuple[str, ...]:
+    """``methods`` with ``dup`` replaced by ``dup_<loss>`` for each loss (table order)."""
+    out: list[str] = []
+    for name in methods:
+        if name == "dup":
+            out.extend(f"dup_{loss}" for loss in dup_losses)
+        else:
+            out.append(name)
+    return tuple(out)
+
+
+def label(row: str) -> str:
+    return LABELS.get(row, row)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def sample_per_lp(frame: pd.DataFrame, n_rows: int, seed: int) -> pd.DataFrame:
+    """At most ``n_rows`` rows per LP, drawn as whole source sentences in a seeded random order.
+
+    Sources of each LP are shuffled with ``default_rng([seed, crc32(lp)])``; every rated translation
+    of a drawn source is kept until the LP has ``n_rows`` rows (the last source's rows, in
+    ``(system, mt)`` order, are cut to fit).  The draw does not depend on the row order of ``frame``.  Sampling sources rather than rows keeps the distinct
+    texts to encode close to one per row (the source and reference are shared by its translations).
+
+    Returns
+    -------
+    DataFrame (index reset), rows of each LP in their original order, LPs sorted.
+    """
+    parts = []
+    for lp in sorted(frame["lp"].unique()):
+        rows = frame[frame["lp"] == lp]
+        sources = np.array(sorted(rows["src"].unique()), dtype=object)
+        rng = np.random.default_rng([seed, zlib.crc32(lp.encode())])
+        order = {src: rank for rank, src in enumerate(sources[rng.permutation(len(sources))])}
+        # Within a source, rows in (system, mt) order: the cut of the last source is order independent.
+        ranked = rows.assign(_rank=rows["src"].map(order), _system=rows["system"].astype(str)).sort_values(
+            ["_rank", "_system", "mt"], kind="stable"
+        )
+        picked = ranked.head(n_rows).drop(columns=["_rank", "_system"])
+        parts.append(picked.sort_index())
+    if not parts:
+        raise DataError("sample_per_lp: empty frame")
+    return pd.concat(parts).reset_index(drop=True)
+
+
+def lp_groups(lps) -> dict[str, list[str]]:
+    """``{"xx-en": LPs into English, "en-xx": LPs out of English}`` (an LP may be in neither)."""
+    lps = sorted(lps)
+    return {
+        "xx-en": [lp for lp in lps if lp.split("-")[1] == "en" and lp.split("-")[0] != "en"],
+        "en-xx": [lp for lp in lps if lp.split("-")[0] == "en" and lp.split("-")[1] != "en"],
+    }
+
+
+def annotator_disagreement(frame: pd.DataFrame) -> dict[str, Any]:
+    """How many rows carry a per-annotator std (>= 2 annotators and a finite ``score_std``): KL's target."""
+    from uamt.models.kl import annotator_std
+
+    _, valid = annotator_std(frame, "d_q")
+    n_ann = (
+        pd.to_numeric(frame["n_annotators"], errors="coerce").fillna(0)
+        if "n_annotators" in frame.columns
+        else pd.Series(0, index=frame.index)
+    )
+    return {
+        "rows": int(len(frame)),
+        "rows_with_std": int(valid.sum()),
+        "share_with_std": float(valid.mean()) if len(frame) else 0.0,
+        "max_annotators": int(n_ann.max()) if len(n_ann) else 0,
+    }
+
+
+def chrf_pps(frame: pd.DataFrame) -> dict[str, float | None]:
+    """Pearson r(chrF(mt, ref), human score) per LP and their mean (``avg``): the lexical floor PPS."""
+    from uamt.lexical import segment_scores
+
+    rows = frame[frame["ref"].notna()] if "ref" in frame.columns else frame.iloc[:0]
+    out: dict[str, float | None] = {}
+    for lp, group in rows.groupby("lp"):
+        chrf = segment_scores(list(group["mt"]), list(group["ref"]), "chrf")
+        human = pd.to_numeric(group["score"], errors="coerce").to_numpy(dtype=float)
+        ok = np.isfinite(human)
+        defined = ok.sum() > 2 and np.std(chrf[ok]) > 0 and np.std(human[ok]) > 0
+        out[lp] = float(np.corrcoef(chrf[ok], human[ok])[0, 1]) if defined else None
+    values = [v for v in out.values() if v is not None]
+    out["avg"] = float(np.mean(values)) if values else None
+    return out
+
+
+def split_sizes(frames: dict[str, pd.DataFrame]) -> dict[str, dict[str, int]]:
+    return {
+        split: {"total": int(len(df)), **{lp: int(n) for lp, n in df.groupby("lp").size().items()}}
+        for split, df in frames.items()
+    }
+
+
+def distinct_texts(frames) -> list[str]:
+    """The distinct ``src``, ``mt``, ``ref`` texts the models read (first-seen order)."""
+    seen: dict[str, None] = {}
+    for df in frames:
+        for column in ("src", "mt", "ref"):
+            if column in df.columns:
+                seen.update(dict.fromkeys(t for t in df[column] if isinstance(t, str) and t))
+    return list(seen)
+
+
+def _cache_of(features):
+    owner = getattr(getattr(features, "fn", None), "__self__", None)
+    return owner if owner is not None and hasattr(owner, "__contains__") else None
+
+
+def encode_ahead(frames, features) -> dict[str, Any]:
+    """Encode (or read from the cache) every text of ``frames`` once, timed, so training times exclude it."""
+    texts = distinct_texts(frames)
+    cache = _cache_of(features)
+    missing = None if cache is None else sum(text not in cache for text in texts)
+    started = time.perf_counter()
+    if texts:
+        features(texts)
+    return {"distinct_texts": len(texts), "newly_encoded": missing, "encode_s": time.perf_counter() - started}
+
+
+# ----------------------------------------------------------------------------- training / prediction
+
+
+@dataclass
+class ModelRun:
+    """One row's model: where it is, how long it took, and where it came from."""
+
+    path: Path
+    origin: str  # "trained" | "derived" | "reused"
+    train_s: float | None = None
+    same_training_as: str | None = None
+    n_train: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _n_train(model_dir: Path) -> int | None:
+    from uamt.models.api import read_manifest
+
+    meta = read_manifest(model_dir)
+    if "n_train" in meta:
+        return int(meta["n_train"])
+    if meta.get("members"):
+        return _n_train(model_dir / meta["members"][0])
+    return None
+
+
+#: Settings a reused model must share with the configured ones (else it is trained again here).
+REUSE_KEYS = (
+    "reference_free",
+    "hidden_sizes",
+    "activations",
+    "dropout",
+    "layer_transformation",
+    "batch_size",
+    "learning_rate",
+    "max_epochs",
+    "patience",
+    "seed",
+    "mc_samples",
+    "finetune",
+)
+REUSE_KEYS_BY_METHOD = {
+    "ensemble": ("ensemble_size", "ensemble_member"),
+    "kl": ("kl_missing_std", "kl_std_floor"),
+    "dup": ("dup_loss", "bottleneck_size"),
+}
+
+
+def _reusable(model_dir: Path | None, method: str, n_train: int, cfg) -> bool:
+    """A complete model of ``method`` at ``model_dir``, trained on ``n_train`` rows with ``cfg``'s
+    settings (:data:`REUSE_KEYS`, plus the method's own)."""
+    from uamt.models.api import read_manifest
+
+    if model_dir is None or not (model_dir / "model.json").is_file():
+        return False
+    try:
+        meta = read_manifest(model_dir)
+    except UamtError:
+        return False
+    if meta.get("method") != method:
+        return False
+    stored = meta.get("config", {})
+    for key in (*REUSE_KEYS, *REUSE_KEYS_BY_METHOD.get(method, ())):
+        want = getattr(cfg, key)
+        have = stored.get(key)
+        if (tuple(have) if isinstance(have, list) else have) != want:
+            log.info("%s: not reused, %s=%r (configured %r)", model_dir, key, have, want)
+            return False
+    return _n_train(model_dir) == n_train
+
+
+def train_rows(
+    rows: tuple[str, ...],
+    frames: dict[str, pd.DataFrame],
+    features,
+    out_root: Path,
+    base_cfg,
+    dup_cfg,
+    reuse_dir: Path | None = None,
+) -> dict[str, ModelRun]:
+    """Train (or reuse) the model of every row on ``frames`` (``d_q``, ``d_e``, ``dev``).
+
+    Single-stage methods train on ``d_q``; ``dup_<loss>`` trains M_E on ``d_e`` over the ``point``
+    row's model; methods of :data:`SAME_TRAINING` copy their source's weights when it is a row.
+    A model in ``reuse_dir/<method>`` (``reuse_dir/dup`` for the DUP loss it was trained with) is
+    used as is when it was trained with the same settings on as many rows as ``d_q`` (``d_e`` for
+    DUP) holds (:func:`_reusable`).
+
+    Returns
+    -------
+    dict row -> :class:`ModelRun`, in ``rows`` order.
+    """
+    from uamt.models.api import train
+    from uamt.stages.train_base import derive
+
+    runs: dict[str, ModelRun] = {}
+    d_q, d_e, dev = frames["d_q"], frames["d_e"], frames["dev"]
+    singles = [r for r in rows if not r.startswith("dup_")]
+    order = [r for r in singles if SAME_TRAINING.get(r) not in singles] + [
+        r for r in singles if SAME_TRAINING.get(r) in singles
+    ]
+    for row in order:
+        reused = None if reuse_dir is None else reuse_dir / row
+        if _reusable(reused, row, len(d_q), base_cfg.replace(method=row)):
+            runs[row] = ModelRun(reused, "reused", n_train=len(d_q))
+            log.info("%s: reusing %s", row, reused)
+            continue
+        started = time.perf_counter()
+        source = SAME_TRAINING.get(row)
+        if source in runs:
+            path = derive(runs[source].path, row, out_root / row)
+            runs[row] = ModelRun(
+                path, "derived", time.perf_counter() - started, same_training_as=source, n_train=len(d_q)
+            )
+            continue
+        cfg = base_cfg.replace(method=row)
+        path = train(row, cfg, d_q, dev, features, out_root / row)
+        runs[row] = ModelRun(path, "trained", time.perf_counter() - started, n_train=len(d_q))
+        log.info("%s: trained on %d rows in %.1f s", row, len(d_q), runs[row].train_s)
+    for row in (r for r in rows if r.startswith("dup_")):
+        loss = row.removeprefix("dup_")
+        reused = None if reuse_dir is None else reuse_dir / "dup"
+        if _reusable(reused, "dup", len(d_e), dup_cfg.replace(dup_loss=loss)):
+            runs[row] = ModelRun(reused, "reused", n_train=len(d_e))
+            log.info("%s: reusing %s", row, reused)
+            continue
+        if "point" not in runs:
+            raise UamtError(f"{row}: DUP needs the 'point' model as its base M_Q")
+        started = time.perf_counter()
+        path = train(
+            "dup",
+            dup_cfg.replace(dup_loss=loss),
+            d_e,
+            dev,
+            features,
+            out_root / row,
+            base_model_dir=runs["point"].path,
+        )
+        runs[row] = ModelRun(path, "trained", time.perf_counter() - started, n_train=len(d_e))
+        log.info("%s: trained on %d rows in %.1f s", row, len(d_e), runs[row].train_s)
+    for run in runs.values():
+        run.extra = _training_facts(run.path)
+    return {row: runs[row] for row in rows}
+
+
+def _training_facts(model_dir: Path) -> dict[str, Any]:
+    from uamt.models.api import read_manifest
+
+    meta = read_manifest(model_dir)
+    facts: dict[str, Any] = {}
+    if "kl_fill_std" in (meta.get("state") or {}):
+        facts["kl_fill_std"] = meta["state"]["kl_fill_std"]
+    if meta.get("best_val_loss") is not None:
+        facts["best_val_loss"] = meta["best_val_loss"]
+    return facts
+
+
+def _aligned(table: pd.DataFrame, frame: pd.DataFrame) -> bool:
+    """Whether a stored predictions table is row by row the predictions of ``frame``."""
+    if len(table) != len(frame):
+        return False
+    for column in ("lp", "seg_id", "system"):
+        if column not in table.columns or column not in frame.columns:
+            return False
+        if not np.array_equal(table[column].astype(str).to_numpy(), frame[column].astype(str).to_numpy()):
+            return False
+    human = pd.to_numeric(frame["score"], errors="coerce").to_numpy()
+    return bool(np.allclose(table["human"].to_numpy(dtype=float), human, equal_nan=True))
+
+
+def _made_by(table: pd.DataFrame, model, frame: pd.DataFrame, features) -> bool:
+    """Whether ``model`` reproduces the stored ``mu``/``sigma`` of the first prediction batch of ``frame``.
+
+    A stored table may be stale (an older model in the same folder).  The first ``predict_batch_size``
+    rows are one batch, so even MC-dropout methods (seeded per batch) give the same numbers again.
+    """
+    k = min(len(frame), int(getattr(model.cfg, "predict_batch_size", 256)))
+    fresh = model.predictions_table(frame.head(k), features)
+    for column in ("mu", "sigma"):
+        if column not in table.columns:
+            return False
+        stored = table[column].to_numpy(dtype=float)[:k]
+        if not np.allclose(stored, fresh[column].to_numpy(dtype=float), rtol=1e-4, atol=1e-6, equal_nan=True):
+            return False
+    return True
+
+
+def predict_rows(
+    runs: dict[str, ModelRun],
+    frames: dict[str, pd.DataFrame],
+    features,
+    reuse_predictions: Path | None = None,
+    reuse_names: dict[str, str] | None = None,
+) -> tuple[dict[str, dict[str, pd.DataFrame]], dict[str, dict[str, Any]]]:
+    """Predictions tables of every row on ``frames["dev"]`` and ``frames["test"]``, with timings.
+
+    For a reused model, ``reuse_predictions/<split>/<name>.parquet`` (``name`` from ``reuse_names``,
+    default the row) is read instead when it is aligned with the split (same LP, segment, system and
+    human score in every row) and the model reproduces its first batch (:func:`_made_by`); otherwise
+    the split is predicted and timed.
+
+    Returns
+    -------
+    tables : dict row -> {"dev": DataFrame, "test": DataFrame}
+    timings : dict row -> {"predict_s": seconds for the splits predicted here (None if all were
+        read), "predicted_rows": rows predicted here, "read_rows": rows read from the pipeline}
+    """
+    from uamt.models.api import load
+
+    reuse_names = reuse_names or {}
+    tables: dict[str, dict[str, pd.DataFrame]] = {}
+    timings: dict[str, dict[str, Any]] = {}
+    for row, run in runs.items():
+        tables[row], seconds, predicted, read = {}, 0.0, 0, 0
+        model = None
+        for split in ("dev", "test"):
+            frame = frames[split]
+            stored = (
+                None
+                if reuse_predictions is None or run.origin != "reused"
+                else reuse_predictions / split / f"{reuse_names.get(row, row)}.parquet"
+            )
+            if stored is not None and stored.is_file():
+                table = pd.read_parquet(stored)
+                model = model or load(run.path)
+                if _aligned(table, frame) and _made_by(table, model, frame, features):
+                    tables[row][split] = table
+                    read += len(table)
+                    continue
+                log.info(
+                    "%s: %s is not this model's prediction of the %s split; predicting", row, stored, split
+                )
+            started = time.perf_counter()
+            model = model or load(run.path)
+            tables[row][split] = model.predictions_table(frame, features)
+            seconds += time.perf_counter() - started
+            predicted += len(frame)
+        timings[row] = {
+            "predict_s": seconds if predicted else None,
+            "predicted_rows": predicted,
+            "read_rows": read,
+        }
+    return tables, timings
+
+
+def indicators(
+    tables: dict[str, dict[str, pd.DataFrame]], groups: dict[str, list[str]], settings=None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{row: {lp | group | "avg": {pps, ups, nll, ece, sharpness, n}}}``, calibrated on dev.
+
+    ``point`` is evaluated as the fixed-variance baseline.  A group's value is the mean over its
+    LPs (None when the group is empty); ``avg`` the mean over all LPs (the papers' balanced AVG).
+    """
+    out = {}
+    for row, split in tables.items():
+        metrics = calibrated_indicators(split["test"], split["dev"], settings, fixed_variance=row == "point")
+        block = {key: _keep(value) for key, value in metrics.items()}
+        lps = [k for k in block if k != "avg"]
+        for group, members in groups.items():
+            block[group] = _mean_over([block[lp] for lp in members if lp in lps]) if members else None
+        out[row] = block
+    return out
+
+
+def _keep(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: metrics.get(k) for k in (*INDICATORS, "n")}
+
+
+def _mean_over(blocks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not blocks:
+        return None
+    out: dict[str, Any] = {}
+    for key in INDICATORS:
+        values = [b[key] for b in blocks if b.get(key) is not None and math.isfinite(b[key])]
+        out[key] = float(np.mean(values)) if values else None
+    out["n"] = int(sum(b.get("n") or 0 for b in blocks))
+    return out
+
+
+# ----------------------------------------------------------------------------- one benchmark
+
+
+def compare_benchmark(
+    name: str,
+    frames: dict[str, pd.DataFrame],
+    rows: tuple[str, ...],
+    features,
+    out_root: Path,
+    base_cfg,
+    dup_cfg,
+    eval_settings=None,
+    reuse_models: Path | None = None,
+    reuse_predictions: Path | None = None,
+) -> dict[str, Any]:
+    """Train / reuse, predict, and evaluate every row on one benchmark.
+
+    Parameters
+    ----------
+    frames : dict split -> canonical-table rows of this benchmark (:data:`SPLITS`)
+    rows : table rows (:func:`row_keys`)
+
+    Returns
+    -------
+    dict with ``lps``, ``groups``, ``sizes``, ``encoding``, ``kl`` (availability and the fill rule),
+    ``rows`` (the rows evaluated), ``unavailable`` (row -> reason), ``indicators`` (row -> lp/group/avg
+    -> metrics), ``timings`` (row -> train/predict seconds and origin).
+    """
+    missing = [s for s in SPLITS if s not in frames or frames[s].empty]
+    if missing:
+        raise DataError(f"benchmark {name}: no rows in split(s) {missing}")
+    lps = sorted(frames["test"]["lp"].unique())
+    result: dict[str, Any] = {
+        "lps": lps,
+        "groups": lp_groups(lps),
+        "sizes": split_sizes(frames),
+        "unavailable": {},
+    }
+    disagreement = annotator_disagreement(frames["d_q"])
+    result["kl"] = {
+        **disagreement,
+        "available": disagreement["rows_with_std"] > 0,
+        "missing_std_rule": base_cfg.kl_missing_std,
+        "std_floor": base_cfg.kl_std_floor,
+    }
+    if "kl" in rows and not result["kl"]["available"]:
+        result["unavailable"]["kl"] = (
+            f"no d_q row has >= 2 annotators with a score_std ({disagreement['rows']} rows, at most "
+            f"{disagreement['max_annotators']} annotator(s) per row): KL's target N(mu*, sigma*^2) "
+            "needs annotator disagreement"
+        )
+    rows = tuple(r for r in rows if r not in result["unavailable"])
+    result["rows"] = list(rows)
+    result["chrf_pps"] = chrf_pps(frames["test"])
+    result["encoding"] = encode_ahead([frames[s] for s in SPLITS], features)
+    log.info(
+        "%s: %s texts ready in %.1f s",
+        name,
+        result["encoding"]["distinct_texts"],
+        result["encoding"]["encode_s"],
+    )
+    runs = train_rows(rows, frames, features, out_root, base_cfg, dup_cfg, reuse_models)
+    reuse_names = {r: "dup" for r in rows if r.startswith("dup_")}
+    tables, predict_timings = predict_rows(runs, frames, features, reuse_predictions, reuse_names)
+    if "kl" in runs and "kl_fill_std" in runs["kl"].extra:
+        result["kl"]["fill_std"] = runs["kl"].extra["kl_fill_std"]
+    result["indicators"] = indicators(tables, result["groups"], eval_settings)
+    result["timings"] = {
+        row: {
+            "origin": run.origin,
+            "train_s": run.train_s,
+            "same_training_as": run.same_training_as,
+            "n_train": run.n_train,
+            "model_dir": str(run.path),
+            **predict_timings[row],
+        }
+        for row, run in runs.items()
+    }
+    return result
+
+
+# ----------------------------------------------------------------------------- the analysis
+
+
+def da_frames(prepared_dir: str | Path, settings: MethodsSettings) -> dict[str, pd.DataFrame]:
+    from uamt.pipeline import read_split
+
+    return {
+        split: sample_per_lp(
+            read_split(prepared_dir, split, (settings.da_dataset,)),
+            settings.da_rows_per_lp[split],
+            settings.da_seed,
+        )
+        for split in SPLITS
+    }
+
+
+def mqm_frames(prepared_dir: str | Path, settings: MethodsSettings) -> dict[str, pd.DataFrame]:
+    from uamt.pipeline import read_split
+
+    return {split: read_split(prepared_dir, split, (settings.mqm_dataset,)) for split in SPLITS}
+
+
+def run_analysis(
+    settings: MethodsSettings,
+    base_cfg,
+    dup_cfg,
+    features,
+    prepared_dir: str | Path = "data/prepared",
+    eval_settings=None,
+    benchmarks: tuple[str, ...] = BENCHMARKS,
+) -> dict[str, Any]:
+    """Both benchmarks (or those in ``benchmarks``); the JSON result of ``metrics/experiments/methods.json``.
+
+    Parameters
+    ----------
+    settings : MethodsSettings
+    base_cfg, dup_cfg : TrainConfig
+        ``load_train_config(method)`` / ``load_train_config("dup")``: the pipeline's hyper-parameters.
+    features : callable
+        ``texts -> float32 [n, layers, dim]`` (the embedding cache; missing texts encoded on demand).
+    eval_settings : EvaluationSettings, optional
+        The ``evaluate:`` section (per-LP calibration, ECE levels).
+    """
+    for bench in benchmarks:
+        if bench not in BENCHMARKS:
+            raise ValueError(f"benchmark={bench!r} not supported; choose from {sorted(BENCHMARKS)}")
+    rows = settings.rows
+    models_root = Path(settings.models_dir)
+    result: dict[str, Any] = {
+        "name": NAME,
+        "rows": list(rows),
+        "labels": {r: label(r) for r in rows},
+        "settings": {
+            **{
+                k: v
+                for k, v in dataclasses.asdict(settings).items()
+                if k not in ("metrics_dir", "figures_dir")
+            },
+            "train": {
+                k: getattr(base_cfg, k)
+                for k in (
+                    "hidden_sizes",
+                    "dropout",
+                    "batch_size",
+                    "learning_rate",
+                    "max_epochs",
+                    "patience",
+                    "seed",
+                    "mc_samples",
+                    "ensemble_size",
+                    "ensemble_member",
+                    "kl_missing_std",
+                    "kl_std_floor",
+                )
+            },
+            "dup": {"bottleneck_size": dup_cfg.bottleneck_size},
+        },
+        "paper": PAPER,
+    }
+    started = time.perf_counter()
+    if "da" in benchmarks:
+        frames = da_frames(prepared_dir, settings)
+        result["da"] = {
+            "dataset": settings.da_dataset,
+            "sampling": f"{settings.da_rows_per_lp} rows per LP, whole source sentences, seed {settings.da_seed}",
+            **compare_benchmark(
+                "da", frames, rows, features, models_root / "da", base_cfg, dup_cfg, eval_settings
+            ),
+        }
+    if "mqm" in benchmarks:
+        frames = mqm_frames(prepared_dir, settings)
+        reuse_m = Path(settings.mqm_reuse_models_dir) if settings.mqm_reuse_models_dir else None
+        reuse_p = Path(settings.mqm_reuse_predictions_dir) if settings.mqm_reuse_predictions_dir else None
+        result["mqm"] = {
+            "dataset": settings.mqm_dataset,
+            "sampling": "all rows of the prepared splits",
+            **compare_benchmark(
+                "mqm",
+                frames,
+                rows,
+                features,
+                models_root / "mqm",
+                base_cfg,
+                dup_cfg,
+                eval_settings,
+                reuse_models=reuse_m,
+                reuse_predictions=reuse_p,
+            ),
+        }
+    result["runtime_s"] = time.perf_counter() - started
+    result["findings"] = findings(result)
+    return result
+
+
+# ----------------------------------------------------------------------------- findings
+
+
+def _avg(result: dict, bench: str, row: str, key: str) -> float | None:
+    block = result.get(bench, {}).get("indicators", {}).get(row)
+    value = None if block is None else block["avg"].get(key)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _best(result: dict, bench: str, rows, key: str) -> str | None:
+    scored = [(r, _avg(result, bench, r, key)) for r in rows]
+    scored = [(r, v) for r, v in scored if v is not None]
+    if not scored:
+        return None
+    pick = max if key in HIGHER_IS_BETTER else min
+    return pick(scored, key=lambda rv: rv[1])[0]
+
+
+def _wins_over_baseline(result: dict, bench: str, row: str, key: str) -> tuple[int, int] | None:
+    ind = result.get(bench, {}).get("indicators", {})
+    if row not in ind or "point" not in ind:
+        return None
+    lps = result[bench]["lps"]
+    wins = total = 0
+    for lp in lps:
+        a, b = ind[row].get(lp, {}).get(key), ind["point"].get(lp, {}).get(key)
+        if a is None or b is None:
+            continue
+        total += 1
+        wins += (a > b) if key in HIGHER_IS_BETTER else (a < b)
+    return wins, total
+
+
+def findings(result: dict[str, Any]) -> dict[str, Any]:
+    """Numbers behind the comparison with the papers (per benchmark), all computed from ``result``."""
+    out: dict[str, Any] = {}
+    for bench in BENCHMARKS:
+        if bench not in result:
+            continue
+        evaluated = [r for r in result["rows"] if r in result[bench]["indicators"]]
+        uncertain = [r for r in evaluated if r != "point"]
+        block: dict[str, Any] = {
+            "best": {key: _best(result, bench, evaluated, key) for key in INDICATORS},
+            "pps_range": _range([_avg(result, bench, r, "pps") for r in evaluated]),
+        }
+        sharp = {
+            r: _avg(result, bench, r, "sharpness")
+            for r in ("mcd_head", "ensemble", "hts", DUP_REPRESENTATIVE)
+        }
+        if (
+            all(sharp.get(r) is not None for r in ("mcd_head", "hts"))
+            and sharp.get(DUP_REPRESENTATIVE) is not None
+        ):
+            block["dup_hts_sharper_than_mcd"] = sharp[DUP_REPRESENTATIVE] < sharp["mcd_head"]
+            block["hts_sharper_than_mcd"] = sharp["hts"] < sharp["mcd_head"]
+        if (
+            sharp.get("ensemble") is not None
+            and sharp.get(DUP_REPRESENTATIVE) is not None
+            and sharp.get("hts") is not None
+        ):
+            block["dup_hts_sharper_than_de"] = sharp[DUP_REPRESENTATIVE] < sharp["ensemble"]
+            block["hts_sharper_than_de"] = sharp["hts"] < sharp["ensemble"]
+        dups = [r for r in evaluated if r.startswith("dup_")]
+        if len(dups) > 1:
+            block["dup_losses"] = {
+                "best_ups": _best(result, bench, dups, "ups"),
+                "best_nll": _best(result, bench, dups, "nll"),
+                "best_ece": _best(result, bench, dups, "ece"),
+                "ups_range": _range([_avg(result, bench, r, "ups") for r in dups]),
+                "nll_range": _range([_avg(result, bench, r, "nll") for r in dups]),
+            }
+        if "kl" in evaluated and "hts" in evaluated:
+            block["kl_minus_hts"] = {
+                key: _diff(_avg(result, bench, "kl", key), _avg(result, bench, "hts", key))
+                for key in INDICATORS
+            }
+        if "hts_mcd" in evaluated and "hts" in evaluated:
+            block["hts_mcd_minus_hts"] = {
+                key: _diff(_avg(result, bench, "hts_mcd", key), _avg(result, bench, "hts", key))
+                for key in INDICATORS
+            }
+        block["beats_baseline"] = {
+            row: {key: _wins_over_baseline(result, bench, row, key) for key in ("nll", "ece", "pps")}
+            for row in uncertain
+        }
+        out[bench] = block
+    return out
+
+
+def _range(values) -> list[float] | None:
+    values = [v for v in values if v is not None]
+    return [min(values), max(values)] if values else None
+
+
+def _diff(a, b) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def write_figures(result: dict[str, Any], figures_dir: str | Path) -> list[Path]:
+    """``methods_sharpness_ups.png`` (avg sharpness vs UPS per method and benchmark) and
+    ``methods_ece_by_lp.png`` (calibrated test ECE per method x LP)."""
+    plt = pyplot()
+    figures_dir = Path(figures_dir)
+    benches = [b for b in BENCHMARKS if b in result]
+    out = []
+    fig, axes = plt.subplots(
+        1, max(len(benches), 1), figsize=(5.2 * max(len(benches), 1), 4.2), squeeze=False
+    )
+    for ax, bench in zip(axes[0], benches, strict=False):
+        for row in result[bench]["indicators"]:
+            x, y = _avg(result, bench, row, "sharpness"), _avg(result, bench, row, "ups")
+            if x is None:
+                continue
+            y = 0.0 if y is None else y  # fixed variance: UPS undefined, drawn at 0
+            ax.scatter([x], [y], s=40, marker="s" if row == "point" else "o")
+            ax.annotate(label(row), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set(
+            xlabel="sharpness (mean calibrated σ², z units) ↓",
+            ylabel="UPS ↑",
+            title=f"{result[bench]['dataset']} test, average over LPs",
+        )
+        ax.grid(alpha=0.3)
+    out.append(save_figure(fig, figures_dir / "methods_sharpness_ups.png"))
+
+    columns = [(bench, lp) for bench in benches for lp in (*result[bench]["lps"], "avg")]
+    rows = list(dict.fromkeys(r for bench in benches for r in result[bench]["indicators"]))
+    grid = np.full((len(rows), len(columns)), np.nan)
+    for i, row in enumerate(rows):
+        for j, (bench, lp) in enumerate(columns):
+            value = result[bench]["indicators"].get(row, {}).get(lp, {}).get("ece")
+            grid[i, j] = np.nan if value is None else value
+    fig, ax = plt.subplots(figsize=(0.75 * len(columns) + 2.5, 0.42 * len(rows) + 1.6))
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", aspect="auto")
+    ax.set_xticks(
+        range(len(columns)), [f"{b.upper()} {lp}" for b, lp in columns], rotation=45, ha="right", fontsize=8
+    )
+    ax.set_yticks(range(len(rows)), [label(r) for r in rows], fontsize=8)
+    for i in range(len(rows)):
+        for j in range(len(columns)):
+            if math.isfinite(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", fontsize=6, color="w")
+    fig.colorbar(image, ax=ax, label="ECE (calibrated on dev) ↓")
+    ax.set_title("Calibrated test ECE per method and LP")
+    out.append(save_figure(fig, figures_dir / "methods_ece_by_lp.png"))
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _section_number() -> int:
+    from uamt.experiments import SECTIONS
+
+    return SECTIONS.index(NAME) + 1 if NAME in SECTIONS else 0
+
+
+def _cells(block: dict[str, dict], row: str, key: str, best: dict[str, str | None]) -> list[str]:
+    cells = []
+    for ind in INDICATORS:
+        value = (block.get(row, {}).get(key) or {}).get(ind)
+        text = fmt(value)
+        cells.append(f"**{text}**" if value is not None and best.get(ind) == row else text)
+    return cells
+
+
+def _best_per_key(block: dict[str, dict], rows, key: str) -> dict[str, str | None]:
+    best = {}
+    for ind in INDICATORS:
+        scored = [(r, (block[r].get(key) or {}).get(ind)) for r in rows if r in block]
+        scored = [(r, v) for r, v in scored if v is not None and math.isfinite(v)]
+        pick = max if ind in HIGHER_IS_BETTER else min
+        tied = len(scored) > 1 and max(v for _, v in scored) - min(v for _, v in scored) < 1e-9
+        best[ind] = pick(scored, key=lambda rv: rv[1])[0] if scored and not tied else None
+    return best
+
+
+def method_table(bench_result: dict[str, Any], rows, keys) -> str:
+    """Rows ``(key, method)`` x indicators; the best value per key and indicator in bold."""
+    block = bench_result["indicators"]
+    rows = [r for r in rows if r in block]
+    lines = []
+    for key in keys:
+        best = _best_per_key(block, rows, key)
+        name = key.upper() if key in (*GROUPS, "avg") else key
+        if key == "avg" and (covering := _group_covering_all(bench_result)):
+            name = f"{covering.upper()} = AVG"
+        lines.extend([name, label(row), *_cells(block, row, key, best)] for row in rows)
+        chrf = _chrf_at(bench_result, key)
+        if chrf is not None:
+            lines.append([name, "chrF (lexical, no σ)", fmt(chrf), *("–" for _ in INDICATORS[1:])])
+    header = ["LP", "method", *(INDICATOR_LABELS[i] for i in INDICATORS)]
+    return markdown_table(header, lines)
+
+
+def _chrf_at(bench_result: dict[str, Any], key: str) -> float | None:
+    """chrF's PPS at an LP, ``avg``, or a group (mean over its LPs)."""
+    chrf = bench_result.get("chrf_pps") or {}
+    if key in chrf:
+        return chrf[key]
+    values = [chrf.get(lp) for lp in bench_result["groups"].get(key) or []]
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _group_covering_all(bench_result: dict[str, Any]) -> str | None:
+    """The LP group that holds every LP of the benchmark (its average is then AVG), if any."""
+    lps = set(bench_result["lps"])
+    return next((g for g, members in bench_result["groups"].items() if set(members) == lps), None)
+
+
+def _table_keys(bench_result: dict[str, Any]) -> list[str]:
+    """LPs, the groups of more than one LP that are not all LPs (the JSON has every group), then AVG."""
+    covering = _group_covering_all(bench_result)
+    groups = [g for g in GROUPS if len(bench_result["groups"].get(g) or []) > 1 and g != covering]
+    return [*bench_result["lps"], *groups, "avg"]
+
+
+def _table_rows(result: dict[str, Any]) -> list[str]:
+    """Rows of Tables 2–3: every row but the non-representative DUP losses."""
+    dups = [r for r in result["rows"] if r.startswith("dup_")]
+    keep = DUP_REPRESENTATIVE if DUP_REPRESENTATIVE in dups else (dups[0] if dups else None)
+    return [r for r in result["rows"] if not r.startswith("dup_") or r == keep]
+
+
+def _sizes_text(bench: dict[str, Any]) -> str:
+    sizes = bench["sizes"]
+    return ", ".join(f"{split} {sizes[split]['total']:,}" for split in SPLITS if split in sizes)
+
+
+def _timing_table(result: dict[str, Any]) -> str:
+    benches = [b for b in BENCHMARKS if b in result]
+    header = ["method"]
+    for bench in benches:
+        header += [f"{bench.upper()} train s", f"{bench.upper()} predict s (dev+test)"]
+    lines = []
+    for row in result["rows"]:
+        cells: list[Any] = [label(row)]
+        for bench in benches:
+            t = result[bench]["timings"].get(row)
+            if t is None:
+                cells += ["n/a", "n/a"]
+                continue
+            if t["origin"] == "reused":
+                train = "pipeline"
+            elif t["origin"] == "derived":
+                train = f"= {label(t['same_training_as'])}"
+            else:
+                train = fmt(t["train_s"], 1)
+            predict = fmt(t["predict_s"], 1) if t["predict_s"] is not None else "pipeline's"
+            cells += [train, predict]
+        lines.append(cells)
+    return markdown_table(header, lines)
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def _findings_text(result: dict[str, Any]) -> list[str]:
+    out = []
+    f = result["findings"]
+    for bench in BENCHMARKS:
+        if bench not in f:
+            continue
+        name = f"{bench.upper()} ({result[bench]['dataset']})"
+        fb = f[bench]
+        paper = PAPER.get(bench, {})
+        parts = []
+        sha = {
+            r: _avg(result, bench, r, "sharpness")
+            for r in ("mcd_head", "ensemble", "hts", DUP_REPRESENTATIVE)
+        }
+        ups = {
+            r: _avg(result, bench, r, "ups")
+            for r in ("mcd_head", "ensemble", "hts", "hts_mcd", DUP_REPRESENTATIVE)
+        }
+
+        def quoted(row, key, paper=paper):
+            value = paper.get(row, {}).get(key)
+            return "" if value is None else f" (paper {value:.3f})"
+
+        if "dup_hts_sharper_than_mcd" in fb:
+            both = fb["dup_hts_sharper_than_mcd"] and fb["hts_sharper_than_mcd"]
+            parts.append(
+                f"sharpness: DUP {fmt(sha[DUP_REPRESENTATIVE])}{quoted(DUP_REPRESENTATIVE, 'sharpness')} and HTS "
+                f"{fmt(sha['hts'])}{quoted('hts', 'sharpness')} vs MCD {fmt(sha['mcd_head'])}"
+                f"{quoted('mcd_head', 'sharpness')} and DE {fmt(sha['ensemble'])}{quoted('ensemble', 'sharpness')} — "
+                + (
+                    "DUP and HTS are sharper than MCD, as in the paper"
+                    if both
+                    else "unlike the paper, DUP and HTS are not both sharper than MCD"
+                )
+            )
+        if all(ups.get(r) is not None for r in ("mcd_head", "hts", DUP_REPRESENTATIVE)):
+            higher = ups["hts"] > ups["mcd_head"] and ups[DUP_REPRESENTATIVE] > ups["mcd_head"]
+            parts.append(
+                f"UPS: HTS {fmt(ups['hts'])}{quoted('hts', 'ups')}, DUP {fmt(ups[DUP_REPRESENTATIVE])}"
+                f"{quoted(DUP_REPRESENTATIVE, 'ups')}, HTS+MCD {fmt(ups.get('hts_mcd'))}{quoted('hts_mcd', 'ups')} "
+                f"vs MCD {fmt(ups['mcd_head'])}{quoted('mcd_head', 'ups')}, DE {fmt(ups.get('ensemble'))}"
+                f"{quoted('ensemble', 'ups')} — HTS and DUP "
+                + (
+                    "rank errors better than MCD, as in the paper"
+                    if higher
+                    else "do not both beat MCD, unlike the paper"
+                )
+            )
+        if "hts_mcd_minus_hts" in fb:
+            d = fb["hts_mcd_minus_hts"]
+            parts.append(
+                f"HTS+MCD − HTS: UPS {_signed(d['ups'])}, ECE {_signed(d['ece'])}, sharpness {_signed(d['sharpness'])} "
+                "(paper, DA: MC dropout on HTS raises UPS and lowers ECE but is less sharp; our dropout runs in "
+                "the head only)"
+            )
+        if "dup_losses" in fb:
+            d = fb["dup_losses"]
+            parts.append(
+                f"DUP losses: best UPS {label(d['best_ups'])}, best NLL {label(d['best_nll'])}, best ECE "
+                f"{label(d['best_ece'])}; UPS spans {_span(d['ups_range'])} and NLL {_span(d['nll_range'])} across "
+                "losses (paper, DA: all three within 0.008 UPS, L_HTS slightly best)"
+            )
+        if "kl_minus_hts" in fb:
+            d = fb["kl_minus_hts"]
+            kl = result[bench]["kl"]
+            parts.append(
+                f"KL − HTS: UPS {_signed(d['ups'])}, NLL {_signed(d['nll'])}, ECE {_signed(d['ece'])}, sharpness "
+                f"{_signed(d['sharpness'])} (only {_pct(kl['share_with_std'])} of training rows have an annotator "
+                f"std; the rest get the {kl['missing_std_rule']} rule; paper, MQM: KL close to DUP, UPS 0.282 vs "
+                "HTS 0.317, less sharp)"
+            )
+        elif "kl" in result[bench].get("unavailable", {}):
+            parts.append(f"KL not available: {result[bench]['unavailable']['kl']}")
+        pps = fb.get("pps_range")
+        if pps:
+            chrf = (result[bench].get("chrf_pps") or {}).get("avg")
+            parts.append(
+                f"PPS {pps[0]:.3f}–{pps[1]:.3f} across methods (best {label(fb['best']['pps'])}; paper: similar "
+                f"for all, DE best from the ensemble effect) vs sentence chrF {fmt(chrf)} on the same test rows"
+            )
+        shown = _table_rows(result)
+        wins = {r: w for r, w in fb.get("beats_baseline", {}).items() if r in shown}
+        beats = [
+            f"{label(r)} {w['ece'][0]}/{w['ece'][1]} (ECE), {w['nll'][0]}/{w['nll'][1]} (NLL)"
+            for r, w in wins.items()
+            if w.get("ece") and w.get("nll")
+        ]
+        if beats:
+            parts.append(
+                "LPs where a method beats the fixed-variance baseline: "
+                + "; ".join(beats)
+                + " (UA-MT Table 2: MCD and DE beat it on ECE everywhere and on NLL in 7 of 9 LPs)"
+            )
+        out.append(f"- **{name}**: " + "; ".join(parts) + ".")
+    return out
+
+
+def _signed(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.3f}"
+
+
+def _span(values: list[float] | None) -> str:
+    return "–" if not values else f"{values[0]:.3f}–{values[1]:.3f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    """The markdown section of reports/experiments.md (Tables 1–3, timings, findings)."""
+    number = _section_number()
+    train = result["settings"]["train"]
+    lines = [
+        f"## {number}. Comparison of uncertainty methods (Better UQ Tables 1–3, UA-MT Table 2 baseline)",
+        "",
+        "Every method is evaluated on its benchmark's `test` split with the standardisation and affine σ² "
+        "calibration fitted on `dev` (per LP, global fallback); indicators are PPS, UPS, NLL, ECE (100 levels) "
+        "and sharpness (mean calibrated σ², dev z-units). The fixed-variance baseline is the point model's μ "
+        "with the dev-fitted constant variance (UA-MT Eq. 6); its UPS is undefined. "
+        f"Heads on frozen MiniLM features: hidden {list(train['hidden_sizes'])}, dropout {train['dropout']}, "
+        f"≤ {train['max_epochs']} epochs with early stopping on dev, MC dropout {train['mc_samples']} passes in the "
+        f"head (the paper's MCD also drops out in the encoder), DE = {train['ensemble_size']} {train['ensemble_member']} "
+        "models, HTS+MCD uses the HTS weights, DUP's M_E sits on the point model M_Q and trains on `d_e`.",
+        "",
+    ]
+    if "da" in result:
+        da = result["da"]
+        groups = da["groups"]
+        kl = da["kl"]
+        lines += [
+            f"**DA** ({da['dataset']}, DA z-scores): one model per method on all {len(da['lps'])} LPs "
+            f"({', '.join(da['lps'])}), sampled per LP ({da['sampling']}): {_sizes_text(da)} rows. "
+            + (
+                f"All {len(groups['xx-en'])} LPs are into English, so the XX-EN group average equals AVG and "
+                "there is no EN-XX group. "
+                if groups["xx-en"] and not groups["en-xx"]
+                else ""
+            )
+            + f"KL: {kl['rows_with_std']:,} of {kl['rows']:,} training rows ({_pct(kl['share_with_std'])}) have ≥ 2 "
+            f"annotators with a std; the others get `kl_missing_std: {kl['missing_std_rule']}`"
+            + (f" (σ* = {kl['fill_std']:.3f} z)" if kl.get("fill_std") is not None else "")
+            + f". Texts: {da['encoding']['distinct_texts']:,} distinct, "
+            + (
+                f"{da['encoding']['newly_encoded']:,} encoded here "
+                if da["encoding"].get("newly_encoded") is not None
+                else ""
+            )
+            + f"in {da['encoding']['encode_s']:.0f} s.",
+            "",
+        ]
+    if "mqm" in result:
+        mqm = result["mqm"]
+        reused = [label(r) for r, t in mqm["timings"].items() if t["origin"] == "reused"]
+        lines += [
+            f"**MQM** ({mqm['dataset']}, {', '.join(mqm['lps'])}): {_sizes_text(mqm)} rows. "
+            + (f"Reused from the pipeline: {', '.join(reused)}. " if reused else "")
+            + (f"KL: not available — {mqm['unavailable']['kl']}. " if "kl" in mqm["unavailable"] else ""),
+            "",
+        ]
+    lines += ["![Sharpness vs UPS per method](figures/methods_sharpness_ups.png)", ""]
+    dups = [r for r in result["rows"] if r.startswith("dup_")]
+    if dups:
+        lines += ["### Table 1: DUP losses (average over LPs)", ""]
+        rows = []
+        for bench in (b for b in BENCHMARKS if b in result):
+            block = result[bench]["indicators"]
+            best = _best_per_key(block, dups, "avg")
+            rows += [
+                [f"{bench.upper()} AVG", label(r), *_cells(block, r, "avg", best)] for r in dups if r in block
+            ]
+        lines += [markdown_table(["data", "loss", *(INDICATOR_LABELS[i] for i in INDICATORS)], rows), ""]
+    table_rows = _table_rows(result)
+    if "da" in result:
+        da = result["da"]
+        lines += [
+            "### Table 2: DA, per LP (best per LP in bold)",
+            "",
+            method_table(da, table_rows, _table_keys(da)),
+            "",
+        ]
+    if "mqm" in result:
+        mqm = result["mqm"]
+        lines += [
+            "### Table 3: MQM, per LP (best per LP in bold)",
+            "",
+            method_table(mqm, table_rows, _table_keys(mqm)),
+            "",
+        ]
+    lines += [
+        "![ECE per method and LP](figures/methods_ece_by_lp.png)",
+        "",
+        "### Cost (seconds on this machine's shared CPU cores)",
+        "",
+        _timing_table(result),
+        "",
+        "### What the data shows vs the papers",
+        "",
+        *_findings_text(result),
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,717 @@
+"""Number of references (*Uncertainty-Aware MT Evaluation*, §3.4, §5.4, Tables 5-6).
+
+WMT21 news MQM en-de has three human references, A, C and D (``txt/references/newstest2021.en-de.ref.
+{A,C,D}.de``), each of them MQM-rated as a pseudo-system ``ref-X``.  Every system row of the prepared
+table carries the three texts in ``refs`` in the alphabetical order of their letters
+(:func:`uamt.data.loaders.load_wmt21_mqm`); :func:`reference_table` names them and checks the order
+against the rated ``ref-X`` rows (whose ``mt`` *is* reference X).
+
+Each model scores every ``<src, mt>`` once per reference (:func:`score_references`), keeping what
+the §3.4 combination needs:
+
+* sample-based methods (``mcd_head``, ``hts_mcd`` with ``mcd_scope='head'``, ``ensemble``): the K
+  aligned stochastic outputs per reference -- the same K dropout masks for every reference (the
+  passes are seeded from the model's seed and the batches have the same shape for every reference)
+  or the same K ensemble members;
+* the others (``point``, ``hts``, ``kl``, ``dup``, full-network MC dropout, whose encoder masks cannot
+  be aligned across references of different lengths): the per-reference mean and standard deviation.
+
+A reference set ``R_j`` (one per row, :func:`select_references`) is then combined by
+:func:`combine_references`: the pointwise average of aligned samples
+:math:`\\hat q_{jk} = |R_j|^{-1} \\sum_{r \\in R_j} \\hat q^{(r)}_{jk}` followed by the Gaussian fit of
+:func:`uamt.uncertainty.samples_to_mu_sigma` (heteroscedastic samples: Eq. 4 of Zerva et al. on the
+reference-averaged means and variances), or -- without samples -- the average of the per-reference
+means and of the per-reference standard deviations, which is what the deployed model does with several
+references (:meth:`uamt.pyfunc.CalibratedPredictor.raw_predict`).
+
+Configurations of Tables 5-6: for every subset ``R`` of the references, ``single`` (|R| = 1),
+``S-N`` (N < |R| references sampled per row without replacement, seeded, and combined) and ``Mul``
+(all of ``R`` combined).  Each configuration is calibrated on dev rows built the same way
+(:func:`uamt.experiments.common.calibrated_indicators`) and evaluated on test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uamt.errors import DataError, UamtError
+from uamt.experiments.common import INDICATORS, calibrated_indicators, fmt, markdown_table
+
+log = logging.getLogger(__name__)
+
+NAME = "references"
+
+#: System names of rated human references in the WMT MQM tables (``ref-A``, ``ref-C``, ...).
+REFERENCE_SYSTEM = re.compile(r"^ref-([A-Za-z0-9]+)$")
+
+#: Combination rules of :func:`combine_references`, reported per method.
+SAMPLES, HETEROSCEDASTIC_SAMPLES, MOMENTS = "samples", "heteroscedastic samples", "moments"
+
+#: Table 5 of the paper (WMT20 en-de, references A, B, P; MCD): the comparison printed beside ours.
+PAPER_TABLE5 = {
+    "AB": {"S-1": {"pps": 0.452, "sharpness": 0.746}, "Mul": {"pps": 0.471, "sharpness": 0.718}},
+    "BP": {"S-1": {"pps": 0.391, "sharpness": 0.837}, "Mul": {"pps": 0.441, "sharpness": 0.753}},
+    "AP": {"S-1": {"pps": 0.406, "sharpness": 0.852}, "Mul": {"pps": 0.433, "sharpness": 0.719}},
+    "ABP": {
+        "S-1": {"pps": 0.402, "sharpness": 0.825},
+        "S-2": {"pps": 0.441, "sharpness": 0.756},
+        "Mul": {"pps": 0.455, "sharpness": 0.702},
+    },
+}
+
+
+# --------------------------------------------------------------------------- references of a frame
+def read_rows(prepared_dir: str, split: str, dataset: str, lp: str) -> pd.DataFrame:
+    """Rows of one dataset x LP of a prepared split (system rows and rated-reference rows)."""
+    from uamt.pipeline import read_split
+
+    frame = read_split(prepared_dir, split, (dataset,))
+    frame = frame[frame["lp"] == lp].reset_index(drop=True)
+    if frame.empty:
+        raise DataError(f"{prepared_dir}/{split}.parquet: no {dataset} rows of lp {lp!r}")
+    return frame
+
+
+def reference_rows(frame: pd.DataFrame) -> np.ndarray:
+    """Boolean mask [n_rows]: rows whose ``system`` is a rated human reference (``ref-X``)."""
+    return frame["system"].astype(str).str.fullmatch(REFERENCE_SYSTEM.pattern).to_numpy()
+
+
+def rated_references(frame: pd.DataFrame) -> list[str]:
+    """Names X of the rated references (``system = ref-X``) present in ``frame``, sorted."""
+    systems = frame.loc[reference_rows(frame), "system"].astype(str)
+    return sorted({REFERENCE_SYSTEM.fullmatch(s).group(1) for s in systems})
+
+
+def check_reference_names(
+    names: Sequence[str], known: Sequence[str], what: str = "reference"
+) -> tuple[str, ...]:
+    """``names`` as a tuple; an empty, repeated or unknown name raises ValueError listing the choices."""
+    names = tuple(names)
+    if not names:
+        raise ValueError(f"{what} set is empty; choose from {sorted(known)}")
+    for name in names:
+        if name not in known:
+            raise ValueError(f"{what}={name!r} not supported; choose from {sorted(known)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what} set {list(names)} names a reference twice")
+    return names
+
+
+def reference_table(frame: pd.DataFrame, names: Sequence[str], where: str = "table") -> pd.DataFrame:
+    """The texts of the named references for every *system* row of ``frame``.
+
+    Parameters
+    ----------
+    frame : DataFrame
+        Canonical-table rows (``lp, seg_id, system, mt, refs``), system rows and the rated reference
+        rows ``ref-X`` of the same segments.
+    names : sequence of str
+        The reference names in the order of the ``refs`` lists of system rows (WMT21: alphabetical,
+        ``("A", "C", "D")`` for en-de).  Each must be a rated reference of ``frame``.
+    where : str
+        Named in error messages (file or split).
+
+    Returns
+    -------
+    DataFrame, index = the system rows' index in ``frame``, one column per name (str).
+
+    Raises
+    ------
+    ValueError
+        A name is not a rated reference of ``frame``.
+    DataError
+        A system row's ``refs`` has the wrong length, or the text at a name's position differs from
+        the ``mt`` of that reference's own rated row for the same segment (wrong order or names).
+    """
+    names = check_reference_names(names, rated_references(frame))
+    is_ref = reference_rows(frame)
+    systems = frame.loc[~is_ref]
+    table = {name: [] for name in names}
+    for index, refs in zip(systems.index, systems["refs"], strict=True):
+        refs = [] if refs is None else list(refs)
+        if len(refs) != len(names):
+            row = systems.loc[index]
+            raise DataError(
+                f"{where}: row {index} (lp {row['lp']}, seg_id {row['seg_id']}, system {row['system']}): "
+                f"'refs' has {len(refs)} references, expected {len(names)} ({', '.join(names)})"
+            )
+        for name, text in zip(names, refs, strict=True):
+            table[name].append(text)
+    out = pd.DataFrame(table, index=systems.index)
+    # The rated reference rows carry each reference's own text: the order of `refs` must agree.
+    keyed = out.assign(lp=systems["lp"].to_numpy(), seg_id=systems["seg_id"].to_numpy())
+    keyed = keyed.drop_duplicates(["lp", "seg_id"]).set_index(["lp", "seg_id"])
+    for index, row in frame.loc[is_ref].iterrows():
+        name = REFERENCE_SYSTEM.fullmatch(str(row["system"])).group(1)
+        key = (row["lp"], row["seg_id"])
+        if name not in names or key not in keyed.index:
+            continue
+        if keyed.at[key, name] != row["mt"]:
+            raise DataError(
+                f"{where}: row {index} (lp {key[0]}, seg_id {key[1]}): the text of reference {name} "
+                f"differs from position {names.index(name)} of the system rows' 'refs'; the reference "
+                f"names {list(names)} are not in the order of 'refs'"
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- scoring per reference
+@dataclass(frozen=True)
+class ReferenceScores:
+    """One model's predictions of the same rows with each reference, on the ``score`` scale.
+
+    Attributes
+    ----------
+    method : str
+    names : tuple of str
+        Reference names, the second axis of every array.
+    mu, sigma : ndarray [n_rows, n_refs]
+        The model's own mean and standard deviation per reference (sigma NaN for ``point``).
+    mu_samples : ndarray [n_rows, n_refs, K] or None
+        Aligned stochastic outputs (MC-dropout pass k / ensemble member k is the same for every
+        reference); None for methods combined by their moments.
+    var_samples : ndarray [n_rows, n_refs, K] or None
+        Per-sample predicted *variances* of heteroscedastic samples (``hts_mcd``, HTS ensembles).
+    """
+
+    method: str
+    names: tuple[str, ...]
+    mu: np.ndarray
+    sigma: np.ndarray
+    mu_samples: np.ndarray | None = None
+    var_samples: np.ndarray | None = None
+
+    @property
+    def combination(self) -> str:
+        if self.mu_samples is None:
+            return MOMENTS
+        return SAMPLES if self.var_samples is None else HETEROSCEDASTIC_SAMPLES
+
+
+def has_aligned_samples(model) -> bool:
+    """Whether ``model`` gives stochastic outputs that can be aligned across references: ensemble
+    members, or MC dropout in the head on cached embeddings (``mcd_head``, ``hts_mcd`` with
+    ``mcd_scope='head'``).  Dropout through the encoder is not alignable (masks depend on length)."""
+    method = model.method
+    return method in ("ensemble", "mcd_head") or (method == "hts_mcd" and model.cfg.mcd_scope == "head")
+
+
+def _sample_outputs(model, rows, n_samples: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Standardised aligned samples ``(mu [n, K], var [n, K] or None)`` of one encoded reference
+    (``has_aligned_samples(model)`` must hold).  MC-dropout batches are those of
+    ``Estimator.predict_rows`` (same size and order for every reference) and every batch's passes are
+    seeded from the model's seed (:func:`uamt.models.mcd.seeded_passes`), so pass k applies the same
+    dropout masks with every reference."""
+    import torch
+
+    from uamt.models.data import make_loader
+    from uamt.models.hts import LOG_VAR_RANGE
+    from uamt.models.mcd import head_mc_outputs, n_passes
+
+    if model.method == "ensemble":
+        outs = [member._standardised(rows) for member in model.members]
+        mus = np.stack([np.asarray(o["mu"], dtype=float) for o in outs], axis=1)
+        variances = np.stack([np.asarray(o["var"], dtype=float) for o in outs], axis=1)
+        return mus, (variances if np.isfinite(variances).all() else None)
+    module = model.module
+    module.eval()
+    n = n_passes(module, n_samples)
+    heteroscedastic = model.method == "hts_mcd"
+    mus, variances = [], []
+    with torch.no_grad():
+        for batch in make_loader(rows, module.cfg.predict_batch_size, shuffle=False):
+            out = head_mc_outputs(module, batch, n).double()  # [K, B, out_dim]
+            mus.append(out[..., 0].T.numpy())
+            if heteroscedastic:
+                variances.append(torch.exp(out[..., 1].clamp(*LOG_VAR_RANGE)).T.numpy())
+    return np.concatenate(mus), (np.concatenate(variances) if heteroscedastic else None)
+
+
+def score_references(
+    model, frame: pd.DataFrame, references: pd.DataFrame, features, n_samples: int | None = None
+) -> ReferenceScores:
+    """Score every row of ``frame`` (``src``, ``mt``) with each column of ``references``.
+
+    Parameters
+    ----------
+    model : uamt.models.api.TrainedModel
+        A reference-based model (``load(dir)``).
+    frame : DataFrame
+        Rows to score, same index as ``references``.
+    references : DataFrame
+        One column of reference texts per name (:func:`reference_table`).
+    features : callable
+        The model's embedding source (``uamt.pipeline.open_features``).
+    n_samples : int, optional
+        MC-dropout passes (default: the model's ``mc_samples``).
+
+    Returns
+    -------
+    ReferenceScores
+    """
+    if model.cfg.reference_free:
+        raise UamtError(f"{model.model_dir}: a reference-free (QE) model cannot be scored per reference")
+    if not frame.index.equals(references.index):
+        raise DataError("frame and references must have the same index (rows of reference_table)")
+    names = tuple(str(c) for c in references.columns)
+    mu = np.empty((len(frame), len(names)))
+    sigma = np.empty_like(mu)
+    mu_samples, var_samples = [], []
+    for j, name in enumerate(names):
+        scored = pd.DataFrame({"src": frame["src"].to_numpy(), "mt": frame["mt"].to_numpy()})
+        scored["ref"] = references[name].to_numpy()
+        where = f"{model.method} with reference {name}"
+        if not has_aligned_samples(model):  # moments only: the model's own prediction
+            pred = model.predict(scored, features, n_samples)
+            mu[:, j] = pred["mu"].to_numpy(dtype=float)
+            sigma[:, j] = pred["sigma"].to_numpy(dtype=float)
+            continue
+        samples = _sample_outputs(model, model._encode(scored, features, where), n_samples)
+        std, mean = model.scaler.std, model.scaler.mean
+        q = samples[0] * std + mean
+        mu_samples.append(q)
+        combined = _fit_samples(
+            q[:, None, :], None if samples[1] is None else samples[1][:, None, :] * std**2
+        )
+        mu[:, j], sigma[:, j] = combined
+        if samples[1] is not None:
+            var_samples.append(samples[1] * std**2)
+    return ReferenceScores(
+        model.method,
+        names,
+        mu,
+        sigma,
+        np.stack(mu_samples, axis=1) if mu_samples else None,
+        np.stack(var_samples, axis=1) if var_samples else None,
+    )
+
+
+# --------------------------------------------------------------------------- combining references
+def _fit_samples(mu_samples: np.ndarray, var_samples: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Reference-average aligned samples [n, |R|, K] and fit the Gaussian: (mu [n], sigma [n])."""
+    from uamt.uncertainty.samples import (
+        average_over_references,
+        combine_heteroscedastic_samples,
+        samples_to_mu_sigma,
+    )
+
+    q = average_over_references(mu_samples)
+    if var_samples is None:
+        return samples_to_mu_sigma(q)
+    mu, sigma, _, _ = combine_heteroscedastic_samples(q, np.asarray(var_samples, dtype=float).mean(axis=1))
+    return mu, sigma
+
+
+def select_references(
+    n_rows: int,
+    n_refs: int,
+    subset: Sequence[int],
+    n_pick: int | None,
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
+    """Reference columns used for each row: int array [n_rows, N].
+
+    ``n_pick=None`` (Mul, or single when ``subset`` has one member) uses all of ``subset`` for every
+    row; otherwise each row gets ``n_pick`` members of ``subset`` drawn without replacement with
+    ``rng`` (S-N).
+    """
+    subset = [int(s) for s in subset]
+    if not subset or len(set(subset)) != len(subset) or not all(0 <= s < n_refs for s in subset):
+        raise ValueError(f"subset {subset} must be distinct reference columns in [0, {n_refs})")
+    if n_pick is None:
+        return np.tile(np.asarray(subset, dtype=int), (n_rows, 1))
+    if not 1 <= n_pick <= len(subset):
+        raise ValueError(f"S-{n_pick}: cannot sample {n_pick} of {len(subset)} references")
+    if rng is None:
+        raise ValueError("S-N sampling needs a seeded rng")
+    keys = rng.random((n_rows, len(subset)))
+    order = np.argsort(keys, axis=1)[:, :n_pick]  # a uniform random n_pick-subset per row
+    return np.asarray(subset, dtype=int)[order]
+
+
+def combine_references(scores: ReferenceScores, selection: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Combined ``(mu, sigma)`` [n_rows] of the references ``selection`` [n_rows, N] picks per row.
+
+    Sample-based methods: pointwise average over the N references of the K aligned samples, then
+    sample mean and 1/K standard deviation (§3.4; heteroscedastic samples add the mean
+    reference-averaged variance, Eq. 4 of Zerva et al.).  Otherwise: mean of the N means and mean of
+    the N standard deviations.
+    """
+    selection = np.asarray(selection, dtype=int)
+    n_rows = scores.mu.shape[0]
+    if selection.ndim != 2 or selection.shape[0] != n_rows or selection.shape[1] < 1:
+        raise ValueError(f"selection must be [n_rows={n_rows}, N >= 1], got shape {selection.shape}")
+    rows = np.arange(n_rows)[:, None]
+    if scores.mu_samples is not None:
+        var = None if scores.var_samples is None else scores.var_samples[rows, selection]
+        return _fit_samples(scores.mu_samples[rows, selection], var)
+    return scores.mu[rows, selection].mean(axis=1), scores.sigma[rows, selection].mean(axis=1)
+
+
+# --------------------------------------------------------------------------- the analysis
+def set_label(names: Sequence[str]) -> str:
+    """``{A, C}``: how the paper writes a reference set."""
+    return "{" + ", ".join(names) + "}"
+
+
+def configurations(names: Sequence[str]) -> list[tuple[tuple[str, ...], str, int | None, int]]:
+    """Every (subset R, config, n_pick, n_refs used) of Tables 5-6: ``single`` for |R| = 1, else
+    ``S-N`` for N = 1 .. |R| - 1 and ``Mul``; subsets in size then name order."""
+    out = []
+    for size in range(1, len(names) + 1):
+        for subset in itertools.combinations(names, size):
+            if size == 1:
+                out.append((subset, "single", None, 1))
+                continue
+            out.extend((subset, f"S-{n}", n, n) for n in range(1, size))
+            out.append((subset, "Mul", None, size))
+    return out
+
+
+def _rng(seed: int, split: str, subset: Sequence[str], config: str, draw: int) -> np.random.Generator:
+    """The same draw for every method (so methods are compared on the same sampled references)."""
+    key = zlib.crc32(f"{split}/{set_label(subset)}/{config}".encode())
+    return np.random.default_rng([int(seed), key, int(draw)])
+
+
+def _table(frame: pd.DataFrame, mu: np.ndarray, sigma: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "lp": frame["lp"].to_numpy(),
+            "human": pd.to_numeric(frame["score"], errors="coerce").to_numpy(dtype=float),
+            "mu": mu,
+            "sigma": sigma,
+        }
+    )
+
+
+def evaluate_configurations(
+    test_scores: ReferenceScores,
+    dev_scores: ReferenceScores,
+    test_frame: pd.DataFrame,
+    dev_frame: pd.DataFrame,
+    *,
+    seed: int = 0,
+    draws: int = 1,
+    settings=None,
+) -> list[dict[str, Any]]:
+    """Calibrated indicators of every configuration (:func:`configurations`) for one method.
+
+    S-N configurations are drawn ``draws`` times (test and dev re-drawn together); the reported
+    indicators are the mean over draws and ``std`` their standard deviation (0 for deterministic
+    configurations).  ``raw_var`` is the mean uncalibrated predicted variance (score units^2).
+    """
+    if test_scores.names != dev_scores.names:
+        raise DataError(f"test references {test_scores.names} differ from dev references {dev_scores.names}")
+    if draws < 1:
+        raise ValueError(f"draws={draws} must be >= 1")
+    names = test_scores.names
+    results = []
+    for subset, config, n_pick, n_used in configurations(names):
+        columns = [names.index(n) for n in subset]
+        runs = []
+        for draw in range(draws if n_pick is not None else 1):
+            tables = {}
+            for split, scores, frame in (("test", test_scores, test_frame), ("dev", dev_scores, dev_frame)):
+                rng = _rng(seed, split, subset, config, draw) if n_pick is not None else None
+                selection = select_references(len(frame), len(names), columns, n_pick, rng)
+                mu, sigma = combine_references(scores, selection)
+                tables[split] = _table(frame, mu, sigma)
+            metrics = calibrated_indicators(tables["test"], tables["dev"], settings)
+            raw_var = (
+                float(np.nanmean(tables["test"]["sigma"] ** 2))
+                if tables["test"]["sigma"].notna().any()
+                else None
+            )
+            runs.append({**{k: metrics["avg"].get(k) for k in INDICATORS}, "raw_var": raw_var})
+        summary = {}
+        spread = {}
+        for key in (*INDICATORS, "raw_var"):
+            values = [r[key] for r in runs if r[key] is not None and math.isfinite(r[key])]
+            summary[key] = float(np.mean(values)) if values else None
+            spread[key] = float(np.std(values)) if len(values) > 1 else 0.0 if values else None
+        results.append(
+            {
+                "set": list(subset),
+                "config": config,
+                "n_refs": n_used,
+                "draws": len(runs),
+                "indicators": summary,
+                "std": spread,
+            }
+        )
+    return results
+
+
+def findings(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Mul vs S-1 per method x reference set (|R| >= 2): sharper (lower calibrated sharpness and lower
+    raw variance), higher PPS, lower NLL; counts over the method x set cells."""
+    cells = []
+    for method, block in methods.items():
+        by_key = {(tuple(c["set"]), c["config"]): c["indicators"] for c in block["configs"]}
+        spread = {(tuple(c["set"]), c["config"]): c["std"] for c in block["configs"]}
+        for (subset, config), mul in by_key.items():
+            if config != "Mul":
+                continue
+            s1 = by_key[(subset, "S-1")]
+            cell = {"method": method, "set": list(subset), "pps_s1_draw_std": spread[(subset, "S-1")]["pps"]}
+            for key in ("sharpness", "raw_var", "pps", "nll"):
+                a, b = mul.get(key), s1.get(key)
+                cell[f"{key}_mul"], cell[f"{key}_s1"] = a, b
+                cell[f"{key}_delta"] = None if a is None or b is None else a - b
+            cells.append(cell)
+
+    def count(key: str, better) -> dict[str, int]:
+        valid = [c for c in cells if c[f"{key}_delta"] is not None]
+        return {"count": sum(better(c[f"{key}_delta"]) for c in valid), "of": len(valid)}
+
+    def mean(values) -> float | None:
+        values = [v for v in values if v is not None]
+        return float(np.mean(values)) if values else None
+
+    paper_gain = [v["Mul"]["pps"] - v["S-1"]["pps"] for v in PAPER_TABLE5.values()]
+    paper_sharp = [v["Mul"]["sharpness"] - v["S-1"]["sharpness"] for v in PAPER_TABLE5.values()]
+    return {
+        "cells": cells,
+        "mean_pps_gain": mean(c["pps_delta"] for c in cells),
+        "mean_sharpness_change": mean(c["sharpness_delta"] for c in cells),
+        "median_s1_pps_draw_std": (
+            float(np.median([c["pps_s1_draw_std"] for c in cells if c["pps_s1_draw_std"] is not None]))
+            if any(c["pps_s1_draw_std"] is not None for c in cells)
+            else None
+        ),
+        "paper_mean_pps_gain": float(np.mean(paper_gain)),
+        "paper_mean_sharpness_change": float(np.mean(paper_sharp)),
+        "mul_sharper": count("sharpness", lambda d: d < 0),
+        "mul_narrower_raw": count("raw_var", lambda d: d < 0),
+        "mul_higher_pps": count("pps", lambda d: d > 0),
+        "mul_lower_nll": count("nll", lambda d: d < 0),
+    }
+
+
+def run_references(
+    models: dict[str, Any],
+    test_frame: pd.DataFrame,
+    dev_frame: pd.DataFrame,
+    features,
+    *,
+    names: Sequence[str] = ("A", "C", "D"),
+    seed: int = 0,
+    draws: int = 5,
+    n_samples: int | None = None,
+    settings=None,
+    timings: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """The whole analysis: per method, per-reference scoring of test and dev, every configuration.
+
+    Parameters
+    ----------
+    models : dict
+        method -> loaded model (:func:`uamt.models.api.load`).
+    test_frame, dev_frame : DataFrame
+        Canonical rows of one dataset x LP (system rows *and* the rated ``ref-X`` rows; the latter
+        only check the reference order and are not scored).
+    names : sequence of str
+        Reference names in the order of ``refs``.
+    """
+    import time
+
+    frames, refs = {}, {}
+    for split, frame in (("test", test_frame), ("dev", dev_frame)):
+        frame = frame.reset_index(drop=True)
+        refs[split] = reference_table(frame, names, where=f"{split} split")
+        frames[split] = frame.loc[refs[split].index]
+        if frames[split].empty:
+            raise DataError(f"{split} split: no system rows to score")
+    names = tuple(names)
+    methods = {}
+    for method, model in models.items():
+        started = time.perf_counter()
+        scores = {
+            split: score_references(model, frames[split], refs[split], features, n_samples)
+            for split in ("test", "dev")
+        }
+        configs = evaluate_configurations(
+            scores["test"],
+            scores["dev"],
+            frames["test"],
+            frames["dev"],
+            seed=seed,
+            draws=draws,
+            settings=settings,
+        )
+        methods[method] = {
+            "combination": scores["test"].combination,
+            "samples": None if scores["test"].mu_samples is None else int(scores["test"].mu_samples.shape[2]),
+            "fixed_variance": bool(np.isnan(scores["test"].sigma).all()),
+            "configs": configs,
+        }
+        if timings is not None:
+            timings[method] = time.perf_counter() - started
+        log.info("references: %s done in %.1f s", method, time.perf_counter() - started)
+    return {
+        "data": {
+            "dataset": ", ".join(sorted(frames["test"]["dataset"].astype(str).unique())),
+            "lp": ", ".join(sorted(frames["test"]["lp"].astype(str).unique())),
+            "references": list(names),
+            "n_test": len(frames["test"]),
+            "n_dev": len(frames["dev"]),
+            "n_test_segments": int(frames["test"][["lp", "seg_id"]].drop_duplicates().shape[0]),
+            "systems": sorted(frames["test"]["system"].astype(str).unique().tolist()),
+        },
+        "settings": {"seed": int(seed), "draws": int(draws), "mc_samples": n_samples},
+        "methods": methods,
+        "findings": findings(methods),
+    }
+
+
+# --------------------------------------------------------------------------- report
+def render(result: dict[str, Any]) -> str:
+    """Markdown section ``## 4. Number of references`` from the JSON result."""
+    data, methods = result["data"], result["methods"]
+    names = data["references"]
+    lines = [
+        "## 4. Number of references (Uncertainty-Aware MT Evaluation, Tables 5-6)",
+        "",
+        f"Data: {data.get('dataset', 'wmt21_mqm')} {data.get('lp', 'en-de')} test, {data['n_test']} rated "
+        f"system outputs ({data['n_test_segments']} segments x {len(data['systems'])} systems; rows whose "
+        f"system is itself a reference are excluded), references {', '.join(names)}; calibration on "
+        f"{data['n_dev']} dev rows built with the same reference configuration. Human scores are MQM: "
+        "WMT21 has no DA for en-de (its DA campaign is into English), so DA columns cannot be reported. "
+        "Configurations: `single` = one fixed reference (Table 6); for |R| >= 2, `S-N` = N references "
+        f"sampled per segment without replacement (seed {result['settings']['seed']}, mean of "
+        f"{result['settings']['draws']} draws, each calibrated on its own dev draw), `Mul` = all of R "
+        "combined (§3.4). Sample-based methods average the aligned MC-dropout passes (same dropout "
+        "masks for every reference) or ensemble members pointwise across references and refit the "
+        "Gaussian; the others average the per-reference mu and sigma (as `uamt score` does with several "
+        "references). Indicators are calibrated on dev (sharpness = mean calibrated sigma^2 in dev "
+        "z-units); `raw var` is the mean uncalibrated predicted variance (MQM^2).",
+        "",
+    ]
+    header = ["#r", "PPS", "UPS", "NLL", "ECE", "sharpness", "raw var"]
+    full = list(names)
+    summary = []
+    for method, block in methods.items():
+        by_config = {c["config"]: c for c in block["configs"] if c["set"] == full}
+        for config in [c for c in by_config if c != "single"] or ["single"]:
+            c = by_config[config]
+            summary.append([method, config, *_cells(c)])
+    lines += [
+        f"All references R = {set_label(names)}, every method (Table 5's last block):",
+        "",
+        markdown_table(["method", "config", *header], summary),
+    ]
+    for method, block in methods.items():
+        rule = "fixed variance (no sigma of its own)" if block["fixed_variance"] else block["combination"]
+        if block.get("samples"):
+            rule += f", K = {block['samples']}"
+        table5 = [
+            [set_label(c["set"]), c["config"], *_cells(c)]
+            for c in block["configs"]
+            if c["config"] != "single"
+        ]
+        table6 = [[set_label(c["set"]), *_cells(c)[1:]] for c in block["configs"] if c["config"] == "single"]
+        lines += [f"**{method}** ({rule}). Table 5 layout (|R| >= 2):", ""]
+        lines.append(markdown_table(["R", "config", *header], table5))
+        lines += ["Table 6 layout (singleton sets):", ""]
+        lines.append(markdown_table(["R", *header[1:]], table6))
+    lines.append("![sharpness vs number of references](figures/references_sharpness.png)")
+    lines.append("")
+    lines.append(findings_paragraph(result))
+    return "\n".join(lines) + "\n"
+
+
+def _cells(config: dict[str, Any]) -> list[Any]:
+    ind = config["indicators"]
+    return [config["n_refs"], *(ind.get(k) for k in INDICATORS), ind.get("raw_var")]
+
+
+def findings_paragraph(result: dict[str, Any]) -> str:
+    found = result["findings"]
+    paper = PAPER_TABLE5["ABP"]
+    sharp, raw, pps, nll = (
+        found[k] for k in ("mul_sharper", "mul_narrower_raw", "mul_higher_pps", "mul_lower_nll")
+    )
+    text = (
+        f"**What the data shows vs the paper.** Over {sharp['of']} method x reference-set cells with "
+        f"|R| >= 2, Mul has lower calibrated sharpness than S-1 in {sharp['count']}/{sharp['of']}, a lower "
+        f"raw predicted variance in {raw['count']}/{raw['of']}, a higher PPS in {pps['count']}/{pps['of']} and "
+        f"a lower NLL in {nll['count']}/{nll['of']}. The paper (MCD on WMT20 en-de, Table 5) found Mul "
+        f"sharper and with higher PPS than S-1 for all {len(PAPER_TABLE5)} reference sets (e.g. {{A,B,P}}: "
+        f"sharpness {paper['S-1']['sharpness']} -> {paper['Mul']['sharpness']}, PPS {paper['S-1']['pps']} -> "
+        f"{paper['Mul']['pps']})."
+    )
+    if found.get("mean_pps_gain") is not None:
+        text += (
+            f" The size of the effect differs: on average over the cells Mul - S-1 is "
+            f"{found['mean_pps_gain']:+.3f} PPS and {found['mean_sharpness_change']:+.3f} sharpness here, "
+            f"{found['paper_mean_pps_gain']:+.3f} and {found['paper_mean_sharpness_change']:+.3f} in the paper's "
+            f"Table 5; the S-1 PPS varies by {fmt(found['median_s1_pps_draw_std'])} (median std) from one "
+            f"sampling draw to another."
+        )
+    acd = [c for c in found["cells"] if len(c["set"]) == max(len(x["set"]) for x in found["cells"])]
+    if acd:
+        parts = [
+            f"{c['method']} {fmt(c['pps_s1'])} -> {fmt(c['pps_mul'])} (sharpness {fmt(c['sharpness_s1'])} -> "
+            f"{fmt(c['sharpness_mul'])})"
+            for c in acd
+        ]
+        text += f" PPS S-1 -> Mul with all references {set_label(acd[0]['set'])}: " + "; ".join(parts) + "."
+    return text
+
+
+def figure(result: dict[str, Any]):
+    """Calibrated sharpness, raw predicted variance (relative to S-1) and PPS vs the number of references
+    combined, per method, for the full reference set (S-1, S-2, ..., Mul); singletons as open markers."""
+    from uamt.experiments.common import pyplot
+
+    plt = pyplot()
+    full = list(result["data"]["references"])
+    panels = (
+        ("sharpness", "sharpness (calibrated, z units)"),
+        ("raw_var", "raw predicted variance / S-1's"),
+        ("pps", "PPS"),
+    )
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    for i, (method, block) in enumerate(result["methods"].items()):
+        colour = colours[i % len(colours)]
+        chain = sorted(
+            (c for c in block["configs"] if c["set"] == full or (len(full) == 1 and c["config"] == "single")),
+            key=lambda c: c["n_refs"],
+        )
+        singles = [c for c in block["configs"] if c["config"] == "single"]
+        for ax, (key, label) in zip(axes, panels, strict=True):
+            points = [(c["n_refs"], c["indicators"].get(key)) for c in chain]
+            points = [(x, y) for x, y in points if y is not None]
+            single = [c["indicators"].get(key) for c in singles if c["indicators"].get(key) is not None]
+            if not points:
+                continue
+            scale = points[0][1] if key == "raw_var" and points[0][1] else 1.0
+            ax.plot(
+                [x for x, _ in points], [y / scale for _, y in points], marker="o", color=colour, label=method
+            )
+            ax.scatter(
+                [1] * len(single), [y / scale for y in single], facecolors="none", edgecolors=colour, s=25
+            )
+            ax.set(xlabel="number of references combined", ylabel=label)
+    for ax in axes:
+        ax.set_xticks(range(1, len(full) + 1))
+    axes[0].legend(fontsize=7)
+    fig.suptitle(
+        f"{result['data']['dataset']} {result['data']['lp']} test, R = {set_label(full)}: "
+        "S-1 ... Mul (filled), single references (open)",
+        fontsize=9,
+    )
+    return fig

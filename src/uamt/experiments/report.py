@@ -1,0 +1,144 @@
+"""Assemble ``reports/experiments.md`` from every analysis' JSON result (stage ``report``).
+
+Contract of an analysis module ``uamt.experiments.<name>`` (one per entry of
+:data:`uamt.experiments.SECTIONS`, in that order):
+
+``render(result: dict) -> str``  (required)
+    The markdown section: a ``## N. Title`` heading, what was run, tables, figure links
+    ``![...](figures/<file>.png)`` (relative to ``reports/``) and a paragraph comparing with the paper.
+``report_findings(result: dict) -> list[tuple[str, str, str]]``  (optional)
+    The published findings the section tests, as ``(finding, what the paper reports, what we
+    measured)``; the third string starts with the verdict ``held``, ``not held``, ``partly`` or
+    ``n/a`` followed by ``:`` and the numbers, e.g. ``"held: en-de +35 % (rise)"``.  They make up
+    the summary table at the top of the report; a module without ``report_findings`` contributes
+    none.  (A distinct name: several modules already have a ``findings`` helper of their own.)
+
+``result`` is ``metrics/experiments/<name>.json`` (:func:`uamt.experiments.common.read_result`); a
+missing one is an error naming the stage to run (``dvc repro exp_<name>``), never a silent gap.
+The report is date-free, so the same results give the same bytes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+from uamt.errors import DataError
+from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, markdown_table, read_result
+
+#: The optional function of a section module that lists its findings for the summary table.
+FINDINGS_HOOK = "report_findings"
+#: Verdict words a finding's third field may start with, in the summary's count order.
+VERDICTS = ("held", "partly", "not held", "n/a")
+FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(figures/([^)\s]+)\)")
+
+
+def sections() -> tuple[str, ...]:
+    """The analyses in report order (read at call time, so tests can substitute them)."""
+    import uamt.experiments
+
+    return tuple(uamt.experiments.SECTIONS)
+
+
+def verdict_of(ours: str) -> str:
+    """The verdict a finding's measured text starts with (``"?"`` when it follows no convention)."""
+    head = ours.strip().lower()
+    for word in sorted(VERDICTS, key=len, reverse=True):  # "not held" before "held"
+        if head.startswith(word):
+            return word
+    return "?"
+
+
+def section_title(markdown: str, name: str) -> str:
+    """The first ``## `` heading of a rendered section (the module name when there is none)."""
+    for line in markdown.splitlines():
+        if line.startswith("## "):
+            return line[3:].strip()
+    return name
+
+
+def _cell(value) -> str:
+    # One table cell: no line breaks, and a literal "|" must not split the cell.
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
+def render_section(name: str, metrics_dir: str | Path, figures_dir: str | Path) -> tuple[str, list]:
+    """``(markdown, findings)`` of one analysis; missing JSON or figures name the stage to run."""
+    module = importlib.import_module(f"uamt.experiments.{name}")
+    if not callable(getattr(module, "render", None)):
+        raise DataError(f"uamt.experiments.{name}: no render(result) function")
+    result = read_result(name, metrics_dir)
+    try:
+        markdown = module.render(result).rstrip() + "\n"
+    except (KeyError, TypeError) as exc:
+        # A result written by an older version of the analysis lacks what render now reads.
+        raise DataError(
+            f"{Path(metrics_dir) / f'{name}.json'}: uamt.experiments.{name}.render cannot read it "
+            f"({type(exc).__name__}: {exc}); re-run `dvc repro exp_{name}`"
+        ) from exc
+    for figure in FIGURE_LINK.findall(markdown):
+        if not (Path(figures_dir) / figure).is_file():
+            raise DataError(
+                f"{Path(figures_dir) / figure}: linked from section {name!r} but missing; "
+                f"run `dvc repro exp_{name}` first"
+            )
+    found = getattr(module, FINDINGS_HOOK, None)
+    rows = [tuple(_cell(cell) for cell in row) for row in found(result)] if callable(found) else []
+    for row in rows:
+        if len(row) != 3:
+            raise DataError(
+                f"uamt.experiments.{name}.{FINDINGS_HOOK}: expected (finding, paper, ours), got {row!r}"
+            )
+    return markdown, rows
+
+
+def build_report(
+    metrics_dir: str | Path = METRICS_DIR,
+    figures_dir: str | Path = FIGURES_DIR,
+    prepared_dir: str | Path = "data/prepared",
+) -> str:
+    """The whole ``reports/experiments.md``: header, summary of findings, then every section.
+
+    Raises
+    ------
+    DataError
+        A section's JSON result or linked figure is missing (naming ``dvc repro exp_<name>``), or
+        ``prepared_dir`` holds no prepared split (the data version would be meaningless).
+    """
+    from uamt.stages.register import data_version
+
+    if not any(Path(prepared_dir).glob("*.parquet")):
+        raise DataError(f"{prepared_dir}: no prepared splits; run `dvc repro prepare` first")
+    names = sections()
+    rendered = {name: render_section(name, metrics_dir, figures_dir) for name in names}
+    summary = [
+        (section_title(markdown, name), *row) for name, (markdown, rows) in rendered.items() for row in rows
+    ]
+    counts = {v: sum(verdict_of(row[3]) == v for row in summary) for v in (*VERDICTS, "?")}
+    tally = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    lines = [
+        "# Experiments: the papers' analyses re-run on real data",
+        "",
+        "Generated by the `report` stage (`dvc repro report`; `python -m uamt.stages.report`) from "
+        f"`{Path(metrics_dir).as_posix()}/<name>.json`, written by the stages `exp_<name>`; figures in "
+        f"`{Path(figures_dir).as_posix()}/`. Do not edit by hand: regenerate with `dvc repro report`.",
+        "",
+        f"Data version: `{data_version(prepared_dir)}` (content hash of `{Path(prepared_dir).as_posix()}`, "
+        "the `data_version` tag of the registered model).",
+        "",
+        "Sections: " + ", ".join(section_title(md, name) for name, (md, _) in rendered.items()) + ".",
+        "",
+        "## Summary: which published findings held",
+        "",
+    ]
+    if summary:
+        lines.append(f"{len(summary)} findings tested: {tally}.")
+        lines.append("")
+        lines.append(markdown_table(("section", "finding", "paper", "ours"), summary))
+    else:
+        lines.append("No section states findings.")
+        lines.append("")
+    for markdown, _ in rendered.values():
+        lines.append(markdown)
+    return "\n".join(lines).rstrip() + "\n"

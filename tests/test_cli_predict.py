@@ -1,0 +1,176 @@
+"""``uamt predict --calibrate-on dev``: the calibrate stage's dev fit, applied to the predicted split.
+
+Synthetic fixture of tests/test_models.py (fixed per-text "embeddings", a score that depends on them);
+the CLI's features are the fixture's instead of an encoder cache.  The fixed-variance calibration of the
+point model is checked against values computed here by hand from the dev predictions.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from scipy.stats import norm
+
+from tests.test_models import CFG, FEATURES, make_table
+from uamt.calibrated import Calibration
+from uamt.cli import main
+from uamt.models import load, train
+
+DEV_LPS = ("en-de", "zh-en")
+MIN_LP_ROWS = 50
+
+
+def with_lps(frame: pd.DataFrame, lps) -> pd.DataFrame:
+    return frame.assign(lp=[lps[i % len(lps)] for i in range(len(frame))])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models: one intra-op thread is fastest; two thrash on a loaded 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("cli-predict")
+    prepared = root / "prepared"
+    prepared.mkdir()
+    splits = {
+        "d_q": make_table(200, 11),
+        "dev": with_lps(make_table(120, 12), DEV_LPS),  # 60 rows per LP: per-LP fits
+        "test": with_lps(make_table(30, 13), (*DEV_LPS, "de-en")),  # de-en: global fallback
+    }
+    for name, frame in splits.items():
+        frame.to_parquet(prepared / f"{name}.parquet", index=False)
+    params = root / "params.yaml"
+    params.write_text(
+        yaml.safe_dump({"evaluate": {"per_lp": True, "min_lp_rows": MIN_LP_ROWS}}), encoding="utf-8"
+    )
+    cfg = CFG.replace(max_epochs=2, mc_samples=10)
+    models = {
+        method: train(method, cfg, splits["d_q"], splits["dev"], FEATURES, root / method)
+        for method in ("point", "hts")
+    }
+    return {"root": root, "prepared": prepared, "params": params, "splits": splits, "models": models}
+
+
+@pytest.fixture(autouse=True)
+def fixture_features(monkeypatch, workspace):
+    """The CLI reads the prepared folder of the workspace and embeds with the synthetic features."""
+    encode = types.SimpleNamespace(prepared_dir=str(workspace["prepared"]))
+    monkeypatch.setattr("uamt.cli.models._features", lambda params: (encode, FEATURES))
+
+
+def predict(workspace, method: str, out: Path, *extra: str) -> int:
+    argv = ["predict", "--model", str(workspace["models"][method]), "--split", "test"]
+    return main([*argv, "--params", str(workspace["params"]), "--out", str(out), *extra])
+
+
+def test_point_model_gets_the_dev_fixed_variance(workspace, tmp_path, capsys):
+    out = tmp_path / "point.parquet"
+    assert predict(workspace, "point", out, "--calibrate-on", "dev") == 0
+    assert "calibrated on dev (120 rows)" in capsys.readouterr().out
+    table = pd.read_parquet(out)
+    model = load(workspace["models"]["point"])
+    dev = model.predictions_table(workspace["splits"]["dev"], FEATURES)
+    raw = model.predictions_table(workspace["splits"]["test"], FEATURES)
+    pd.testing.assert_frame_equal(table[raw.columns], raw)  # raw columns as plain `uamt predict`
+    assert table["sigma"].isna().all()
+
+    def standardise(rows: pd.DataFrame):
+        """(m_h, s_h, m_p, s_p) of dev rows and their residuals h_z - mu_z."""
+        human, mu = rows["human"].to_numpy(), rows["mu"].to_numpy()
+        m_h, s_h = human.mean(), human.std()
+        # the point model's sigma is a constant 1 in the standardisation (calibrate stage)
+        m_p, s_p = mu.mean(), np.sqrt(mu.var() + 1.0)
+        return (m_h, s_h, m_p, s_p), (human - m_h) / s_h - (mu - m_p) / s_p
+
+    per_lp = {lp: standardise(dev[dev["lp"] == lp]) for lp in DEV_LPS}
+    for lp in (*DEV_LPS, "de-en"):
+        if lp in DEV_LPS:
+            (m_h, s_h, m_p, s_p), residuals = per_lp[lp]
+        else:  # global fallback: global standardisation; the variance of the pooled per-LP residuals
+            (m_h, s_h, m_p, s_p), _ = standardise(dev)
+            residuals = np.concatenate([r for _, r in per_lp.values()])
+        rows = table[table["lp"] == lp]
+        assert len(rows) == 10
+        mu_cal = m_h + s_h * (rows["mu"] - m_p) / s_p
+        sigma_cal = s_h * np.sqrt(np.mean(residuals**2))
+        np.testing.assert_allclose(rows["mu_calibrated"], mu_cal, rtol=1e-9)
+        np.testing.assert_allclose(rows["sigma_calibrated"], sigma_cal, rtol=1e-9)
+        half = norm.ppf(0.95) * sigma_cal
+        np.testing.assert_allclose(rows["lower"], mu_cal - half, rtol=1e-9)
+        np.testing.assert_allclose(rows["upper"], mu_cal + half, rtol=1e-9)
+
+    saved = Calibration.load(out.with_name("point.parquet.calibration.json"))
+    assert saved.fixed and set(saved.standardizer.lp_params) == set(DEV_LPS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["point.parquet", "point.parquet.calibration.json"]
+
+
+def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace, tmp_path):
+    from uamt.stages.calibrate import with_model_sigma
+    from uamt.uncertainty import EvaluationSettings, evaluate_predictions
+
+    out = tmp_path / "hts.csv"
+    assert predict(workspace, "hts", out, "--calibrate-on", "dev", "--confidence", "0.8") == 0
+    table = pd.read_csv(out)
+    model = load(workspace["models"]["hts"])
+    dev = with_model_sigma(model.predictions_table(workspace["splits"]["dev"], FEATURES), "hts")
+    settings = EvaluationSettings(per_lp=True, min_lp_rows=MIN_LP_ROWS)
+    expected = Calibration.from_result(evaluate_predictions(dev, dev, settings=settings)["calibration"])
+    saved = json.loads(out.with_name("hts.csv.calibration.json").read_text())
+    assert saved == json.loads(json.dumps(expected.to_dict()))
+    assert not saved["fixed"]
+    # per row: sigma_cal^2 = s_h^2 (alpha (sigma / s_p)^2 + beta) with the LP's fitted parameters
+    for lp in DEV_LPS:
+        rows = table[table["lp"] == lp]
+        std = expected.standardizer.lp_params[lp]
+        affine = expected.affine.lp_params[lp]
+        var_z = affine["alpha"] * (rows["sigma"] / std["pred_std"]) ** 2 + affine["beta"]
+        np.testing.assert_allclose(
+            rows["sigma_calibrated"],
+            std["human_std"] * np.sqrt(np.maximum(var_z, affine["var_floor"])),
+            rtol=1e-6,
+        )
+    half = norm.ppf(0.9) * table["sigma_calibrated"]
+    np.testing.assert_allclose(table["upper"] - table["mu_calibrated"], half, rtol=1e-6)
+    np.testing.assert_allclose(table["mu_calibrated"] - table["lower"], half, rtol=1e-6)
+    assert (table["sigma_calibrated"] > 0).all()
+
+
+def test_without_calibrate_on_the_output_is_raw(workspace, tmp_path):
+    out = tmp_path / "raw.parquet"
+    assert predict(workspace, "hts", out) == 0
+    assert not {"mu_calibrated", "sigma_calibrated", "lower", "upper"} & set(pd.read_parquet(out).columns)
+    assert not out.with_name("raw.parquet.calibration.json").exists()
+
+
+def test_refuses_to_calibrate_on_test(workspace, tmp_path, capsys):
+    out = tmp_path / "p.parquet"
+    assert predict(workspace, "hts", out, "--calibrate-on", "test") == 2
+    assert "calibration is fitted on dev, never on test" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("confidence", ["0", "1", "1.5"])
+def test_refuses_confidence_outside_0_1(workspace, tmp_path, capsys, confidence):
+    out = tmp_path / "p.parquet"
+    assert predict(workspace, "hts", out, "--calibrate-on", "dev", "--confidence", confidence) == 2
+    assert f"--confidence {float(confidence)} must be in (0, 1)" in capsys.readouterr().err
+
+
+def test_missing_calibration_split(workspace, tmp_path, capsys):
+    out = tmp_path / "p.parquet"
+    assert predict(workspace, "hts", out, "--calibrate-on", "dev2") == 2
+    assert "split 'dev2' not found" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

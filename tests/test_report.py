@@ -1,0 +1,200 @@
+"""uamt.experiments.report / stage report: sections in SECTIONS order from JSON results, findings summary,
+data version, and a missing result as an error naming the stage to run."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import uamt.experiments
+from tests.conftest import REPO_ROOT
+from tests.test_exp_ood import _inputs as ood_inputs
+from uamt.errors import DataError
+from uamt.experiments import cost, ood, report
+from uamt.experiments.common import write_result
+
+SECTIONS = ("ood", "stubsec", "cost")
+
+COST_RESULT = {
+    "machine": {
+        "cpu_count": 2,
+        "torch_threads": 2,
+        "cpu_model": "Test CPU",
+        "torch": "2.x",
+        "loadavg_start": [1.5, 1.0, 0.5],
+        "loadavg_end": [1.0, 1.0, 0.5],
+    },
+    "data": {
+        "datasets": ["wmt21_mqm"],
+        "train_rows": 100,
+        "dup_train_rows": 100,
+        "dev_rows": 20,
+        "test_rows": 50,
+    },
+    "settings": {
+        "seed": 13,
+        "epochs": 2,
+        "max_epochs": 2,
+        "patience": 2,
+        "hidden_sizes": [16],
+        "batch_size": 8,
+        "mc_samples": 100,
+        "ensemble_size": 5,
+        "kl_missing_std": "floor",
+        "full_mc_rows": 4,
+        "full_mc_passes": 2,
+    },
+    "methods": {
+        m: {
+            "label": m,
+            "passes": p,
+            "train_s": t,
+            "train_cpu_s": 2 * t,
+            "train_note": "n",
+            "seg_per_s": 1000 / i,
+            "infer_s_per_1k": i,
+            "infer_cpu_s_per_1k": 2 * i,
+            "cold_seg_per_s": 1000 / (i + 30),
+            "cold_cpu_s_per_1k": 2 * i + 60,
+            "measured": "best of 3",
+        }
+        for m, p, t, i in (
+            ("point", 1, 10.0, 1.0),
+            ("mcd_head", 100, 10.1, 40.0),
+            ("ensemble", 5, 50.0, 5.0),
+            ("hts", 1, 10.5, 1.0),
+            ("hts_mcd", 100, 10.6, 41.0),
+            ("kl", 1, 10.4, 1.0),
+            ("dup_hts", 2, 18.0, 2.0),
+        )
+    },
+    "encoding": {
+        "texts": 300,
+        "seconds": 6.0,
+        "texts_per_s": 50.0,
+        "ms_per_text": 20.0,
+        "cpu_seconds": 12.0,
+        "cpu_ms_per_text": 40.0,
+        "mean_chars": 80.0,
+        "texts_per_segment": 1.5,
+        "ms_per_segment": 30.0,
+        "ms_per_new_segment": 60.0,
+    },
+    "wall_s": 100.0,
+}
+
+
+def stub_module() -> types.ModuleType:
+    """A section module without ``report_findings`` (the report must tolerate it)."""
+    module = types.ModuleType("uamt.experiments.stubsec")
+    module.render = lambda result: f"## 2. Stub analysis\n\nIt measured {result['value']:.2f}.\n"
+    module.findings = lambda result: {"a helper of its own": 1}  # not the report's hook: ignored
+    return module
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(uamt.experiments, "SECTIONS", SECTIONS)
+    monkeypatch.setitem(sys.modules, "uamt.experiments.stubsec", stub_module())
+    metrics, figures = Path("metrics/experiments"), Path("reports/figures")
+    write_result("ood", ood.ood_analysis(*ood_inputs(), n_boot=20), metrics)
+    write_result("stubsec", {"value": 0.5}, metrics)
+    write_result("cost", COST_RESULT, metrics)
+    figures.mkdir(parents=True)
+    for name in (ood.FIGURE, cost.FIGURE):
+        (figures / name).write_bytes(b"\x89PNG fake")
+    Path("data/prepared").mkdir(parents=True)
+    pd.DataFrame({"score": [1.0, 2.0]}).to_parquet("data/prepared/test.parquet")
+    return metrics, figures
+
+
+def test_report_assembles_sections_in_order_with_summary(workspace):
+    from uamt.stages.register import data_version
+
+    metrics, figures = workspace
+    text = report.build_report(metrics, figures)
+    assert text.startswith("# Experiments: the papers' analyses re-run on real data\n")
+    assert "`dvc repro report`" in text
+    assert f"Data version: `{data_version('data/prepared')}`" in text
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == [
+        "## Summary: which published findings held",
+        "## 1. Out-of-domain sharpness (news vs TED)",
+        "## 2. Stub analysis",
+        "## 3. Computational cost",
+    ]
+    assert "It measured 0.50." in text
+    # 3 ood findings (all held on the synthetic numbers) + 4 cost findings; the stub has none.
+    assert "7 findings tested:" in text
+    assert "| 1. Out-of-domain sharpness (news vs TED) | DUP's uncertainty rises out of domain |" in text
+    assert "| 3. Computational cost | A deep ensemble costs ~5x one model" in text
+    assert report.build_report(metrics, figures) == text  # date-free: same inputs, same bytes
+
+
+def test_missing_result_names_the_stage_to_run(workspace):
+    metrics, figures = workspace
+    (metrics / "cost.json").unlink()
+    with pytest.raises(DataError, match=r"cost.json: missing; run `dvc repro exp_cost` first"):
+        report.build_report(metrics, figures)
+
+
+def test_stale_result_names_the_stage_to_rerun(workspace):
+    metrics, figures = workspace
+    write_result("stubsec", {"renamed": 0.5}, metrics)  # render reads result["value"]
+    with pytest.raises(DataError, match=r"stubsec.json: .*KeyError: 'value'.*re-run `dvc repro exp_stubsec`"):
+        report.build_report(metrics, figures)
+
+
+def test_missing_figure_or_data_is_an_error(workspace):
+    metrics, figures = workspace
+    (figures / ood.FIGURE).unlink()
+    with pytest.raises(
+        DataError, match=r"ood_sharpness.png: linked from section 'ood' but missing; run `dvc repro exp_ood`"
+    ):
+        report.build_report(metrics, figures)
+    with pytest.raises(DataError, match=r"no prepared splits; run `dvc repro prepare`"):
+        report.build_report(metrics, figures, prepared_dir="elsewhere")
+
+
+def test_findings_contract_is_checked(workspace, monkeypatch):
+    metrics, figures = workspace
+    module = stub_module()
+    module.report_findings = lambda result: [("only two", "fields")]
+    monkeypatch.setitem(sys.modules, "uamt.experiments.stubsec", module)
+    with pytest.raises(DataError, match=r"stubsec.report_findings: expected \(finding, paper, ours\)"):
+        report.build_report(metrics, figures)
+    module.report_findings = lambda result: [("a | b", "paper\nline", "partly: x")]
+    text = report.build_report(metrics, figures)
+    assert "| 2. Stub analysis | a \\| b | paper line | partly: x |" in text
+    assert "1 partly" in text
+
+
+def test_verdict_of():
+    assert [report.verdict_of(s) for s in ("held: x", "Not held: y", "partly", "n/a: -", "maybe")] == [
+        "held",
+        "not held",
+        "partly",
+        "n/a",
+        "?",
+    ]
+
+
+def test_stage_writes_the_report_and_keeps_the_old_one_on_error(workspace):
+    from uamt.stages import report as stage
+
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    Path("params.yaml").write_text(yaml.safe_dump(params))
+    assert stage.main(["--params", "params.yaml"]) == 0
+    out = Path(params["report"]["out"])
+    written = out.read_text()
+    assert "## 3. Computational cost" in written
+    Path("metrics/experiments/ood.json").unlink()
+    assert stage.main(["--params", "params.yaml"]) == 2
+    assert out.read_text() == written  # nothing half-written, the previous report untouched
+    assert sorted(p.name for p in out.parent.iterdir()) == ["experiments.md", "figures"]  # no temp file left
