@@ -305,3 +305,41 @@ def test_stage_config_refuses_a_dataset_the_models_were_not_trained_on(tmp_path)
     path.write_text(yaml.safe_dump(params))
     with pytest.raises(ConfigError, match="dataset='mlqe' is not in pipeline.datasets"):
         exp_critical.load_config(path)
+
+
+def test_report_findings_majority_rule_on_pseudo_reference_cells():
+    from uamt.experiments.report import verdict_of
+
+    def entry(method: str, mu_at_least: int, q_at_least: int, cells: int = 4) -> dict:
+        def cmp(at_least):
+            return {"at_least": at_least, "better": at_least - 1, "cells": cells, "mean_difference": 0.01}
+
+        return {
+            f"vs mu:{method} mean_recall": cmp(mu_at_least),
+            f"vs mu:{method} precision@T": cmp(2),
+            "vs q_hat:point mean_recall": cmp(q_at_least),
+            "vs q_hat:point precision@T": cmp(2),
+        }
+
+    result = {
+        "settings": {"point_method": "point", "target_percents": [1, 2]},
+        "sizes": {"lps": {"zh-en": {}, "en-de": {}}},
+        "findings": {
+            # strict majority (3 of 4) everywhere -> held
+            "pseudo/raw": {"hts": entry("hts", 3, 4), "mcd_head": entry("mcd_head", 4, 3)},
+            # 2 of 4 is no majority: hts fails vs mu -> partly
+            "pseudo/per_word": {"hts": entry("hts", 2, 3), "mcd_head": entry("mcd_head", 3, 3)},
+            # the human-reference setting is not the paper's: no row
+            "reference/raw": {"hts": entry("hts", 0, 0)},
+        },
+    }
+    rows = critical.report_findings(result)
+    assert len(rows) == 2
+    assert "ranked by predicted MQM)" in rows[0][0] and "ranked by predicted MQM per word" in rows[1][0]
+    assert [verdict_of(r[2]) for r in rows] == ["held", "partly"]
+    assert "(en-de, zh-en; worst 1/2 %)" in rows[0][2]
+    assert "hts: >= mu in 3/4 (strictly more in 2, mean +0.010; P@|T| >= mu in 2/4)" in rows[0][2]
+    result["findings"]["pseudo/raw"] = {"hts": entry("hts", 1, 2), "mcd_head": entry("mcd_head", 2, 0)}
+    assert verdict_of(critical.report_findings(result)[0][2]) == "not held"
+    result["findings"]["pseudo/raw"] = {"hts": entry("hts", 0, 0, cells=0)}
+    assert verdict_of(critical.report_findings(result)[0][2]) == "n/a"

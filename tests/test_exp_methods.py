@@ -254,7 +254,9 @@ def test_render_json_and_figures(analysis, tmp_path):
     assert len(body) == 6 * 3 and table2.count("| XX-EN = AVG |") == 6
     table3 = text.split("### Table 3")[1].split("###")[0]
     body = [line for line in table3.splitlines() if line.startswith("| ") and "method" not in line]
-    assert len(body) == 5 * 3 and "KL" not in table3  # (en-de, zh-en, AVG); one-LP groups not repeated
+    # (en-de, zh-en, AVG): one-LP groups not repeated; no chrF row where chrF is constant (undefined r)
+    assert again["mqm"]["chrf_pps"] == {"en-de": None, "zh-en": None, "avg": None}
+    assert len(body) == 4 * 3 and "KL" not in table3 and "chrF" not in table3
     assert "DUP L_ABS" not in table2 and "Baseline (fixed σ²)" in table2
     table1 = text.split("### Table 1")[1].split("###")[0]
     assert table1.count("DUP L_") == 4  # 2 losses x (DA, MQM)

@@ -138,3 +138,53 @@ def test_estonian_english_reference_rows_on_the_real_set(mirror_root):
     r = multihyp.eten_correlations(frame, ("bleu", "chrf"))
     assert [round(r["bleu"][v], 3) for v in multihyp.ETEN_VARIANTS] == [0.417, 0.426, 0.494]
     assert [round(r["chrf"][v], 3) for v in multihyp.ETEN_VARIANTS] == [0.508, 0.521, 0.554]
+
+
+def test_report_findings_count_lp_cells_and_eten_rows():
+    from uamt.experiments.report import verdict_of
+
+    def lp_block(ref: float, avg: float, lo: float, hi: float) -> dict:
+        return {
+            "mt-ref": ref,
+            "pseudo-mt-avg-ref": avg,
+            "pseudo-mt-min-ref": lo,
+            "pseudo-mt-max-ref": hi,
+        }
+
+    result = {
+        "sizes": {"lps": {"de-en": {"rows": 100}, "ja-en": {"rows": 400}}, "eten_rows": 50},
+        "pearson": {
+            # BLEU: 5 of 6 cells above mt-ref -> held (>= 3/4)
+            "bleu": {
+                "de-en": lp_block(0.10, 0.20, 0.05, 0.30),
+                "ja-en": lp_block(0.10, 0.20, 0.25, 0.30),
+                "avg": lp_block(0.10, 0.20, 0.10, 0.30),
+            },
+            # TER (error rate, sign-flipped): -0.2 beats -0.1; 4 of 6 -> partly
+            "ter": {
+                "de-en": lp_block(-0.10, -0.20, -0.05, -0.30),
+                "ja-en": lp_block(-0.10, -0.20, 0.00, -0.30),
+                "avg": lp_block(-0.10, -0.20, -0.02, -0.30),
+            },
+        },
+        "eten": {
+            "bleu": {"mt-ref-1": 0.40, "mt-ref-2": 0.45, "mt-ref-multi": 0.50},
+            "ter": {"mt-ref-1": -0.40, "mt-ref-2": -0.45, "mt-ref-multi": -0.42},  # between the two
+        },
+    }
+    rows = multihyp.report_findings(result)
+    assert [r[0].split(":")[0] for r in rows] == ["sentBLEU", "TER", "Et-En 1K"]
+    assert [verdict_of(r[2]) for r in rows] == ["held", "partly", "partly"]
+    assert "beats mt-ref in 5/6 LP cells: avg-ref 2/2 (mean +0.100), min-ref 1/2 (mean +0.050)" in rows[0][2]
+    # TER's LP average is reported sign-flipped; se(r) = 1/sqrt(rows)
+    assert (
+        "LP-average r mt-ref 0.100, avg-ref 0.200 (se(r) per LP ~ 0.050-0.100; r sign-flipped" in rows[1][2]
+    )
+    # the paper's Tables 4-5 counted by the same rule: BLEU 6/6
+    assert rows[0][1].startswith("pseudo-mt-*-ref beats mt-ref in 6/6 cells")
+    assert "multi beats both single references for 1/2 metrics (50 segments)" in rows[2][2]
+    assert "sentBLEU 0.494 vs 0.417 / 0.432" in rows[2][1]
+    result["eten"]["ter"]["mt-ref-multi"] = -0.50
+    assert verdict_of(multihyp.report_findings(result)[2][2]) == "held"
+    result["pearson"]["bleu"]["ja-en"] = lp_block(0.3, 0.2, 0.2, 0.2)
+    assert verdict_of(multihyp.report_findings(result)[0][2]) == "not held"  # 3 of 6

@@ -163,3 +163,63 @@ def test_whole_analysis_with_tiny_models(models, tmp_path):
     assert text.startswith("## 2. Noisy-reference detection") and "figures/noisy_refs.png" in text
     assert f"{100 * head['methods']['hts']['raw']['fraction']:.1f} %" in text
     assert save_figure(N.figure(result), tmp_path / "noisy.png").stat().st_size > 1000
+
+
+def _pick(fraction: float, n: int, bootstrap: tuple[float, float]) -> dict:
+    return {
+        "n": n,
+        "correct": round(fraction * n),
+        "ties": 0,
+        "fraction": fraction,
+        "wilson95": list(N.wilson_interval(round(fraction * n), n)),
+        "segment_bootstrap95": list(bootstrap),
+    }
+
+
+def _noisy_result(hts: tuple[float, float] | None, mcd: tuple[float, float]) -> dict:
+    """Headline threshold 1 (40 pairs) and the paper's threshold 10 (8 pairs of one segment)."""
+    methods = {"mcd_head": {"raw": _pick(0.4, 40, mcd)}}
+    if hts is not None:
+        methods["hts"] = {"raw": _pick(0.7, 40, hts)}
+    return {
+        "headline_threshold": 1.0,
+        "paper": {"threshold": 10.0, **N.PAPER},
+        "thresholds": [
+            {
+                "threshold": 10.0,
+                "n_segments": 1,
+                "n_pairs": 8,
+                "methods": {"hts": {"raw": _pick(1.0, 8, (1, 1))}},
+            },
+            {"threshold": 1.0, "n_segments": 12, "n_pairs": 40, "methods": methods},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("hts", "mcd", "verdicts"),
+    [
+        # HTS above chance and reaching 82 %; MCD containing 38 %, below chance
+        ((0.6, 0.9), (0.2, 0.45), ("held", "held")),
+        # HTS above chance but below 82 %; MCD containing 38 % and 50 %
+        ((0.55, 0.7), (0.3, 0.6), ("partly", "partly")),
+        # HTS: chance inside; MCD: 38 % outside
+        ((0.4, 0.9), (0.45, 0.7), ("not held", "not held")),
+        (None, (0.39, 0.6), ("n/a", "not held")),
+    ],
+)
+def test_report_findings_verdicts_follow_the_stated_rules(hts, mcd, verdicts):
+    from uamt.experiments.report import verdict_of
+
+    rows = N.report_findings(_noisy_result(hts, mcd))
+    assert [r[0].split()[0] for r in rows] == ["HTS", "MC"]
+    assert "> 82 %" in rows[0][1] and "38 %" in rows[1][1] and "gap > 10" in rows[0][1]
+    assert tuple(verdict_of(r[2]) for r in rows) == verdicts
+    mcd_text = rows[1][2]
+    assert "40.0 % of 40 pairs (12 segments) at MQM gap > 1" in mcd_text
+    assert f"segment-bootstrap 95 % [{100 * mcd[0]:.0f}, {100 * mcd[1]:.0f}] %" in mcd_text
+    if hts is None:
+        assert rows[0][2] == "n/a: not run at MQM gap > 1"
+    else:
+        # the paper's strict threshold is quoted beside the headline
+        assert "at the paper's gap > 10 only 8 pairs (1 segment(s)): 100.0 %" in rows[0][2]

@@ -12,6 +12,7 @@ import pytest
 
 from uamt.errors import DataError
 from uamt.experiments import references as R
+from uamt.experiments.common import share_verdict
 from uamt.models import FeatureSource, TrainConfig, load, train
 
 N_LAYERS, DIM = 3, 8
@@ -282,3 +283,57 @@ def test_real_wmt21_en_de_reference_order_matches_raw_files(mirror_root):
         lines = read_lines(raw / f"newstest2021.en-de.ref.{name}.de")
         seg = frame.loc[table.index, "seg_id"].to_numpy()
         assert table[name].tolist() == [lines[s - 1] for s in seg]
+
+
+def _config(subset: str, config: str, n_refs: int, **indicators) -> dict:
+    return {"set": list(subset), "config": config, "n_refs": n_refs, "indicators": indicators, "std": {}}
+
+
+def test_report_findings_count_mul_vs_sampled_cells():
+    from uamt.experiments.report import verdict_of
+
+    def block(fixed: bool, configs: list[dict]) -> dict:
+        return {"combination": "moments", "samples": None, "fixed_variance": fixed, "configs": configs}
+
+    # hts: Mul sharper than S-1 in {A,C} and than S-1 and S-2 in {A,C,D}: 3/3 cells;
+    # PPS higher 2/3, NLL lower 1/3.  The fixed-variance point model enters PPS/NLL only
+    # (its "sharper" Mul must not count): PPS higher 0/1, NLL lower 1/1.
+    hts = block(
+        False,
+        [
+            _config("A", "single", 1, pps=0.5, nll=1.0, sharpness=0.5),
+            _config("AC", "S-1", 1, pps=0.20, nll=1.50, sharpness=0.50),
+            _config("AC", "Mul", 2, pps=0.25, nll=1.40, sharpness=0.40),
+            _config("ACD", "S-1", 1, pps=0.20, nll=1.50, sharpness=0.50),
+            _config("ACD", "S-2", 2, pps=0.30, nll=1.45, sharpness=0.45),
+            _config("ACD", "Mul", 3, pps=0.26, nll=1.60, sharpness=0.42),
+        ],
+    )
+    point = block(
+        True,
+        [
+            _config("AC", "S-1", 1, pps=0.3, nll=1.5, sharpness=1.0),
+            _config("AC", "Mul", 2, pps=0.3, nll=1.4, sharpness=0.1),
+        ],
+    )
+    result = {"methods": {"point": point, "hts": hts}, "findings": {"median_s1_pps_draw_std": 0.004}}
+    (sharp, pps_nll) = R.report_findings(result)
+    assert verdict_of(sharp[2]) == "held"
+    assert sharp[2].startswith("held: Mul sharper in 3/3 cells (2/2 vs S-1, 1/1 vs S-2; 1 method(s)")
+    # mean Mul - S-N sharpness: (-0.10 - 0.08 - 0.03) / 3 = -0.070
+    assert "mean Mul - S-N -0.070" in sharp[2]
+    # the paper's Table 5 counted by the same rule: Mul sharper in all 5 cells
+    assert "Mul sharper in 5/5 cells" in sharp[1]
+    # PPS: 2 of 4 cells (not held), NLL: 2 of 4 (not held) -> not held
+    assert pps_nll[2].startswith("not held: PPS higher in 2/4 cells (2/3 vs S-1, 0/1 vs S-2")
+    assert "NLL lower in 2/4" in pps_nll[2] and "0.004" in pps_nll[2]
+    # a better NLL everywhere turns it into partly (PPS not held, NLL held)
+    for c in hts["configs"]:
+        if c["config"] == "Mul":
+            c["indicators"]["nll"] = 1.0
+    point["configs"][1]["indicators"]["nll"] = 1.0
+    assert verdict_of(R.report_findings(result)[1][2]) == "partly"
+    assert share_verdict(3, 4) == "held" and share_verdict(3, 5) == "partly"
+    assert share_verdict(1, 2) == "not held" and share_verdict(0, 0) == "n/a"
+    # only fixed-variance methods: no sharpness cells
+    assert R.report_findings({**result, "methods": {"point": point}})[0][2].startswith("n/a")

@@ -158,7 +158,9 @@ def test_crps_prefers_the_true_sigma(gaussian_draws):
 
 def test_uncertainty_metrics_keys_and_none_for_undefined():
     result = uncertainty_metrics(HUMAN, MU, np.full(4, 1.0), n_levels=3)
-    assert set(result) == {"n", "pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps"}
+    assert set(result) == {
+        "n", "pps", "ups", "nll", "ece", "ece_floor", "sharpness", "coverage@0.9", "width@0.9", "crps"
+    }
     assert result["ups"] is None and result["n"] == 4
 
 

@@ -166,3 +166,16 @@ def pseudo_reference_rows(
                 others = np.sort(rng.choice(others, size=max_refs, replace=False))
             out[position] = others
     return out
+
+
+#: A finding "held" when at least this share of its cells goes the paper's way, "partly" above PARTLY_SHARE.
+HELD_SHARE = 0.75
+PARTLY_SHARE = 0.5
+
+
+def share_verdict(wins: int, cells: int) -> str:
+    """``held`` when ``wins / cells >= 3/4``, ``partly`` when ``> 1/2``, else ``not held`` (``n/a``: no cell)."""
+    if cells == 0:
+        return "n/a"
+    share = wins / cells
+    return "held" if share >= HELD_SHARE else "partly" if share > PARTLY_SHARE else "not held"

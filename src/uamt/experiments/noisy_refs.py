@@ -505,3 +505,67 @@ def figure(result: dict[str, Any]):
     ax.set_title(f"Noisy-reference detection, {result['data']['dataset']} {result['data']['lp']}")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
+
+
+#: Chance level of a pick between two references.
+CHANCE = 0.5
+
+
+def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(finding, what the paper reports, what we measured -- starting with held / partly / not held / n/a).
+
+    One row per method with a published share (:data:`PAPER`: HTS, MC dropout), measured at the
+    headline threshold on the raw-sigma pick and judged on the segment-bootstrap 95 % interval
+    ``[low, high]`` (pairs of one segment share their references, so the pair-level Wilson interval
+    is too narrow; it is quoted beside):
+
+    * HTS, paper "> 82 %" (a lower bound, well above chance): **held** when ``low > 0.5`` and
+      ``high >= 0.82`` (above chance and consistent with the paper's value); **partly** when
+      ``low > 0.5`` but ``high < 0.82`` (better than chance, below the paper); **not held** when
+      ``low <= 0.5`` (not distinguishable from chance, or below it).
+    * MC dropout, paper "38 %" (below chance): **held** when ``low <= 0.38 <= high < 0.5``;
+      **partly** when the interval contains 0.38 but also reaches chance (``high >= 0.5``);
+      **not held** when it excludes 0.38.
+    * **n/a** when the method was not run or the headline threshold keeps no pair.
+    """
+    head = headline_block(result)
+    threshold = fmt(result["headline_threshold"], 0)
+    paper_threshold = result["paper"]["threshold"]
+    strict = [b for b in result["thresholds"] if b["threshold"] >= paper_threshold]
+    at_paper = strict[-1] if strict else None
+    labels = {"hts": "HTS", "mcd_head": "MC dropout"}
+    rows = []
+    for method, paper_value in PAPER.items():
+        label = labels.get(method, method)
+        finding = (
+            f"{label} picks the better of two references (lower sigma with r_good) in "
+            f"{PAPER_TEXT[method]} of pairs"
+        )
+        paper = (
+            f"{PAPER_TEXT[method]} of pairs with MQM gap > {fmt(paper_threshold, 0)} "
+            "(Better Uncertainty Quantification §5.5, Fig. 4; WMT21 en-de)"
+        )
+        raw = head["methods"].get(method, {}).get("raw")
+        if raw is None or not raw["n"]:
+            why = "not run" if raw is None else "no pair"
+            rows.append((finding, paper, f"n/a: {why} at MQM gap > {threshold}"))
+            continue
+        low, high = raw["segment_bootstrap95"]
+        if method == "hts":
+            verdict = "not held" if low <= CHANCE else "held" if high >= paper_value else "partly"
+        else:
+            inside = low <= paper_value <= high
+            verdict = "not held" if not inside else "held" if high < CHANCE else "partly"
+        measured = (
+            f"{verdict}: {_pct(raw['fraction'])} of {raw['n']} pairs ({head['n_segments']} segments) at "
+            f"MQM gap > {threshold}, segment-bootstrap 95 % {_interval(raw['segment_bootstrap95'])} "
+            f"(Wilson {_interval(raw['wilson95'])}; chance 50 %)"
+        )
+        paper_raw = at_paper["methods"].get(method, {}).get("raw") if at_paper else None
+        if paper_raw is not None and paper_raw["n"] and at_paper is not head:
+            measured += (
+                f"; at the paper's gap > {fmt(at_paper['threshold'], 0)} only {paper_raw['n']} pairs "
+                f"({at_paper['n_segments']} segment(s)): {_pct(paper_raw['fraction'])}"
+            )
+        rows.append((finding, paper, measured))
+    return rows

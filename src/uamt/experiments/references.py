@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError, UamtError
-from uamt.experiments.common import INDICATORS, calibrated_indicators, fmt, markdown_table
+from uamt.experiments.common import INDICATORS, calibrated_indicators, fmt, markdown_table, share_verdict
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,22 @@ SAMPLES, HETEROSCEDASTIC_SAMPLES, MOMENTS = "samples", "heteroscedastic samples"
 
 #: Table 5 of the paper (WMT20 en-de, references A, B, P; MCD): the comparison printed beside ours.
 PAPER_TABLE5 = {
-    "AB": {"S-1": {"pps": 0.452, "sharpness": 0.746}, "Mul": {"pps": 0.471, "sharpness": 0.718}},
-    "BP": {"S-1": {"pps": 0.391, "sharpness": 0.837}, "Mul": {"pps": 0.441, "sharpness": 0.753}},
-    "AP": {"S-1": {"pps": 0.406, "sharpness": 0.852}, "Mul": {"pps": 0.433, "sharpness": 0.719}},
+    "AB": {
+        "S-1": {"pps": 0.452, "nll": 1.403, "sharpness": 0.746},
+        "Mul": {"pps": 0.471, "nll": 1.388, "sharpness": 0.718},
+    },
+    "BP": {
+        "S-1": {"pps": 0.391, "nll": 1.470, "sharpness": 0.837},
+        "Mul": {"pps": 0.441, "nll": 1.429, "sharpness": 0.753},
+    },
+    "AP": {
+        "S-1": {"pps": 0.406, "nll": 1.475, "sharpness": 0.852},
+        "Mul": {"pps": 0.433, "nll": 1.460, "sharpness": 0.719},
+    },
     "ABP": {
-        "S-1": {"pps": 0.402, "sharpness": 0.825},
-        "S-2": {"pps": 0.441, "sharpness": 0.756},
-        "Mul": {"pps": 0.455, "sharpness": 0.702},
+        "S-1": {"pps": 0.402, "nll": 1.473, "sharpness": 0.825},
+        "S-2": {"pps": 0.441, "nll": 1.424, "sharpness": 0.756},
+        "Mul": {"pps": 0.455, "nll": 1.417, "sharpness": 0.702},
     },
 }
 
@@ -715,3 +724,114 @@ def figure(result: dict[str, Any]):
         fontsize=9,
     )
     return fig
+
+
+# --------------------------------------------------------------------------- summary findings
+
+
+def mul_vs_sampled(
+    configs: dict[str, dict[str, dict[str, float | None]]], key: str
+) -> list[tuple[str, str, float]]:
+    """``(set, "S-N", Mul - S-N)`` of indicator ``key`` for every reference set with a Mul row.
+
+    ``configs`` is ``{set label: {config: {indicator: value}}}`` (ours per method, or
+    :data:`PAPER_TABLE5`); cells where either value is missing are left out.
+    """
+    cells = []
+    for subset, by_config in configs.items():
+        mul = by_config.get("Mul", {}).get(key)
+        for config, indicators in by_config.items():
+            if not config.startswith("S-") or mul is None or indicators.get(key) is None:
+                continue
+            cells.append((subset, config, mul - indicators[key]))
+    return cells
+
+
+def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(finding, what the paper reports, what we measured -- starting with held / partly / not held / n/a).
+
+    Cells are method x reference set (|R| >= 2) x sampled configuration S-N of that set (S-1, and
+    S-2 for three references), each comparing Mul with S-N on the calibrated test indicators.  A
+    finding's verdict is :func:`share_verdict` of the cells that go the paper's way (strictly):
+    ``held`` in >= 3/4 of them, ``partly`` in more than half, else ``not held``.  The paper's own
+    cells (Table 5, MCD) are counted by the same rule for the second column.
+
+    * Sharpness: Mul lower than S-N, over the methods with a sigma of their own (the fixed-variance
+      point baseline's width is not a prediction); the raw predicted variance is quoted beside.
+    * PPS and NLL: Mul's PPS higher and NLL lower, over every method (the point baseline included:
+      Mul averages its mu too); the finding is ``held`` when both indicators are, ``not held`` when
+      both are, else ``partly``.
+    """
+    methods = result["methods"]
+
+    def ours(key: str, own_sigma_only: bool) -> list[tuple[str, str, str, float]]:
+        cells = []
+        for method, block in methods.items():
+            if own_sigma_only and block["fixed_variance"]:
+                continue
+            configs: dict[str, dict[str, dict]] = {}
+            for c in block["configs"]:
+                configs.setdefault(set_label(c["set"]), {})[c["config"]] = c["indicators"]
+            cells += [(method, *cell) for cell in mul_vs_sampled(configs, key)]
+        return cells
+
+    def tally(cells, lower_is_better: bool) -> str:
+        by_config: dict[str, list[bool]] = {}
+        for *_, config, delta in cells:
+            by_config.setdefault(config, []).append(delta < 0 if lower_is_better else delta > 0)
+        return ", ".join(f"{sum(v)}/{len(v)} vs {config}" for config, v in sorted(by_config.items()))
+
+    def wins(cells, lower_is_better: bool) -> int:
+        return sum((d < 0) if lower_is_better else (d > 0) for *_, d in cells)
+
+    def mean(cells) -> str:
+        return f"{np.mean([d for *_, d in cells]):+.3f}" if cells else "–"
+
+    paper_cells = {k: mul_vs_sampled(PAPER_TABLE5, k) for k in ("sharpness", "pps", "nll")}
+    n_sets = len(PAPER_TABLE5)
+    rows = []
+
+    sharp = ours("sharpness", own_sigma_only=True)
+    raw = ours("raw_var", own_sigma_only=True)
+    own = [m for m, b in methods.items() if not b["fixed_variance"]]
+    verdict = share_verdict(wins(sharp, True), len(sharp))
+    rows.append(
+        (
+            "Combining all references (Mul) gives narrower predicted intervals (lower sharpness) than "
+            "sampling one (S-1) or two (S-2) of them",
+            f"Table 5 (WMT20 en-de, MCD): Mul sharper in {wins(paper_cells['sharpness'], True)}/"
+            f"{len(paper_cells['sharpness'])} cells ({n_sets} reference sets; S-1, S-2); mean Mul - S-N "
+            f"{mean(paper_cells['sharpness'])}",
+            f"{verdict}: Mul sharper in {wins(sharp, True)}/{len(sharp)} cells ({tally(sharp, True)}; "
+            f"{len(own)} method(s) with their own sigma x reference sets); mean Mul - S-N "
+            f"{mean(sharp)} (calibrated, z units); raw predicted variance lower in {wins(raw, True)}/{len(raw)}"
+            if sharp
+            else "n/a: no method with its own sigma",
+        )
+    )
+
+    pps, nll = ours("pps", own_sigma_only=False), ours("nll", own_sigma_only=False)
+    verdicts = (share_verdict(wins(pps, False), len(pps)), share_verdict(wins(nll, True), len(nll)))
+    known = [v for v in verdicts if v != "n/a"]
+    combined = (
+        "n/a"
+        if not known
+        else "held"
+        if all(v == "held" for v in known)
+        else "not held"
+        if all(v == "not held" for v in known)
+        else "partly"
+    )
+    rows.append(
+        (
+            "Combining all references (Mul) raises PPS and lowers NLL compared with sampled references (S-N)",
+            f"Table 5: PPS higher in {wins(paper_cells['pps'], False)}/{len(paper_cells['pps'])} cells "
+            f"(mean {mean(paper_cells['pps'])}), NLL lower in {wins(paper_cells['nll'], True)}/"
+            f"{len(paper_cells['nll'])} (mean {mean(paper_cells['nll'])})",
+            f"{combined}: PPS higher in {wins(pps, False)}/{len(pps)} cells ({tally(pps, False)}; mean "
+            f"{mean(pps)}; {verdicts[0]}), NLL lower in {wins(nll, True)}/{len(nll)} ({tally(nll, True)}; "
+            f"mean {mean(nll)}; {verdicts[1]}); {len(methods)} method(s) x reference sets; S-1's PPS varies by "
+            f"{fmt(result['findings'].get('median_s1_pps_draw_std'))} (median std) between sampling draws",
+        )
+    )
+    return rows
