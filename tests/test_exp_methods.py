@@ -265,3 +265,25 @@ def test_render_json_and_figures(analysis, tmp_path):
     assert [p.name for p in figures] == ["methods_sharpness_ups.png", "methods_ece_by_lp.png"]
     assert all(p.stat().st_size > 5000 for p in figures)
     assert path.is_file()
+
+
+def test_report_findings_count_cells_by_hand(analysis):
+    from uamt.experiments.report import VERDICTS
+
+    _, _, result = analysis
+    found = {finding: measured for finding, _, measured in M.report_findings(result)}
+    for measured in found.values():
+        assert measured.split(":")[0] in VERDICTS
+    # sharpness: (dup_hts, hts) vs mcd_head on 2 benchmarks x 2 LPs = 8 cells (no ensemble in this run)
+    wins = sum(
+        result[b]["indicators"][a][lp]["sharpness"] < result[b]["indicators"]["mcd_head"][lp]["sharpness"]
+        for b in ("da", "mqm")
+        for lp in result[b]["lps"]
+        for a in ("dup_hts", "hts")
+    )
+    sharp = found["DUP and HTS give sharper (smaller) calibrated variances than MCD and DE"]
+    assert f"{wins}/8 LP cells" in sharp
+    assert sharp.startswith(("held" if wins >= 6 else "partly" if wins > 4 else "not held") + ":")
+    assert found["KL on MQM (syn_mqm)"].startswith("n/a: no d_q row has >= 2 annotators")
+    # KL exists only on DA: its cells are the 2 DA LPs
+    assert "/2 LP cells" in found["KL (annotator disagreement as target) ranks errors less well than HTS"]

@@ -52,6 +52,7 @@ from uamt.experiments.common import (
     markdown_table,
     pyplot,
     save_figure,
+    share_verdict,
 )
 
 NAME = "methods"
@@ -865,6 +866,124 @@ def findings(result: dict[str, Any]) -> dict[str, Any]:
             for row in uncertain
         }
         out[bench] = block
+    return out
+
+
+def _lp_cells(result: dict, rows_a, rows_b, key: str) -> tuple[int, int, list[str]]:
+    """Cells (benchmark x LP x a x b) where row ``a`` is better than row ``b`` on ``key``."""
+    wins = cells = 0
+    where = []
+    for bench in BENCHMARKS:
+        ind = result.get(bench, {}).get("indicators", {})
+        for lp in result.get(bench, {}).get("lps", []):
+            for a in rows_a:
+                for b in rows_b:
+                    va = (ind.get(a, {}).get(lp) or {}).get(key)
+                    vb = (ind.get(b, {}).get(lp) or {}).get(key)
+                    if va is None or vb is None:
+                        continue
+                    cells += 1
+                    won = va > vb if key in HIGHER_IS_BETTER else va < vb
+                    wins += won
+        if ind:
+            where.append(bench)
+    return wins, cells, where
+
+
+def _avgs(result: dict, rows, key: str) -> str:
+    parts = []
+    for bench in BENCHMARKS:
+        if bench not in result or any(r not in result[bench]["indicators"] for r in rows):
+            continue
+        values = ", ".join(
+            f"{label(r)} {fmt(_avg(result, bench, r, key))}" for r in rows if r in result[bench]["indicators"]
+        )
+        if values:
+            parts.append(f"{bench.upper()} avg {values}")
+    return "; ".join(parts)
+
+
+def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(finding, what the paper reports, what we measured -- starting with the verdict).
+
+    Each verdict is :func:`share_verdict` of the benchmark x LP cells that go the paper's way.
+    """
+    out: list[tuple[str, str, str]] = []
+
+    def add(finding, paper, rows_a, rows_b, key, shown):
+        wins, cells, _ = _lp_cells(result, rows_a, rows_b, key)
+        if cells:
+            verdict = share_verdict(wins, cells)
+            out.append((finding, paper, f"{verdict}: {wins}/{cells} LP cells; {_avgs(result, shown, key)}"))
+
+    dup = [DUP_REPRESENTATIVE]
+    add(
+        "DUP and HTS give sharper (smaller) calibrated variances than MCD and DE",
+        "Better UQ Tables 2–3: sharpness DUP 0.411 / HTS 0.466 vs MCD 1.083 / DE 0.813 (DA avg); "
+        "0.317 / 0.296 vs 1.038 / 0.997 (MQM avg)",
+        [*dup, "hts"],
+        ["mcd_head", "ensemble"],
+        "sharpness",
+        [*dup, "hts", "mcd_head", "ensemble"],
+    )
+    add(
+        "DUP and HTS rank errors better (higher UPS) than MCD and DE",
+        "Better UQ Tables 2–3: UPS DUP 0.112 / HTS 0.119 vs MCD 0.071 / DE 0.090 (DA avg); "
+        "0.317 / 0.317 vs 0.215 / 0.222 (MQM avg)",
+        [*dup, "hts"],
+        ["mcd_head", "ensemble"],
+        "ups",
+        [*dup, "hts", "mcd_head", "ensemble"],
+    )
+    add(
+        "MC dropout on the HTS model (HTS+MCD) raises UPS over HTS",
+        "Better UQ Table 2: UPS 0.254 vs 0.119 (DA avg), Table 3: 0.340 vs 0.317 (MQM avg)",
+        ["hts_mcd"],
+        ["hts"],
+        "ups",
+        ["hts_mcd", "hts"],
+    )
+    add(
+        "MCD and DE are better calibrated (ECE) than the fixed-variance baseline",
+        "UA-MT Table 2: lower ECE than the baseline in all 9 WMT20 DA LPs for both",
+        ["mcd_head", "ensemble"],
+        ["point"],
+        "ece",
+        ["mcd_head", "ensemble", "point"],
+    )
+    dups = [r for r in result.get("rows", []) if r.startswith("dup_")]
+    if DUP_REPRESENTATIVE in dups and len(dups) > 1:
+        others = [r for r in dups if r != DUP_REPRESENTATIVE]
+        add(
+            "Among DUP's losses, L_HTS has a slight UPS advantage",
+            "Better UQ Table 1: UPS L_HTS 0.112 vs L_SQ 0.108, L_ABS 0.104 (DA avg); all three similar",
+            [DUP_REPRESENTATIVE],
+            others,
+            "ups",
+            dups,
+        )
+    if any("kl" in result.get(b, {}).get("indicators", {}) for b in BENCHMARKS):
+        add(
+            "KL (annotator disagreement as target) ranks errors less well than HTS",
+            "Better UQ Table 3: UPS KL 0.282 vs HTS 0.317 (MQM avg; KL trained on WMT20 MQM only)",
+            ["hts"],
+            ["kl"],
+            "ups",
+            ["kl", "hts"],
+        )
+    unavailable = {
+        b: result[b]["unavailable"]["kl"]
+        for b in BENCHMARKS
+        if "kl" in result.get(b, {}).get("unavailable", {})
+    }
+    for bench, reason in unavailable.items():
+        out.append(
+            (
+                f"KL on {bench.upper()} ({result[bench]['dataset']})",
+                "Better UQ Table 3: KL trained on multi-annotator WMT20 MQM",
+                f"n/a: {reason}",
+            )
+        )
     return out
 
 
