@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 import yaml
 from scipy.stats import norm
 
@@ -31,13 +30,8 @@ def with_lps(frame: pd.DataFrame, lps) -> pd.DataFrame:
     return frame.assign(lp=[lps[i % len(lps)] for i in range(len(frame))])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models: one intra-op thread is fastest; two thrash on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: Tiny models: one intra-op thread is fastest; two thrash on a loaded 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

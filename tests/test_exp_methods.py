@@ -18,22 +18,12 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
+from tests.fakes import FEATURES, WEIGHTS, embed
 from uamt.config import ConfigError
 from uamt.experiments import methods as M
 from uamt.experiments.common import INDICATORS, read_result, write_result
-from uamt.models import FeatureSource, TrainConfig, load, train
+from uamt.models import TrainConfig, load, train
 
-N_LAYERS, DIM = 3, 8
-WEIGHTS = np.random.default_rng(0).normal(size=DIM)
-
-
-def embed(texts):
-    return np.stack(
-        [np.random.default_rng(zlib.crc32(t.encode())).normal(size=(N_LAYERS, DIM)) for t in texts]
-    ).astype(np.float32)
-
-
-FEATURES = FeatureSource(embed, encoder_id="fake-encoder-000")
 CFG = TrainConfig(hidden_sizes=(16,), max_epochs=1, batch_size=16, mc_samples=5, ensemble_size=2, patience=1)
 DUP_CFG = CFG.replace(method="dup", bottleneck_size=8)
 

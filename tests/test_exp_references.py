@@ -4,29 +4,17 @@ tiny models, and the real WMT21 en-de reference order against the raw reference 
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pandas as pd
 import pytest
 
+from tests.fakes import FEATURES, WEIGHTS, embed
 from uamt.errors import DataError
 from uamt.experiments import references as R
 from uamt.experiments.common import share_verdict
-from uamt.models import FeatureSource, TrainConfig, load, train
+from uamt.models import TrainConfig, load, train
 
-N_LAYERS, DIM = 3, 8
 NAMES = ("A", "C", "D")
-WEIGHTS = np.random.default_rng(0).normal(size=DIM)
-
-
-def embed(texts):
-    return np.stack(
-        [np.random.default_rng(zlib.crc32(t.encode())).normal(size=(N_LAYERS, DIM)) for t in texts]
-    ).astype(np.float32)
-
-
-FEATURES = FeatureSource(embed, encoder_id="fake-encoder-000")
 
 
 def make_frame(n_segments: int, seed: int, n_systems: int = 4, split: str = "test") -> pd.DataFrame:

@@ -7,7 +7,6 @@ one feature (heteroscedastic), so the methods have something to learn.
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,22 +14,11 @@ import pandas as pd
 import pytest
 import torch
 
+from tests.fakes import DIM, FEATURES, N_LAYERS, WEIGHTS, embed
 from uamt.errors import DataError, UamtError
 from uamt.models import METHODS, FeatureSource, NonFiniteLossError, TrainConfig, get_loss, load, train
 from uamt.models.api import MANIFEST, TABLE_COLUMNS
 from uamt.models.mcd import head_mc_outputs
-
-N_LAYERS, DIM = 3, 8
-WEIGHTS = np.random.default_rng(0).normal(size=DIM)
-
-
-def embed(texts):
-    return np.stack(
-        [np.random.default_rng(zlib.crc32(t.encode())).normal(size=(N_LAYERS, DIM)) for t in texts]
-    ).astype(np.float32)
-
-
-FEATURES = FeatureSource(embed, encoder_id="fake-encoder-000")
 
 
 def make_table(n: int, seed: int) -> pd.DataFrame:

@@ -45,13 +45,8 @@ CFG = TrainConfig(
 N_TRAIN, N_DEV, N_TEST = 56, 20, 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models: one intra-op thread is fastest; two thrash on a loaded 2-core machine (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: Tiny models: one intra-op thread is fastest; two thrash on a loaded 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
