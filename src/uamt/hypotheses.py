@@ -32,14 +32,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from uamt.errors import DataError, UamtError
+from uamt.fileio import atomic_write_text
 
 METHODS = ("mc-dropout", "beam", "diverse-beam", "sample")
 DEVICES = ("cpu", "cuda")
@@ -383,19 +382,8 @@ def read_sources(path: str | Path) -> list[str]:
     return lines
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _write_lines(path: Path, lines: Sequence[str]) -> None:
-    _write_text_atomic(path, "".join(f"{line}\n" for line in lines))
+    atomic_write_text(path, "".join(f"{line}\n" for line in lines))
 
 
 def generate(
@@ -496,5 +484,5 @@ def generate(
     for stale in out_dir.glob("hyp.*.txt"):  # a previous, larger run (only reached with overwrite)
         if stale.name not in wanted:
             stale.unlink()
-    _write_text_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -55,6 +55,7 @@ from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.data.loaders import MLQE_LPS, TED_MQM_LPS, WMT21_DA_LPS, WMT21_MQM_LPS
 from uamt.data.schema import COLUMNS, DATASETS, decode_text, sample_std, to_arrow
 from uamt.errors import DataError, UamtError
+from uamt.fileio import atomic_path, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -494,19 +495,13 @@ def write_pool(frame: pd.DataFrame, path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     table = to_arrow(frame)
     table = table.append_column(SHA_COLUMN, pa.array(frame[SHA_COLUMN].astype(str).tolist(), pa.string()))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def _write_text_in_place(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -592,14 +587,14 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
                     "ingested_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 }
             )
-            _write_text_atomic(manifest_path, json.dumps(manifest, indent=2) + "\n")
+            _write_text_in_place(manifest_path, json.dumps(manifest, indent=2) + "\n")
             result.ingested.append(path.name)
             result.rows_added += len(usable)
             result.rows_rejected += len(check.bad_rows)
             target = _move(path, processed)
             if not check.ok:
                 report = target.with_name(target.name + ".report.txt")
-                _write_text_atomic(report, check.report())
+                _write_text_in_place(report, check.report())
                 result.reports[path.name] = str(report)
             log.info("ingested %s: %d row(s) added, %d rejected", path.name, len(usable), len(check.bad_rows))
         else:
@@ -607,7 +602,7 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
                 check.file_problems.append(Problem(None, "*", "no usable rows"))
             target = _move(path, rejected)
             report = target.with_name(target.name + ".report.txt")
-            _write_text_atomic(report, check.report())
+            _write_text_in_place(report, check.report())
             result.rejected.append(path.name)
             result.rows_rejected += check.n_rows
             result.reports[path.name] = str(report)

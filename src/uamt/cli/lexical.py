@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 
@@ -55,16 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:
+    from uamt.fileio import atomic_write_text
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=2, allow_nan=True)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(payload, indent=2, allow_nan=True) + "\n")
 
 
 def run_multihyp(args: argparse.Namespace) -> int:

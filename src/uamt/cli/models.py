@@ -9,8 +9,6 @@ fits the dev calibration of the calibrate stage and adds calibrated columns on t
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 
@@ -99,18 +97,14 @@ def with_calibration(table, calibration, confidence: float):
 
 
 def _write_table(table, out: Path) -> None:
+    from uamt.fileio import atomic_path
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_path(out) as tmp:
         if out.suffix == ".csv":
             table.to_csv(tmp, index=False)
         else:
             table.to_parquet(tmp, index=False)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _predict(args: argparse.Namespace) -> int:

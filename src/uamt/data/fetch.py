@@ -13,13 +13,13 @@ import hashlib
 import logging
 import os
 import shutil
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from uamt.errors import ChecksumError, DataError
+from uamt.fileio import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -89,18 +89,10 @@ def _check_relative(path: str, what: str) -> None:
         raise DataError(f"fetch: {what} {path!r} must be a relative path inside the repository")
 
 
-def _install(tmp: Path, dest: Path, name: str, expected: str) -> None:
+def _check_sha256(tmp: Path, name: str, expected: str) -> None:
     actual = sha256_file(tmp)
     if actual != expected.lower():
-        tmp.unlink(missing_ok=True)
         raise ChecksumError(f"{name}: sha256 mismatch: expected {expected.lower()}, got {actual}")
-    os.replace(tmp, dest)
-
-
-def _temp_in(folder: Path, name: str) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
-    os.close(fd)
-    return Path(tmp)
 
 
 def fetch_file(
@@ -113,14 +105,13 @@ def fetch_file(
     if dest.is_file() and sha256_file(dest) == sha256.lower():
         return "skipped"
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_in(dest.parent, dest.name)
-    try:
+    with atomic_path(dest, suffix=".part") as tmp:
         if mirror is not None:
             src = mirror / repo / path
             if not src.is_file():
                 raise DataError(f"{src}: not in the mirror {mirror} (expected {repo}@{commit[:10]}:{path})")
             shutil.copyfile(src, tmp)
-            _install(tmp, dest, str(src), sha256)
+            _check_sha256(tmp, str(src), sha256)
             return "copied"
         url = cfg.url_template.format(repo=repo, commit=commit, path=path)
         try:
@@ -131,10 +122,8 @@ def fetch_file(
                 f"{url}: download failed ({exc}); offline? set fetch.mirror or ${MIRROR_ENV} to a folder "
                 "laid out as <owner>/<repo>/<path>"
             ) from exc
-        _install(tmp, dest, url, sha256)
+        _check_sha256(tmp, url, sha256)
         return "downloaded"
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def fetch_all(cfg: FetchConfig) -> FetchReport:

@@ -28,8 +28,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from uamt.errors import UamtError
+from uamt.fileio import atomic_path, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -48,44 +47,6 @@ DTYPES = ("float32", "float16")
 def text_key(text: str) -> str:
     """sha256 hex digest of the UTF-8 text: the cache key within one encoder."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _file_mode() -> int:
-    # mkstemp creates 0600 files; a shared cache needs the usual umask-derived permissions.
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
-    try:
-        os.fchmod(fd, _file_mode())
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.stem}-", suffix=".npy", dir=path.parent)
-    try:
-        os.fchmod(fd, _file_mode())
-        with os.fdopen(fd, "wb") as handle:
-            np.save(handle, array, allow_pickle=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 class EmbeddingCache:
@@ -275,7 +236,8 @@ class EmbeddingCache:
             shards = self._read_index()
             stem = f"{len(shards):06d}"
             entry = {"file": f"{stem}.npy", "keys": f"{stem}.keys", "rows": len(texts)}
-            _atomic_save_npy(self.shards_dir / entry["file"], embeddings.astype(self.dtype))
+            with atomic_path(self.shards_dir / entry["file"], suffix=".npy") as tmp:
+                np.save(tmp, embeddings.astype(self.dtype), allow_pickle=False)
             atomic_write_bytes(self.shards_dir / entry["keys"], ("\n".join(keys) + "\n").encode("ascii"))
             index = {"format_version": FORMAT_VERSION, "shards": [*shards, entry]}
             atomic_write_bytes(self.path / "index.json", json.dumps(index, indent=1).encode())

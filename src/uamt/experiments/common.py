@@ -37,14 +37,19 @@ def write_result(name: str, result: dict[str, Any], metrics_dir: str | Path = ME
     return path
 
 
-def read_result(name: str, metrics_dir: str | Path = METRICS_DIR) -> dict[str, Any]:
-    path = result_path(name, metrics_dir)
+def read_json(path: str | Path, stage: str) -> Any:
+    """The JSON in ``path``; a missing or broken file is a DataError naming the ``stage`` that writes it."""
+    path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: missing; run `dvc repro exp_{name}` first")
+        raise DataError(f"{path}: missing; run `dvc repro {stage}` first")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from exc
+        raise DataError(f"{path}: not valid JSON ({exc}); run `dvc repro {stage}` again") from exc
+
+
+def read_result(name: str, metrics_dir: str | Path = METRICS_DIR) -> dict[str, Any]:
+    return read_json(result_path(name, metrics_dir), f"exp_{name}")
 
 
 def _json_safe(value: Any) -> Any:

@@ -1340,22 +1340,15 @@ def render(result: dict[str, Any]) -> str:
             ]
         lines += [markdown_table(["data", "loss", *(INDICATOR_LABELS[i] for i in INDICATORS)], rows), ""]
     table_rows = _table_rows(result)
-    if "da" in result:
-        da = result["da"]
-        lines += [
-            "### Table 2: DA, per LP (best per LP in bold)",
-            "",
-            method_table(da, table_rows, _table_keys(da)),
-            "",
-        ]
-    if "mqm" in result:
-        mqm = result["mqm"]
-        lines += [
-            "### Table 3: MQM, per LP (best per LP in bold)",
-            "",
-            method_table(mqm, table_rows, _table_keys(mqm)),
-            "",
-        ]
+    for number, bench in ((2, "da"), (3, "mqm")):
+        if bench in result:
+            block = result[bench]
+            lines += [
+                f"### Table {number}: {bench.upper()}, per LP (best per LP in bold)",
+                "",
+                method_table(block, table_rows, _table_keys(block)),
+                "",
+            ]
     lines += [
         "![ECE per method and LP](figures/methods_ece_by_lp.png)",
         "",

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
-from uamt.experiments.common import fmt, markdown_table, pyplot, save_figure
+from uamt.experiments.common import fmt, markdown_table, pyplot, read_json, save_figure
 
 NAME = "ood"
 FIGURE = "ood_sharpness.png"
@@ -336,17 +336,7 @@ def read_inputs(
     """``metrics/{test,ood}.json``, ``predictions/{test,ood}/<method>.parquet`` and
     ``calibration/<method>.json`` of every method in ``ood.json``; a missing file is a DataError
     naming the stage that writes it."""
-    import json
-
-    metrics = {}
-    for split in ("test", "ood"):
-        path = Path(metrics_dir) / f"{split}.json"
-        if not path.is_file():
-            raise DataError(f"{path}: missing; run `dvc repro evaluate` first")
-        try:
-            metrics[split] = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: not valid JSON ({exc})") from exc
+    metrics = {split: read_json(Path(metrics_dir) / f"{split}.json", "evaluate") for split in ("test", "ood")}
     tables: dict[str, dict[str, pd.DataFrame]] = {"test": {}, "ood": {}}
     for split in tables:
         for method in metrics["ood"]:
@@ -354,15 +344,7 @@ def read_inputs(
             if not path.is_file():
                 raise DataError(f"{path}: missing; run `dvc repro evaluate` first")
             tables[split][method] = pd.read_parquet(path)
-    calibrations = {}
-    for method in metrics["ood"]:
-        path = Path(calibration_dir) / f"{method}.json"
-        if not path.is_file():
-            raise DataError(f"{path}: missing; run `dvc repro calibrate` first")
-        try:
-            calibrations[method] = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: not valid JSON ({exc})") from exc
+    calibrations = {m: read_json(Path(calibration_dir) / f"{m}.json", "calibrate") for m in metrics["ood"]}
     return metrics["test"], metrics["ood"], tables["test"], tables["ood"], calibrations
 
 

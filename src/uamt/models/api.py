@@ -32,6 +32,7 @@ import torch
 
 from uamt.config import from_dict
 from uamt.errors import DataError, UamtError
+from uamt.fileio import atomic_write_text
 from uamt.models.base import Estimator, fit, save_weights
 from uamt.models.config import TrainConfig
 from uamt.models.data import (
@@ -124,10 +125,7 @@ def _config_dict(cfg: TrainConfig) -> dict:
 def write_manifest(folder: Path, meta: dict) -> None:
     """Write ``model.json`` (temp file + os.replace); call it last, it marks the folder complete."""
     meta = {"format": FORMAT, **meta, "complete": True}
-    fd, tmp = tempfile.mkstemp(prefix=".model.json.", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(meta, handle, indent=2, sort_keys=True)
-    os.replace(tmp, folder / MANIFEST)
+    atomic_write_text(folder / MANIFEST, json.dumps(meta, indent=2, sort_keys=True))
 
 
 def read_manifest(model_dir: Path) -> dict:

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Literal
 
 from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
-from uamt.encoders.cache import atomic_write_bytes, text_key
+from uamt.encoders.cache import text_key
 from uamt.errors import DataError
+from uamt.fileio import atomic_write_bytes
 
 #: Counters and timings of the last encode run (not a pipeline dependency; see run()).
 RUN_STATS = "encode_run.json"
