@@ -27,9 +27,9 @@ layer-wise learning-rate decay and a frozen encoder for the first ``nr_frozen_ep
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
-import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -41,6 +41,7 @@ from comet.modules import FeedForward, LayerwiseAttention
 from torch import nn
 
 from uamt.errors import DataError, UamtError
+from uamt.fileio import atomic_path
 from uamt.models.config import TrainConfig
 from uamt.models.data import EncodedRows, make_loader, targets_of
 
@@ -66,6 +67,23 @@ def owned_copy(encoder):
     own = copy.copy(encoder)
     own.comet_encoder = copy.deepcopy(comet_encoder, memo)
     return own
+
+
+def inputs_follow_weights(encoder) -> None:
+    """Send the owned encoder's token ids where its weights are.
+
+    The fine-tuned encoder is a sub-module, so Lightning moves it with the network
+    (``train_base.accelerator``), while the encoder object still names ``encode.encoder.device`` (where
+    the caller's frozen encoder runs): without this, ``accelerator: gpu`` with an encoder on ``cpu`` (or
+    the reverse) fails with a device mismatch.
+    """
+    config = getattr(encoder, "config", None)
+    weights = next(encoder.comet_encoder.parameters(), None)
+    if config is None or weights is None or not dataclasses.is_dataclass(config):
+        return
+    device = weights.device
+    if torch.device(config.device) != device:
+        encoder.config = dataclasses.replace(config, device=str(device))
 
 
 class Estimator(pl.LightningModule):
@@ -166,6 +184,8 @@ class Estimator(pl.LightningModule):
             raise UamtError("this prediction runs the encoder inside the network; pass the encoder")
         train = self.training if encoder_train is None else encoder_train
         texts = batch[f"{side}_texts"]
+        if self.comet_encoder is not None:
+            inputs_follow_weights(self._encoder)
         return self._encoder.pooled_layers(texts, batch_size=len(texts), train=train).to(self.device)
 
     def mix(self, layers: torch.Tensor) -> torch.Tensor:
@@ -332,11 +352,5 @@ def fit(module: Estimator, train_rows: EncodedRows, dev_rows: EncodedRows, workd
 def save_weights(module: nn.Module, path: Path) -> None:
     """``torch.save(state_dict)`` to a temp file in the same folder, then ``os.replace``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(module.state_dict(), tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
