@@ -16,35 +16,18 @@ import pandas as pd
 import pytest
 import torch
 
+from tests import test_models_encoder_path as cpu_paths
 from tests.test_encoders import make_tiny_bert
-from uamt.data import loaders
 from uamt.encoders import EncoderConfig, get_encoder
-from uamt.models import TrainConfig, load, train
+from uamt.models import load, train
 from uamt.models.base import Estimator
 from uamt.models.data import features_from_encoder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-CFG = TrainConfig(
-    hidden_sizes=(16,),
-    batch_size=8,
-    max_epochs=1,
-    learning_rate=1e-3,
-    encoder_learning_rate=1e-3,
-    layerwise_decay=0.5,
-    nr_frozen_epochs=0.5,
-    mc_samples=5,
-    predict_batch_size=32,
-)
-
-
-@pytest.fixture(scope="module")
-def splits(mirror_root) -> dict[str, pd.DataFrame]:
-    df = loaders.load_wmt21_mqm(mirror_root, lps=("en-de",))
-    short = df[df["ref"].notna() & (df[["src", "mt", "ref"]].apply(lambda c: c.str.len()).max(axis=1) < 100)]
-    rows = short.sample(n=92, random_state=0).reset_index(drop=True)
-    parts = {"d_q": rows.iloc[:56], "dev": rows.iloc[56:76], "test": rows.iloc[76:]}
-    return {name: frame.reset_index(drop=True) for name, frame in parts.items()}
+# The same tiny training settings and real en-de rows (a module-scoped fixture) as the CPU tests.
+CFG = cpu_paths.CFG
+splits = cpu_paths.splits
 
 
 @pytest.fixture(scope="module")
