@@ -25,7 +25,11 @@ guarantee holds exactly), and prints the spread of test coverage at 0.8/0.9/0.95
 levels of every LP land within +-2 points of nominal, and how often the dev-quantile recalibration
 reaches test ECE <= 0.02 on every LP.
 
+``--resplit-unit seg_id`` re-splits by source sentence instead (the rows of one source, i.e. all its
+systems, stay together), to see whether finer pseudo-documents (``prepare.pseudo_doc_size``) would help.
+
     python benchmarks/ece_recalibration.py [--methods point hts ...] [--pool d_e] [--resplits 1000]
+        [--resplit-unit doc|seg_id]
 """
 
 from __future__ import annotations
@@ -105,9 +109,10 @@ def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None
                 )
 
 
-def conformal_scores(method: str, split: str, predictions: Path, rows: pd.DataFrame, calibration):
+def conformal_scores(method: str, split: str, predictions: Path, rows: pd.DataFrame, calibration, unit: str):
     """|human - mu| / sigma in the dev-standardised units the conformal calibrator uses (raw sigma),
-    with each row's document; ``rows`` are the prepared rows the predictions were made for."""
+    with each row's re-split unit (column ``unit`` of ``rows``, the prepared rows the predictions
+    were made for)."""
     from uamt.stages.calibrate import with_model_sigma
 
     pred = with_model_sigma(pd.read_parquet(predictions / split / f"{method}.parquet"), method)
@@ -121,11 +126,13 @@ def conformal_scores(method: str, split: str, predictions: Path, rows: pd.DataFr
         pred["mu"].to_numpy(float), pred["sigma"].to_numpy(float), lp
     )
     return pd.DataFrame(
-        {"lp": lp, "doc": rows["doc"].astype(str).to_numpy(), "score": np.abs(human_z - mu_z) / sigma_z}
+        {"lp": lp, "doc": rows[unit].astype(str).to_numpy(), "score": np.abs(human_z - mu_z) / sigma_z}
     )
 
 
-def conformal_resplits(methods: list[str], predictions: Path, calibrations: Path, n_resplits: int) -> None:
+def conformal_resplits(
+    methods: list[str], predictions: Path, calibrations: Path, n_resplits: int, unit: str = "doc"
+) -> None:
     """Coverage spread of split-conformal intervals under random document re-splits of dev + test."""
     from uamt.calibrated import Calibration
     from uamt.pipeline import read_split
@@ -137,12 +144,13 @@ def conformal_resplits(methods: list[str], predictions: Path, calibrations: Path
     gammas = (0.8, 0.9, 0.95)
     print(
         f"\nsplit-conformal coverage at {'/'.join(map(str, gammas))}: this dev/test split, and "
-        f"{n_resplits} random document re-splits of dev + test (same numbers of documents)"
+        f"{n_resplits} random re-splits of dev + test by {unit} (same numbers of units)"
     )
     for method in methods:
         calibration = Calibration.load(calibrations / f"{method}.json")
         scores = {
-            split: conformal_scores(method, split, predictions, rows[split], calibration) for split in rows
+            split: conformal_scores(method, split, predictions, rows[split], calibration, unit)
+            for split in rows
         }
         rng = np.random.default_rng(0)
         within_all = np.ones(n_resplits, dtype=bool)
@@ -165,7 +173,7 @@ def conformal_resplits(methods: list[str], predictions: Path, calibrations: Path
             within = np.abs(coverage - np.asarray(gammas)) <= 0.02
             within_all &= within.all(axis=1)
             print(
-                f"{method:<10} {lp:<6} docs dev/test {n_dev_docs}/{len(docs) - n_dev_docs}: observed "
+                f"{method:<10} {lp:<6} units dev/test {n_dev_docs}/{len(docs) - n_dev_docs}: observed "
                 + "/".join(f"{c:.3f}" for c in observed)
                 + "; re-splits mean "
                 + "/".join(f"{c:.3f}" for c in coverage.mean(axis=0))
@@ -193,7 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predictions", type=Path, default=Path("predictions"))
     parser.add_argument("--calibration", type=Path, default=Path("calibration"))
     parser.add_argument("--pool", help="also refit the calibration on dev + this split (e.g. d_e)")
-    parser.add_argument("--resplits", type=int, default=0, help="random document re-splits of dev + test")
+    parser.add_argument("--resplits", type=int, default=0, help="random re-splits of dev + test")
+    parser.add_argument(
+        "--resplit-unit",
+        choices=("doc", "seg_id"),
+        default="doc",
+        help="what a re-split keeps together: the split's documents (default) or single source sentences",
+    )
     args = parser.parse_args(argv)
     print(f"{'method':<10} {'lp':<6} {'n dev':>6} {'n test':>6} {'affine':>8} {'dev quantiles':>14}")
     for method in args.methods:
@@ -210,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pool:
         pooled_calibration(args.methods, args.pool, args.predictions)
     if args.resplits:
-        conformal_resplits(args.methods, args.predictions, args.calibration, args.resplits)
+        conformal_resplits(args.methods, args.predictions, args.calibration, args.resplits, args.resplit_unit)
     return 0
 
 
