@@ -63,13 +63,13 @@ def ece_dev_quantiles(z_dev: np.ndarray, z_test: np.ndarray) -> float:
 
 def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None:
     """Test ECE and interval coverage with the calibration refitted on dev and on dev + ``pool``."""
-    from uamt.pipeline import read_split
-    from uamt.stages.calibrate import load_config, predict_split, with_model_sigma
+    from uamt.pipeline import open_features, read_split
+    from uamt.stages.calibrate import is_fixed_variance, load_config, predict_split, with_model_sigma
     from uamt.uncertainty import evaluate_predictions
 
     cfg = load_config()
     pool_rows = read_split(cfg.pipeline.prepared_dir, pool, cfg.pipeline.datasets)
-    features = None
+    features = open_features(cfg.encode)
     print(
         f"\ncalibration refitted on dev vs dev + {pool}: test ECE; coverage at 0.8/0.9/0.95 (gaussian | conformal)"
     )
@@ -77,10 +77,6 @@ def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None
         if method == "dup":
             print(f"{method:<10} skipped: its error model M_E is trained on {pool}")
             continue
-        if features is None:
-            from uamt.pipeline import open_features
-
-            features = open_features(cfg.encode)
         dev = with_model_sigma(pd.read_parquet(predictions / "dev" / f"{method}.parquet"), method)
         test = with_model_sigma(pd.read_parquet(predictions / "test" / f"{method}.parquet"), method)
         with tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +89,7 @@ def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None
             (f"dev+{pool}", pd.concat([dev, extra], ignore_index=True)),
         ):
             result = evaluate_predictions(test, calibration_rows, settings=cfg.evaluate)
-            block = result["methods"]["fixed_variance" if method == "point" else "model"]["per_lp"]
+            block = result["methods"]["fixed_variance" if is_fixed_variance(method) else "model"]["per_lp"]
             rows = pd.DataFrame(result["intervals"] or [])
             for lp in sorted(block):
                 n_cal = int((calibration_rows["lp"] == lp).sum())
@@ -111,8 +107,8 @@ def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None
 
 def conformal_scores(method: str, split: str, predictions: Path, rows: pd.DataFrame, calibration, unit: str):
     """|human - mu| / sigma in the dev-standardised units the conformal calibrator uses (raw sigma),
-    with each row's re-split unit (column ``unit`` of ``rows``, the prepared rows the predictions
-    were made for)."""
+    with each row's re-split unit: ``dataset`` + column ``unit`` of ``rows``, the prepared rows the
+    predictions were made for (a ``seg_id`` is only unique within a dataset)."""
     from uamt.stages.calibrate import with_model_sigma
 
     pred = with_model_sigma(pd.read_parquet(predictions / split / f"{method}.parquet"), method)
@@ -126,14 +122,18 @@ def conformal_scores(method: str, split: str, predictions: Path, rows: pd.DataFr
         pred["mu"].to_numpy(float), pred["sigma"].to_numpy(float), lp
     )
     return pd.DataFrame(
-        {"lp": lp, "doc": rows[unit].astype(str).to_numpy(), "score": np.abs(human_z - mu_z) / sigma_z}
+        {
+            "lp": lp,
+            "unit": (rows["dataset"].astype(str) + "/" + rows[unit].astype(str)).to_numpy(),
+            "score": np.abs(human_z - mu_z) / sigma_z,
+        }
     )
 
 
 def conformal_resplits(
     methods: list[str], predictions: Path, calibrations: Path, n_resplits: int, unit: str = "doc"
 ) -> None:
-    """Coverage spread of split-conformal intervals under random document re-splits of dev + test."""
+    """Coverage spread of split-conformal intervals under random re-splits of dev + test by ``unit``."""
     from uamt.calibrated import Calibration
     from uamt.pipeline import read_split
     from uamt.stages.calibrate import load_config
@@ -159,21 +159,21 @@ def conformal_resplits(
             dev, test = (scores[split][scores[split]["lp"] == lp] for split in ("dev", "test"))
             observed = [np.mean(test["score"] <= conformal_quantile(dev["score"], g)) for g in gammas]
             pooled = pd.concat([dev, test], ignore_index=True)
-            docs = pooled["doc"].unique()
-            n_dev_docs = dev["doc"].nunique()
-            by_doc = pooled.groupby("doc")["score"].apply(np.asarray)
+            units = pooled["unit"].unique()
+            n_dev_units = dev["unit"].nunique()
+            by_unit = pooled.groupby("unit")["score"].apply(np.asarray)
             coverage = np.empty((n_resplits, len(gammas)))
             ece = np.empty(n_resplits)
             for r in range(n_resplits):
-                order = rng.permutation(docs)
-                cal = np.concatenate(by_doc[order[:n_dev_docs]].to_list())
-                held = np.concatenate(by_doc[order[n_dev_docs:]].to_list())
+                order = rng.permutation(units)
+                cal = np.concatenate(by_unit[order[:n_dev_units]].to_list())
+                held = np.concatenate(by_unit[order[n_dev_units:]].to_list())
                 coverage[r] = [np.mean(held <= conformal_quantile(cal, g)) for g in gammas]
                 ece[r] = ece_dev_quantiles(cal, held)
             within = np.abs(coverage - np.asarray(gammas)) <= 0.02
             within_all &= within.all(axis=1)
             print(
-                f"{method:<10} {lp:<6} units dev/test {n_dev_docs}/{len(docs) - n_dev_docs}: observed "
+                f"{method:<10} {lp:<6} units dev/test {n_dev_units}/{len(units) - n_dev_units}: observed "
                 + "/".join(f"{c:.3f}" for c in observed)
                 + "; re-splits mean "
                 + "/".join(f"{c:.3f}" for c in coverage.mean(axis=0))
