@@ -499,7 +499,8 @@ def write_pool(frame: pd.DataFrame, path: str | Path) -> None:
         pq.write_table(table, tmp)
 
 
-def _write_text_in_place(path: Path, text: str) -> None:
+def _write_text_creating_folder(path: Path, text: str) -> None:
+    """Atomic write; unlike :func:`uamt.fileio.atomic_write_text`, a missing folder is created."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
 
@@ -587,14 +588,14 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
                     "ingested_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 }
             )
-            _write_text_in_place(manifest_path, json.dumps(manifest, indent=2) + "\n")
+            _write_text_creating_folder(manifest_path, json.dumps(manifest, indent=2) + "\n")
             result.ingested.append(path.name)
             result.rows_added += len(usable)
             result.rows_rejected += len(check.bad_rows)
             target = _move(path, processed)
             if not check.ok:
                 report = target.with_name(target.name + ".report.txt")
-                _write_text_in_place(report, check.report())
+                _write_text_creating_folder(report, check.report())
                 result.reports[path.name] = str(report)
             log.info("ingested %s: %d row(s) added, %d rejected", path.name, len(usable), len(check.bad_rows))
         else:
@@ -602,7 +603,7 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
                 check.file_problems.append(Problem(None, "*", "no usable rows"))
             target = _move(path, rejected)
             report = target.with_name(target.name + ".report.txt")
-            _write_text_in_place(report, check.report())
+            _write_text_creating_folder(report, check.report())
             result.rejected.append(path.name)
             result.rows_rejected += check.n_rows
             result.reports[path.name] = str(report)
