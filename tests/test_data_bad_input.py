@@ -29,6 +29,18 @@ def make_wmt(root: Path, scores: str = SCORES, hyp: bytes | None = None, src: st
     (base / "txt/system-outputs/newstest2021.cs-en.hyp.SysA.en").write_bytes(
         hyp if hyp is not None else b"Hullo.\nHey.\n"
     )
+    # Document ids (cs-en has none in the public data: without them the DA join is impossible).
+    # Line 1 is in document "b", line 2 in "a2": in document-id order DA SID 1 is line 2.
+    segs = (src if src is not None else "Ahoj.\nNazdar.\n").split("\n")[:2]
+    (base / "xml").mkdir(parents=True, exist_ok=True)
+    (base / "xml/newstest2021.cs-en.all.xml").write_text(
+        '<dataset id="newstest2021">'
+        f'<doc origlang="cs" id="b"><src lang="cs"><p><seg id="1">{segs[0]}</seg></p></src></doc>'
+        f'<doc origlang="cs" id="a2"><src lang="cs"><p><seg id="1">{segs[1]}</seg></p></src></doc>'
+        '<doc origlang="cs" id="0suite" testsuite="t"><src lang="cs"><p><seg id="1">x</seg></p></src></doc>'
+        "</dataset>",
+        encoding="utf-8",
+    )
     (base / "humaneval/newstest2021-toen").mkdir(parents=True, exist_ok=True)
     score_file = base / "humaneval/newstest2021-toen/ad-seg-scores-cs-en.csv"
     score_file.write_text(scores, encoding="utf-8")
@@ -42,8 +54,17 @@ def load(root: Path, **kw):
 def test_synthetic_ok(tmp_path):
     make_wmt(tmp_path)
     df = load(tmp_path)
-    assert df.mt.tolist() == ["Hullo.", "Hey."] and df.ref.tolist() == ["Hello.", "Hi."]
-    assert df.doc.tolist() == ["newstest2021/cs/pseudo-0000"] * 2
+    # DA SIDs count segments in document-id order: SID 1 = document "a2" = line 2.
+    assert df.mt.tolist() == ["Hey.", "Hullo."] and df.ref.tolist() == ["Hi.", "Hello."]
+    assert df.seg_id.tolist() == [2, 1]
+    assert df.doc.tolist() == ["newstest2021/cs/a2", "newstest2021/cs/b"]
+
+
+def test_no_document_ids_left_out(tmp_path, caplog):
+    make_wmt(tmp_path)
+    (tmp_path / WMT / "xml/newstest2021.cs-en.all.xml").unlink()
+    with pytest.raises(DataError, match=r"wmt21_da: no language pair of \['cs-en'\] can be joined"):
+        load(tmp_path)
 
 
 def test_renamed_column(tmp_path):
@@ -79,7 +100,7 @@ def test_whitespace_source(tmp_path):
 def test_text_shorter_than_segment_ids(tmp_path):
     make_wmt(tmp_path, scores=SCORES + "SysA.1 7 50 0.1 1 \n")
     with pytest.raises(
-        DataError, match=r"ad-seg-scores-cs-en\.csv: line 4: segment id 7 is beyond the 2 lines"
+        DataError, match=r"ad-seg-scores-cs-en\.csv: line 4: segment id 7 is beyond the 2 segments"
     ):
         load(tmp_path)
 

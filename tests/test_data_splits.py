@@ -103,7 +103,19 @@ def test_bad_fractions():
 
 @pytest.mark.slow
 def test_full_prepare_on_mirror(tmp_path, mirror_root):
-    cfg = PrepareConfig(raw_dir=str(mirror_root), out_dir=str(tmp_path / "prepared"))
+    from dataclasses import replace
+
+    from tests.conftest import REPO_ROOT
+    from uamt.config import load_section
+
+    # the project's own settings (drop lists, guard exemptions), on the mirror, into tmp_path
+    cfg = replace(
+        load_section(PrepareConfig, "prepare", REPO_ROOT / "params.yaml"),
+        raw_dir=str(mirror_root),
+        out_dir=str(tmp_path / "prepared"),
+        annotations_pool=None,
+        max_rows_per_lp=None,
+    )
     paths = prepare(cfg)
     frames = {s: pd.read_parquet(p) for s, p in paths.items() if s != "summary"}
     table = pd.concat(frames.values(), ignore_index=True)
@@ -123,14 +135,17 @@ def test_full_prepare_on_mirror(tmp_path, mirror_root):
                 assert set(counts) == {"test"}
             else:
                 assert all(counts.get(s, 0) > 0 for s in cfg.fractions), (dataset, lp, counts)
-    expected = {"wmt21_da", "wmt21_mqm", "ted_mqm", "mlqe", "qt21_hter", "multihyp_eten"}
-    assert set(summary["counts"]) == expected
-    assert set(summary["counts"]["wmt21_da"]) == {
-        "cs-en",
-        "de-en",
-        "ha-en",
-        "is-en",
-        "ja-en",
-        "ru-en",
-        "zh-en",
-    }
+    assert set(summary["counts"]) == set(cfg.datasets)
+    # WMT21 DA: only the LPs whose document ids make the segment-id join possible
+    assert set(summary["counts"]["wmt21_da"]) == {"is-en", "ja-en", "ru-en"}
+    assert set(summary["left_out"]["wmt21_da"]) == {"cs-en", "de-en", "ha-en", "zh-en"}
+    assert set(summary["counts"]["wmt21_mqm"]) == {"en-de", "en-ru", "zh-en"}
+    assert set(summary["counts"]["wmt23_mqm"]) == {"en-de", "he-en", "zh-en"}
+    # every reference-based dataset x LP passed the join guard (or is exempt with a reason)
+    for dataset, lps in summary["chrf_guard"].items():
+        for lp, v in lps.items():
+            assert v["status"] == "ok" or v["status"].startswith(("exempt", "skipped")), (dataset, lp, v)
+    # the side-by-side re-ratings share their segments' split with WMT23 MQM (same doc keys)
+    sxs = table[table.dataset == "wmt23_sxs_mqm"]
+    main = table[table.dataset == "wmt23_mqm"].drop_duplicates("doc").set_index("doc")["split"]
+    assert (sxs["split"].to_numpy() == main.reindex(sxs["doc"]).to_numpy()).all()

@@ -6,7 +6,7 @@ Files dropped into ``incoming.dir`` (``data/incoming``) as ``.csv``, ``.tsv``, `
 =================== ======== ===============================================================
 column              required meaning
 =================== ======== ===============================================================
-``dataset``         yes      one of :data:`uamt.data.schema.DATASETS` (the score scale)
+``dataset``         yes      one of :data:`uamt.data.datasets.DATASETS` (the score scale)
 ``lp``              yes      a language pair of that dataset (``incoming.lps``)
 ``src``, ``mt``     yes      source and translation (non-blank)
 ``ref``             ref-based required (non-blank) for the reference-based datasets
@@ -52,8 +52,8 @@ import numpy as np
 import pandas as pd
 
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
-from uamt.data.loaders import MLQE_LPS, TED_MQM_LPS, WMT21_DA_LPS, WMT21_MQM_LPS
-from uamt.data.schema import COLUMNS, DATASETS, decode_text, sample_std, to_arrow
+from uamt.data.datasets import DATASET_SPECS, DATASETS
+from uamt.data.schema import COLUMNS, decode_text, sample_std, to_arrow
 from uamt.errors import DataError, UamtError
 from uamt.fileio import atomic_path, atomic_write_text
 
@@ -63,35 +63,12 @@ SECTION = "incoming"
 SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 REQUIRED = ("dataset", "lp", "src", "mt", "score", "system")
 OPTIONAL = ("ref", "doc", "seg_id", "score_std", "n_annotators", "annotator_scores", "score_raw", "domain")
-#: Datasets whose model input includes a reference: new rows must carry one.
-REFERENCE_BASED = ("wmt21_da", "wmt21_mqm", "ted_mqm", "qt21_hter", "multihyp_eten")
 #: Column kept in the pool (not in the canonical table) so a file is never ingested twice.
 SHA_COLUMN = "source_sha256"
 
-DEFAULT_BOUNDS = {
-    "wmt21_mqm": (-25.0, 0.0),  # MQM: 0 best, -25 = the per-segment cap
-    "ted_mqm": (-25.0, 0.0),
-    "wmt21_da": (-20.0, 20.0),  # DA z-scores (real WMT21 zh-en reaches -12.8); = uamt.data.schema
-    "mlqe": (-20.0, 20.0),
-    "multihyp_eten": (-20.0, 20.0),
-    "qt21_hter": (0.0, 5.0),  # HTER: 0 best; edits per reference word can exceed 1
-}
-DEFAULT_LPS = {
-    "wmt21_da": WMT21_DA_LPS,
-    "wmt21_mqm": WMT21_MQM_LPS,
-    "ted_mqm": TED_MQM_LPS,
-    "mlqe": MLQE_LPS,
-    "qt21_hter": ("en-de", "en-cs", "en-lv", "de-en"),
-    "multihyp_eten": ("et-en",),
-}
-DOMAINS = {
-    "wmt21_da": "news",
-    "wmt21_mqm": "news",
-    "ted_mqm": "ted",
-    "mlqe": "wiki",
-    "qt21_hter": "life_sciences",
-    "multihyp_eten": "wiki",
-}
+# Bounds, language pairs and domains of new rows come from the dataset declarations.
+DEFAULT_BOUNDS = {name: spec.score_range for name, spec in DATASET_SPECS.items()}
+DEFAULT_LPS = {name: spec.lps for name, spec in DATASET_SPECS.items()}
 
 
 @dataclass(frozen=True)
@@ -352,7 +329,7 @@ def validate_frame(
         ref = record.get("ref")
         if _blank(ref):
             ref = None
-            if dataset in REFERENCE_BASED:
+            if DATASET_SPECS[dataset].reference_based:
                 problem(i, "ref", f"empty, but {dataset} is reference-based")
         elif not isinstance(ref, str):
             problem(i, "ref", f"must be text, got {ref!r}")
@@ -424,7 +401,7 @@ def validate_frame(
                 "seg_id": seg_id,
                 "domain": domain.strip()
                 if isinstance(domain, str) and domain.strip()
-                else DOMAINS.get(dataset, ""),
+                else DATASET_SPECS[dataset].domain,
                 "year": dt.datetime.now(dt.UTC).year,
                 "group": "",
             }

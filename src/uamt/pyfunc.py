@@ -26,20 +26,12 @@ from uamt.errors import DataError
 from uamt.predictor import ScoreScale
 from uamt.references import N_REFS, distinct_references
 
-#: Human score scales a model can be calibrated on (by the datasets it is calibrated with).
-SCALES = {
-    "wmt21_mqm": ScoreScale("MQM", "MQM score: 0 = no error, negative = weighted error penalty", -5.0),
-    "ted_mqm": ScoreScale("MQM", "MQM score: 0 = no error, negative = weighted error penalty", -5.0),
-    "wmt21_da": ScoreScale("DA-z", "WMT direct assessment z-score (per-annotator standardised)", -1.0),
-    "mlqe": ScoreScale("DA-z", "MLQE direct assessment z-score (mean of annotator z-scores)", -1.0),
-    "qt21_hter": ScoreScale(
-        "HTER", "human-targeted translation error rate: 0 = no edits, higher is worse", 0.3
-    ),
-}
-
 
 def scale_for(datasets: tuple[str, ...]) -> ScoreScale:
-    scales = {SCALES[d] for d in datasets if d in SCALES}
+    """The one human score scale of ``datasets`` (from their declarations), else DataError."""
+    from uamt.data.datasets import DATASET_SPECS
+
+    scales = {DATASET_SPECS[d].scale for d in datasets if d in DATASET_SPECS}
     if len(scales) != 1:
         raise DataError(f"datasets {list(datasets)} do not share one known human score scale")
     return scales.pop()

@@ -30,8 +30,10 @@ import numpy as np
 import pandas as pd
 
 from uamt.data.schema import (
+    DA_Z_RANGE,
+    HTER_RANGE,
+    MQM_RANGE,
     RAW_DA_RANGE,
-    SCORE_RANGES,
     check_range,
     check_text,
     check_unique_keys,
@@ -43,6 +45,7 @@ from uamt.data.schema import (
     require_columns,
     sample_std,
 )
+from uamt.data.sources import wmt21_qe
 from uamt.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -53,8 +56,19 @@ MLQE_REPO = "facebookresearch/mlqe"
 HTER_REPO = "deep-spin/UA_COMET"
 
 WMT21_DA_LPS = ("cs-en", "de-en", "ha-en", "is-en", "ja-en", "ru-en", "zh-en")
-WMT21_MQM_LPS = ("en-de", "zh-en")
-TED_MQM_LPS = ("en-de", "zh-en")
+WMT21_MQM_LPS = ("en-de", "zh-en", "en-ru")
+TED_MQM_LPS = ("en-de", "zh-en", "en-ru")
+#: WMT21 news MQM language pairs without Google scores or newstest2021 text in the data, read from
+#: the QE-2023 file alone -> the language pair whose source file numbers their lines.  The en-X
+#: test sets of WMT21 share one English source: all 527 rated en-ru sources are lines of the en-de
+#: source file, at the same document and position as in the en-de QE file.
+SHARED_SOURCE_LP = {"en-ru": "en-de"}
+#: TED MQM language pairs read from the QE-2023 file alone (no Google TED file).
+QE_ONLY_TED_LPS = ("en-ru",)
+#: Least share of QE targets of published systems/references that must equal their
+#: wmt21-news-systems text (under ``wmt21_qe.match_key``); lower means the QE rows were placed on
+#: the wrong lines.  Measured: 100 % for en-de and zh-en.
+QE_TEXT_AGREEMENT = 0.95
 MLQE_LPS = ("en-de", "en-zh", "et-en", "ne-en", "ro-en", "si-en")
 QT21_FILES = (
     ("nmt", "en-de"),
@@ -67,14 +81,22 @@ QT21_FILES = (
 
 #: Score-file system names whose text file has another name.
 SYSTEM_ALIASES = {"Nemo": "NVIDIA-NeMo"}
-#: The judgement type of ordinary DA items in ``ad-*-good-stnd.csv`` (others: REF, REPEAT, BAD_REF).
-ORDINARY_DA_TYPE = "SYSTEM"
+#: The judgement types in ``ad-*-good-stnd.csv`` whose mean is ``Z.SCR``: the ordinary item and
+#: its repeat (REF and BAD_REF are quality-control items, not judgements of the system output).
+DA_JUDGEMENT_TYPES = ("SYSTEM", "REPEAT")
+#: Why a WMT21 DA language pair without published document ids cannot be joined to its text.
+NO_DOC_ORDER = (
+    "no public document ids: DA segment ids count segments in document-id order, which cannot be "
+    "rebuilt without them (left out rather than joined to the wrong sentences)"
+)
 #: Which reference file WMT21 to-English ``HUMAN`` is.  Not stated in the files; HUMAN's
 #: mean standardised score (about -0.07 in cs-en/de-en, 0.08 in ru-en) is that of an ordinary
 #: system, not that of the REF quality-control items (0.7-0.9) in which annotators compare
 #: reference A with itself, so HUMAN is the second reference, B (as in the WMT21 findings).
 DEFAULT_HUMAN_REFERENCE = {"cs-en": "B", "de-en": "B", "ru-en": "B", "zh-en": "B"}
-DEFAULT_DROP_SYSTEMS = {"wmt21_mqm": {"metricsystem*": "metric-selected outputs, no text published"}}
+#: Systems every run skips, per dataset (none: ``metricsystem1-5`` of WMT21 MQM, once dropped for
+#: want of text, take theirs from the QE-2023 file).
+DEFAULT_DROP_SYSTEMS: dict[str, dict[str, str]] = {"wmt21_mqm": {}}
 TED_REF_SYSTEMS = {"ref": "ref-A", "refB": "ref-B"}
 _REF_SYSTEM = re.compile(r"^ref-([A-Z])$")
 _SPAN_MARK = re.compile(r"</?v>")
@@ -243,6 +265,19 @@ class Newstest2021:
             return f"{prefix}/{self.doc_of_line[sid - 1]}"
         return _pseudo_doc(prefix, sid, self.pseudo_doc_size)
 
+    def line_of_da_sid(self) -> list[int] | None:
+        """1-based text line of each WMT21 DA segment id (element k-1 for SID k), or None.
+
+        DA SIDs count the segments of the test set's documents **sorted by document id** (string
+        order, segments in order inside each document, test-suite documents left out), not the
+        lines of the text files.  Without document ids (no ``xml/…all.xml``) the order cannot
+        be rebuilt: None.
+        """
+        if self.doc_of_line is None:
+            return None
+        # A stable sort keeps each document's segments in file order.
+        return sorted(range(1, len(self.doc_of_line) + 1), key=lambda line: self.doc_of_line[line - 1])
+
 
 def _row(
     *,
@@ -297,11 +332,14 @@ def _log_drops(dataset: str, lp: str, drops: Mapping[str, int]) -> None:
 
 
 def _da_annotator_scores(path: Path) -> dict[tuple[str, int], list[float]]:
-    """Per (``sys_id``, ``sid``): the standardised scores of the ordinary (``SYSTEM``) judgements."""
+    """Per (``sys_id``, ``sid``): the standardised scores of the ``SYSTEM`` and ``REPEAT`` judgements.
+
+    ``Z.SCR`` of ``ad-seg-scores-*.csv`` is the mean of exactly these, so both are kept.
+    """
     df = _read_table(path, sep=r"\s+")
     require_columns(df, ("sys_id", "sid", "score", "type"), str(path))
     lines = np.arange(len(df)) + 2
-    keep = (df["type"] == ORDINARY_DA_TYPE).to_numpy()
+    keep = df["type"].isin(DA_JUDGEMENT_TYPES).to_numpy()
     df = df[keep]
     scores = numeric_column(df, "score", str(path), rows=pd.Index(lines[keep]))
     sids = numeric_column(df, "sid", str(path), rows=pd.Index(lines[keep])).astype("int64")
@@ -323,28 +361,46 @@ def load_wmt21_da(
     """WMT21 to-English segment DA (MTurk, reference-based) with per-annotator scores.
 
     ``score`` = ``Z.SCR``, ``score_raw`` = ``RAW.SCR`` (0-100), ``n_annotators`` = ``N``,
-    ``annotator_scores`` = the standardised scores of the ordinary ``SYSTEM`` judgements of
-    ``ad-<xxen>-good-stnd.csv`` matched on (``SYS``, ``SID``) (REF, BAD_REF and REPEAT
-    quality-control items excluded, so the list can be shorter than ``N``); zh-en has no such
-    file and gets ``[]``.  ``HUMAN`` is the reference named in ``human_reference[lp]``: its
-    text is that reference and its ``ref``/``refs`` the other references; rows are dropped
-    (and counted in the log) when that reference file is absent or no other reference exists.
+    ``annotator_scores`` = the standardised scores of the ``SYSTEM`` and ``REPEAT`` judgements
+    of ``ad-<xxen>-good-stnd.csv`` matched on (``SYS``, ``SID``) (their mean is ``Z.SCR``; the
+    REF and BAD_REF quality-control items are excluded).  ``HUMAN`` is the reference named in
+    ``human_reference[lp]``: its text is that reference and its ``ref``/``refs`` the other
+    references; rows are dropped (and counted in the log) when that reference file is absent or
+    no other reference exists.
+
+    ``SID`` is **not** a line number: SID k is the k-th segment once the test set's documents
+    are sorted by document id (:meth:`Newstest2021.line_of_da_sid`).  Language pairs without
+    published document ids (cs-en, de-en, ha-en, zh-en) cannot be joined and are left out:
+    logged, and listed with the reason in ``df.attrs["left_out"]`` (``{lp: reason}``), which
+    ``uamt data prepare`` writes to ``summary.json``.  Never guess an order.
     """
     root = Path(root)
     drop_systems = dict(drop_systems or {})
     human_reference = DEFAULT_HUMAN_REFERENCE if human_reference is None else dict(human_reference)
     humaneval = root / WMT_REPO / "humaneval" / "newstest2021-toen"
     rows: list[dict] = []
+    left_out: dict[str, str] = {}
     for lp in _check_lps(lps, WMT21_DA_LPS, "wmt21_da"):
         text = Newstest2021(root, lp, pseudo_doc_size)
+        line_of_sid = text.line_of_da_sid()
+        if line_of_sid is None:
+            left_out[lp] = NO_DOC_ORDER
+            log.warning("wmt21_da %s: left out: %s", lp, NO_DOC_ORDER)
+            continue
         score_path = _require_file(humaneval / f"ad-seg-scores-{lp}.csv", "DA score file")
         name = str(score_path)
         df = _read_table(score_path, sep=r"\s+")
         require_columns(df, ("SYS", "SID", "RAW.SCR", "Z.SCR", "N"), name)
         sids = _positive_ints(df, "SID", name)
+        beyond = np.flatnonzero(sids > len(line_of_sid))
+        if beyond.size:
+            raise DataError(
+                f"{name}: line {int(beyond[0]) + 2}: segment id {int(sids[beyond[0]])} is beyond the "
+                f"{len(line_of_sid)} segments of the {lp} test set"
+            )
         raw = numeric_column(df, "RAW.SCR", name).to_numpy()
         z = numeric_column(df, "Z.SCR", name).to_numpy()
-        check_range(z, SCORE_RANGES["wmt21_da"], name, "Z.SCR", "DA z-score")
+        check_range(z, DA_Z_RANGE, name, "Z.SCR", "DA z-score")
         check_range(raw, RAW_DA_RANGE, name, "RAW.SCR", "raw DA score (0-100)")
         check_unique_keys(
             list(zip(df["SYS"], sids.tolist(), strict=True)),
@@ -363,6 +419,7 @@ def load_wmt21_da(
             system = sys_id.rsplit(".", 1)[0] if "." in sys_id else sys_id
             system = SYSTEM_ALIASES.get(system, system)
             sid = int(sids[i])
+            seg = line_of_sid[sid - 1]  # the text line that DA segment id judged
             reason = _dropped_reason(system, drop_systems)
             if reason is not None:
                 drops[f"system {system} ({reason})"] = drops.get(f"system {system} ({reason})", 0) + 1
@@ -384,18 +441,18 @@ def load_wmt21_da(
                     drops[key] = drops.get(key, 0) + 1
                     continue
                 mt = _seg_line(
-                    text.refs[letter], sid, text.ref_files[letter], name, line, f"reference {letter}"
+                    text.refs[letter], seg, text.ref_files[letter], name, line, f"reference {letter}"
                 )
                 system_name = f"HUMAN-ref{letter}"
             else:
                 others = letters
-                mt = _system_output(text, system, sys_id, sid, name, line, "wmt21_da", drop_empty_mt, drops)
+                mt = _system_output(text, system, sys_id, seg, name, line, "wmt21_da", drop_empty_mt, drops)
                 if mt is None:
                     continue
                 system_name = system
-            src = _seg_line(text.source, sid, text.source_file, name, line, "source")
+            src = _seg_line(text.source, seg, text.source_file, name, line, "source")
             refs = [
-                _seg_line(text.refs[x], sid, text.ref_files[x], name, line, f"reference {x}") for x in others
+                _seg_line(text.refs[x], seg, text.ref_files[x], name, line, f"reference {x}") for x in others
             ]
             ann = per_annotator.get((sys_id, sid), [])
             rows.append(
@@ -409,15 +466,19 @@ def load_wmt21_da(
                     score_raw=raw[i],
                     annotator_scores=ann,
                     n_annotators=n_ann[i],
-                    doc=text.doc(sid),
+                    doc=text.doc(seg),
                     system=system_name,
-                    seg_id=sid,
+                    seg_id=seg,
                     domain="news",
                     year=2021,
                 )
             )
         _log_drops("wmt21_da", lp, drops)
-    return _frame(rows)
+    if not rows:
+        raise DataError(f"wmt21_da: no language pair of {list(lps)} can be joined: {left_out}")
+    out = _frame(rows)
+    out.attrs["left_out"] = left_out
+    return out
 
 
 # ----------------------------------------------------------------------------- MQM
@@ -433,7 +494,7 @@ def _mqm_scores(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
     df, lines = df[rated].reset_index(drop=True), lines[rated]
     df["score"] = numeric_column(df, "mqm_avg_score", name, rows=pd.Index(lines))
     df["seg_id"] = numeric_column(df, "seg_id", name, rows=pd.Index(lines)).astype("int64")
-    check_range(df["score"], SCORE_RANGES["wmt21_mqm"], name, "mqm_avg_score", "MQM score", rows=lines)
+    check_range(df["score"], MQM_RANGE, name, "mqm_avg_score", "MQM score", rows=lines)
     check_unique_keys(
         list(zip(df["system"], df["seg_id"].tolist(), strict=True)),
         df["score"].to_numpy(),
@@ -453,6 +514,181 @@ def _other_refs(own: str, available: Mapping[str, str]) -> list[str]:
     return [available[k] for k in sorted(available) if k != own]
 
 
+def _qe_on_lines(root: Path, lp: str, text: Newstest2021, dataset: str):
+    """The QE-2023 judgements of newstest2021 ``lp`` placed on the lines of ``text.source``.
+
+    Returns (QeFile, QeJoin, {(system, line): judgements}); judgements whose source is in no line
+    are left out and counted in the log.
+    """
+    qe = wmt21_qe.read_qe_file(wmt21_qe.qe_path(root, lp))
+    join = wmt21_qe.join_source(qe, text.source, text.source_file)
+    n = len(qe.judgements)
+    log.info(
+        "%s %s: %d of %d QE rows placed on lines of %s (%d with the same text, the rest under "
+        "wmt21_qe.match_key); %d rows whose source is in no line dropped",
+        dataset,
+        lp,
+        join.matched,
+        n,
+        text.source_file.name,
+        join.exact,
+        n - join.matched,
+    )
+    return qe, join, wmt21_qe.group_judgements(qe, join.line_of)
+
+
+def _qe_target(
+    qe: wmt21_qe.QeFile,
+    judgement: wmt21_qe.QeJudgement | None,
+    system: str,
+    drop_empty_mt: bool,
+    drops: dict[str, int],
+) -> str | None:
+    """The QE file's text of a system without a published text file; None (counted) where absent."""
+    if judgement is None:
+        key = f"system {system}: no text (segment not in the QE file)"
+        drops[key] = drops.get(key, 0) + 1
+        return None
+    if judgement.empty_target:
+        if drop_empty_mt:
+            drops[EMPTY_MT] = drops.get(EMPTY_MT, 0) + 1
+            return None
+        raise DataError(
+            f"{qe.name}: line {judgement.line}: system {system} output is empty "
+            f"({wmt21_qe.EMPTY_TARGET!r}); set prepare.drop_empty_mt to drop it"
+        )
+    return judgement.target
+
+
+def _check_qe_text(
+    lp: str, text: Newstest2021, groups: Mapping[tuple[str, int], list[wmt21_qe.QeJudgement]], name: str
+) -> None:
+    """Raise when the QE targets of published systems differ from their text (join on wrong lines)."""
+    same = total = 0
+    for (system, line), judgements in groups.items():
+        match = _REF_SYSTEM.match(system)
+        if match:
+            published = text.refs.get(match.group(1))
+        else:
+            path = text.hyp_file(SYSTEM_ALIASES.get(system, system))
+            published = text.hyp(SYSTEM_ALIASES.get(system, system)) if path.is_file() else None
+        if published is None or line > len(published):
+            continue
+        target = judgements[0]
+        total += 1
+        if target.empty_target:
+            same += not published[line - 1].strip()
+        else:
+            same += wmt21_qe.match_key(target.target) == wmt21_qe.match_key(published[line - 1])
+    if total and same < QE_TEXT_AGREEMENT * total:
+        raise DataError(
+            f"{name}: only {same} of {total} targets of systems published in wmt21-news-systems equal "
+            f"their newstest2021 {lp} text: the QE rows are not on the lines their source matched"
+        )
+    log.info("wmt21_mqm %s: %d of %d QE targets equal the published system/reference text", lp, same, total)
+
+
+def _real_docs(rows: list[dict], doc_of_line: Mapping[int, str], prefix: str, where: str) -> None:
+    """Give every row the QE file's document of its line (``<prefix>/<doc id>``), in place.
+
+    All or nothing: if one row's line has no document, the rows keep their pseudo-documents, since
+    a mix could put the lines of one real document under two keys (its own and a pseudo one).
+    """
+    missing = [r["seg_id"] for r in rows if r["seg_id"] not in doc_of_line]
+    if missing:
+        log.warning(
+            "%s: %d rows on lines without a document in the QE file (e.g. line %d): pseudo-documents kept",
+            where,
+            len(missing),
+            missing[0],
+        )
+        return
+    for r in rows:
+        r["doc"] = f"{prefix}/{doc_of_line[r['seg_id']]}"
+
+
+def _qe_rows(
+    dataset: str,
+    lp: str,
+    qe: wmt21_qe.QeFile,
+    groups: Mapping[tuple[str, int], list[wmt21_qe.QeJudgement]],
+    *,
+    src_of,
+    doc_of,
+    domain: str,
+    rename: Mapping[str, str],
+    drop_systems: Mapping[str, str],
+    drop_empty_mt: bool,
+    drops: dict[str, int],
+) -> list[dict]:
+    """Rows of a language pair scored from the QE file's per-rater errors (no Google scores).
+
+    ``score`` = ``score_raw`` = mean over the raters of their MQM scores
+    (:attr:`wmt21_qe.QeJudgement.score`: 0 best, negative worse, floored at -25),
+    ``annotator_scores`` = those scores, ``n_annotators`` = the number of raters.  ``mt`` = the
+    file's target; ``refs`` = the targets of the file's rated references ``ref-X`` of the segment
+    (alphabetical), a rated reference's own row getting the *other* ones (dropped without).
+    ``src_of(seg, judgement)`` / ``doc_of(seg, judgement)`` give ``src`` and ``doc``; ``rename``
+    maps system names (e.g. ``Nemo``).
+    """
+    ref_texts: dict[int, dict[str, str]] = {}
+    for (system, seg), judgements in groups.items():
+        match = _REF_SYSTEM.match(system)
+        if match:
+            ref_texts.setdefault(seg, {})[match.group(1)] = judgements[0].target
+    rows: list[dict] = []
+    floored = 0
+    for (system, seg), judgements in groups.items():
+        reason = _dropped_reason(system, drop_systems)
+        if reason is not None:
+            key = f"system {system} ({reason})"
+            drops[key] = drops.get(key, 0) + 1
+            continue
+        available = ref_texts.get(seg, {})
+        match = _REF_SYSTEM.match(system)
+        if match:
+            refs = _other_refs(match.group(1), available)
+            if not refs:
+                key = f"rated reference {system}: no other reference"
+                drops[key] = drops.get(key, 0) + 1
+                continue
+        else:
+            refs = [available[x] for x in sorted(available)]
+        first = judgements[0]
+        mt = _qe_target(qe, first, system, drop_empty_mt, drops)
+        if mt is None:
+            continue
+        scores = [j.score for j in judgements]
+        floored += sum(j.penalty < wmt21_qe.MQM_FLOOR for j in judgements)
+        rows.append(
+            _row(
+                dataset=dataset,
+                lp=lp,
+                src=src_of(seg, first),
+                mt=mt,
+                refs=refs,
+                score=float(np.mean(scores)),
+                score_raw=float(np.mean(scores)),
+                annotator_scores=scores,
+                n_annotators=len(scores),
+                doc=doc_of(seg, first),
+                system=rename.get(system, system),
+                seg_id=seg,
+                domain=domain,
+                year=2021,
+            )
+        )
+    if floored:
+        log.info(
+            "%s %s: %d rater scores below %g floored (more than five errors marked)",
+            dataset,
+            lp,
+            floored,
+            wmt21_qe.MQM_FLOOR,
+        )
+    return rows
+
+
 def load_wmt21_mqm(
     root: str | Path,
     lps: Iterable[str] = WMT21_MQM_LPS,
@@ -461,17 +697,71 @@ def load_wmt21_mqm(
     drop_systems: Mapping[str, str] | None = None,
     drop_empty_mt: bool = False,
 ) -> pd.DataFrame:
-    """newstest2021 expert MQM (en-de, zh-en) joined on ``seg_id`` with the WMT21 text.
+    """newstest2021 expert MQM (en-de, zh-en, en-ru) joined with the WMT21 text.
 
-    ``score`` = ``score_raw`` = MQM as published (0 best, negative worse).  Rated human
-    references (``ref-X``) are kept as rows with ``system = "ref-X"`` when their text is in the
-    data; their ``ref`` is the first *other* reference in alphabetical order and ``refs`` all
-    other references; without text or without another reference they are dropped (logged).
+    Scores are MQM: 0 best, negative worse, in [-25, 0]; ``score_raw`` = ``score``.
+
+    en-de, zh-en
+        ``score`` = Google's ``avg_seg_scores`` (one published score per item:
+        ``annotator_scores = [score]``, ``n_annotators = 1``); ``seg_id`` = its segment id = line of
+        ``newstest2021.<lp>.src.*``, whose line is ``src``.  ``mt``: wmt21-news-systems, and for the
+        systems and rated references it does not publish (``metricsystem1-5``, ``ref-B``) the target
+        of the QE-2023 file (:mod:`uamt.data.sources.wmt21_qe`, a lightly normalised copy of the
+        text), placed on lines by its source text.  Items without text in either are dropped
+        (logged); QE judgements without a Google score (en-de ``ref-C``/``ref-D`` on unrated lines)
+        are not used.
+    en-ru
+        Neither Google scores nor newstest2021 en-ru text are in the data: everything comes from the
+        QE file.  ``score`` = mean over raters of each rater's MQM score of the marked severities
+        (:attr:`uamt.data.sources.wmt21_qe.QeJudgement.score`: no error categories in the file, so
+        no 0.1 punctuation / 25 non-translation weights; floored at -25), ``annotator_scores`` =
+        per-rater scores, ``n_annotators`` = number of raters.  ``seg_id`` = line of the English
+        source the en-X test sets share (``newstest2021.en-de.src.en``: every rated en-ru source
+        is there, at the same document position), whose line is ``src``; ``mt`` and the references
+        are the QE file's targets.
+
+    ``refs`` of a system row = the language pair's references in alphabetical order of their
+    letters: the reference files of wmt21-news-systems (en-de A, C, D; zh-en A) or the rated
+    references of the QE file (en-ru A, B).  A QE-only reference of en-de/zh-en (``ref-B``) is a
+    rated row, not a reference of the others (its text is normalised, and the reference
+    experiments use the published files).  A rated reference ``ref-X`` gets ``refs`` = the other
+    references and is dropped (logged) without one (zh-en ``ref-A``).
+
+    ``doc`` = ``newstest2021/<source language>/<document id>`` from the QE file, the same key for
+    the same English document in en-de and en-ru.  Every rated line of the three language pairs
+    has one; should a row's line have none, the whole language pair keeps pseudo-documents
+    (``pseudo_doc_size``), so no real document is split between two keys.
     """
     root = Path(root)
-    drop_systems = DEFAULT_DROP_SYSTEMS["wmt21_mqm"] if drop_systems is None else dict(drop_systems)
+    if drop_systems is None:
+        drop_systems = DEFAULT_DROP_SYSTEMS.get("wmt21_mqm", {})
+    drop_systems = dict(drop_systems)
     rows: list[dict] = []
     for lp in _check_lps(lps, WMT21_MQM_LPS, "wmt21_mqm"):
+        src_lang, _ = _lp_parts(lp)
+        if lp in SHARED_SOURCE_LP:
+            text = Newstest2021(root, SHARED_SOURCE_LP[lp], pseudo_doc_size)
+            qe, join, groups = _qe_on_lines(root, lp, text, "wmt21_mqm")
+            drops: dict[str, int] = {}
+            lp_rows = _qe_rows(
+                "wmt21_mqm",
+                lp,
+                qe,
+                groups,
+                src_of=lambda seg, j, text=text, qe=qe: _seg_line(
+                    text.source, seg, text.source_file, qe.name, j.line, "source"
+                ),
+                doc_of=lambda seg, j, text=text: text.doc(seg),
+                domain="news",
+                rename=SYSTEM_ALIASES,
+                drop_systems=drop_systems,
+                drop_empty_mt=drop_empty_mt,
+                drops=drops,
+            )
+            _real_docs(lp_rows, join.doc_of_line, f"newstest2021/{src_lang}", f"wmt21_mqm {lp}")
+            rows.extend(lp_rows)
+            _log_drops("wmt21_mqm", lp, drops)
+            continue
         text = Newstest2021(root, lp, pseudo_doc_size)
         path = _require_file(
             root
@@ -483,7 +773,18 @@ def load_wmt21_mqm(
         )
         name = str(path)
         df, lines = _mqm_scores(path)
-        drops: dict[str, int] = {}
+        # The QE file is read after the score file, so a bad score file is reported first.
+        qe, join, groups = _qe_on_lines(root, lp, text, "wmt21_mqm")
+        _check_qe_text(lp, text, groups, qe.name)
+        qe_systems = {j.system for j in qe.judgements}
+        rated = set(zip(df["system"], df["seg_id"].tolist(), strict=True))
+        unscored = sum(len(v) for k, v in groups.items() if k not in rated)
+        if unscored:
+            log.info(
+                "wmt21_mqm %s: %d QE rows have no Google score (not rated there): not used", lp, unscored
+            )
+        drops = {}
+        lp_rows = []
         for i, (system, sid, score) in enumerate(zip(df["system"], df["seg_id"], df["score"], strict=True)):
             line = int(lines[i])
             sid = int(sid)
@@ -497,10 +798,17 @@ def load_wmt21_mqm(
                 x: _seg_line(text.refs[x], sid, text.ref_files[x], name, line, f"reference {x}")
                 for x in text.refs
             }
+            qe_item = (groups.get((system, sid)) or [None])[0]
             if match:
                 letter = match.group(1)
-                if letter not in text.refs:
-                    key = f"rated reference {system}: its text is not in the data"
+                if letter in text.refs:
+                    mt = ref_texts[letter]
+                elif qe_item is not None:
+                    mt = qe_item.target
+                else:
+                    key = (
+                        f"rated reference {system}: its text is in neither wmt21-news-systems nor the QE file"
+                    )
                     drops[key] = drops.get(key, 0) + 1
                     continue
                 refs = _other_refs(letter, ref_texts)
@@ -508,18 +816,21 @@ def load_wmt21_mqm(
                     key = f"rated reference {system}: no other reference"
                     drops[key] = drops.get(key, 0) + 1
                     continue
-                mt = ref_texts[letter]
             else:
                 file_system = SYSTEM_ALIASES.get(system, system)
-                mt = _system_output(
-                    text, file_system, system, sid, name, line, "wmt21_mqm", drop_empty_mt, drops
-                )
+                if text.hyp_file(file_system).is_file() or system not in qe_systems:
+                    # published text; a system in neither source is an error naming the score line
+                    mt = _system_output(
+                        text, file_system, system, sid, name, line, "wmt21_mqm", drop_empty_mt, drops
+                    )
+                else:
+                    mt = _qe_target(qe, qe_item, system, drop_empty_mt, drops)
                 if mt is None:
                     continue
                 refs = [ref_texts[x] for x in sorted(ref_texts)]
                 system = file_system
             src = _seg_line(text.source, sid, text.source_file, name, line, "source")
-            rows.append(
+            lp_rows.append(
                 _row(
                     dataset="wmt21_mqm",
                     lp=lp,
@@ -537,6 +848,8 @@ def load_wmt21_mqm(
                     year=2021,
                 )
             )
+        _real_docs(lp_rows, join.doc_of_line, f"newstest2021/{src_lang}", f"wmt21_mqm {lp}")
+        rows.extend(lp_rows)
         _log_drops("wmt21_mqm", lp, drops)
     return _frame(rows)
 
@@ -561,21 +874,61 @@ def _ted_text(path: Path) -> dict[tuple[str, int], tuple[str, str, str, int]]:
     return out
 
 
+def _ted_mqm_qe(root: Path, lp: str, drop_systems: Mapping[str, str]) -> list[dict]:
+    """TED MQM rows of ``lp`` from the QE-2023 file alone (scores, text: :func:`_qe_rows`).
+
+    ``seg_id`` numbers the (talk, position) pairs in order of first appearance in the file
+    (:func:`wmt21_qe.number_segments`: talk order, then position); ``doc`` = ``ted/<source
+    language>/<talk>`` as the file names it; ``src`` = the file's source.
+    """
+    src_lang, _ = _lp_parts(lp)
+    qe = wmt21_qe.read_qe_file(wmt21_qe.qe_path(root, lp, ted=True))
+    segments = wmt21_qe.number_segments(qe)
+    lost = sum(seg is None for seg in segments)
+    if lost:
+        log.info("ted_mqm %s: dropped %d QE rows whose position in the talk was lost", lp, lost)
+    drops: dict[str, int] = {}
+    rows = _qe_rows(
+        "ted_mqm",
+        lp,
+        qe,
+        wmt21_qe.group_judgements(qe, segments),
+        src_of=lambda seg, j: j.source,
+        doc_of=lambda seg, j: f"ted/{src_lang}/{j.doc}",
+        domain="ted",
+        rename={},
+        drop_systems=drop_systems,
+        drop_empty_mt=False,
+        drops=drops,
+    )
+    _log_drops("ted_mqm", lp, drops)
+    return rows
+
+
 def load_ted_mqm(
     root: str | Path, lps: Iterable[str] = TED_MQM_LPS, *, drop_systems: Mapping[str, str] | None = None
 ) -> pd.DataFrame:
-    """WMT21 TED-talk expert MQM (out-of-domain), text from ``mqm_ted_<lp>.tsv``.
+    """WMT21 TED-talk expert MQM (out-of-domain): 0 best, negative worse, in [-25, 0].
 
-    Reference of a segment = target of the system ``ref`` (= ``ref-A`` in the score file), and
-    for zh-en also ``refB`` (= ``ref-B``).  The references' own rated rows follow the newstest
-    rule: kept with ``ref`` = the other reference (zh-en), dropped where there is none (en-de).
-    Metric-selected systems (``metricsystem*``) have text here and are kept.
+    en-de, zh-en: text from ``mqm_ted_<lp>.tsv``, ``score`` = ``score_raw`` = Google's
+    ``avg_seg_scores`` (one rater per segment: ``annotator_scores = [score]``).  Reference of a
+    segment = target of the system ``ref`` (= ``ref-A`` in the score file), and for zh-en also
+    ``refB`` (= ``ref-B``).  The references' own rated rows follow the newstest rule: kept with
+    ``ref`` = the other reference (zh-en), dropped where there is none (en-de).  Metric-selected
+    systems (``metricsystem*``) have text here and are kept.
+
+    en-ru (no Google file): from the QE-2023 file ``2021_TED_en-ru_processed.tsv``, scored from its
+    per-rater errors as WMT21 news en-ru (:func:`load_wmt21_mqm`, :func:`_ted_mqm_qe`); its only
+    reference ``ref-A`` is the reference of every system row, its own rated rows are dropped.
     """
     root = Path(root)
     drop_systems = dict(drop_systems or {})
     rows: list[dict] = []
     for lp in _check_lps(lps, TED_MQM_LPS, "ted_mqm"):
         src_lang, _ = _lp_parts(lp)
+        if lp in QE_ONLY_TED_LPS:
+            rows.extend(_ted_mqm_qe(root, lp, drop_systems))
+            continue
         folder = root / MQM_REPO / "ted" / lp.replace("-", "")
         text_path = _require_file(folder / f"mqm_ted_{lp.replace('-', '')}.tsv", "TED MQM text file")
         score_path = _require_file(
@@ -698,7 +1051,7 @@ def load_mlqe(root: str | Path, lps: Iterable[str] = MLQE_LPS) -> pd.DataFrame:
                 )
             z_mean = numeric_column(df, "z_mean", name).to_numpy()
             mean = numeric_column(df, "mean", name).to_numpy()
-            check_range(z_mean, SCORE_RANGES["mlqe"], name, "z_mean", "DA z-score")
+            check_range(z_mean, DA_Z_RANGE, name, "z_mean", "DA z-score")
             check_range(mean, RAW_DA_RANGE, name, "mean", "raw DA score (0-100)")
             for i in range(len(df)):
                 line = i + 2
@@ -757,7 +1110,7 @@ def load_qt21_hter(
         df = _read_table(path, sep=",")
         require_columns(df, ("src", "mt", "ref", "lp", "score"), name)
         scores = numeric_column(df, "score", name).to_numpy()
-        check_range(scores, SCORE_RANGES["qt21_hter"], name, "score", "HTER")
+        check_range(scores, HTER_RANGE, name, "score", "HTER")
         src_lang, _ = _lp_parts(lp)
         for i in range(len(df)):
             line = i + 2
@@ -815,7 +1168,7 @@ def load_multihyp_eten(root: str | Path, *, pseudo_doc_size: int = 10) -> pd.Dat
             )
     score_name = f"{tar_path}:{members['DA-z.scores'][0]}"
     scores = numeric_column(pd.DataFrame({"DA-z": lines["DA-z.scores"]}), "DA-z", score_name, first_line=1)
-    check_range(scores, SCORE_RANGES["multihyp_eten"], score_name, "DA-z", "DA z-score", first_line=1)
+    check_range(scores, DA_Z_RANGE, score_name, "DA-z", "DA z-score", first_line=1)
     rows: list[dict] = []
     for i in range(n):
         texts = {
@@ -840,13 +1193,3 @@ def load_multihyp_eten(root: str | Path, *, pseudo_doc_size: int = 10) -> pd.Dat
             )
         )
     return _frame(rows)
-
-
-LOADERS = {
-    "wmt21_da": load_wmt21_da,
-    "wmt21_mqm": load_wmt21_mqm,
-    "ted_mqm": load_ted_mqm,
-    "mlqe": load_mlqe,
-    "qt21_hter": load_qt21_hter,
-    "multihyp_eten": load_multihyp_eten,
-}

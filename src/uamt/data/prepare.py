@@ -27,8 +27,10 @@ import pyarrow.parquet as pq
 
 from uamt.config import ConfigError
 from uamt.data import loaders
-from uamt.data.schema import COLUMNS, DATASETS, SPLITS, to_arrow
-from uamt.data.splits import DEFAULT_FORCED, DEFAULT_FRACTIONS, assign_splits, check_disjoint, check_fractions
+from uamt.data.datasets import DATASET_SPECS, DATASETS, LoadOptions, dataset_spec, default_forced_splits
+from uamt.data.guard import GuardConfig, check_signal, chrf_signal, format_signal
+from uamt.data.schema import COLUMNS, SPLITS, to_arrow
+from uamt.data.splits import DEFAULT_FRACTIONS, assign_splits, check_disjoint, check_fractions
 
 log = logging.getLogger(__name__)
 
@@ -45,29 +47,33 @@ class PrepareConfig:
     seed: seed of the stable component order.
     pseudo_doc_size: segments per pseudo-document where no document ids are published.
     max_rows_per_lp: keep at most about this many rows per dataset x LP (whole documents,
-        chosen by a stable hash); null = all data.
+        chosen by a stable hash); null = all data.  One number for every dataset, or a mapping
+        dataset -> number for some (the others keep all their rows).
     drop_systems: dataset -> {system glob: reason} of systems to skip.
     human_reference: WMT21 DA LP -> reference letter that the ``HUMAN`` system is.
     drop_empty_mt: drop rated rows whose published system output line is empty (else error).
     annotations_pool: parquet file of newly ingested human annotations (written by
         :mod:`uamt.incoming`); null or a missing file = none.  Pool rows only ever join the
         training pools (see :func:`place_pool_rows`), so dev/test/ood stay fixed.
+    chrf_guard: the join guard (:mod:`uamt.data.guard`): sentence chrF vs human score per
+        dataset x LP must reach ``floor``, else prepare fails naming them.
     """
 
     raw_dir: str = "data/raw"
     out_dir: str = "data/prepared"
     datasets: tuple[str, ...] = DATASETS
     fractions: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_FRACTIONS))
-    forced_splits: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FORCED))
+    forced_splits: dict[str, str] = field(default_factory=default_forced_splits)
     seed: int = 13
     pseudo_doc_size: int = 10
-    max_rows_per_lp: int | None = None
+    max_rows_per_lp: int | dict[str, int] | None = None
     drop_systems: dict[str, dict[str, str]] = field(
         default_factory=lambda: {k: dict(v) for k, v in loaders.DEFAULT_DROP_SYSTEMS.items()}
     )
     human_reference: dict[str, str] = field(default_factory=lambda: dict(loaders.DEFAULT_HUMAN_REFERENCE))
     drop_empty_mt: bool = True
     annotations_pool: str | None = None
+    chrf_guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
         for name in (*self.datasets, *self.forced_splits, *self.drop_systems):
@@ -79,48 +85,50 @@ class PrepareConfig:
             raise ConfigError(f"prepare: {exc}") from exc
         if self.pseudo_doc_size < 1:
             raise ConfigError("prepare.pseudo_doc_size must be >= 1")
-        if self.max_rows_per_lp is not None and self.max_rows_per_lp < 1:
-            raise ConfigError("prepare.max_rows_per_lp must be >= 1 or null")
+        caps = self.max_rows_per_lp if isinstance(self.max_rows_per_lp, dict) else {"": self.max_rows_per_lp}
+        for name, cap in caps.items():
+            if name and name not in DATASETS:
+                raise ConfigError(
+                    f"prepare.max_rows_per_lp: dataset={name!r} not supported; choose from {sorted(DATASETS)}"
+                )
+            if cap is not None and cap < 1:
+                raise ConfigError(f"prepare.max_rows_per_lp{'.' + name if name else ''} must be >= 1 or null")
 
 
 def load_dataset(name: str, cfg: PrepareConfig) -> pd.DataFrame:
-    """Run the loader of dataset ``name`` on ``cfg.raw_dir`` with the settings of ``cfg``."""
-    root = Path(cfg.raw_dir)
-    drops = cfg.drop_systems.get(name, {})
-    if name == "wmt21_da":
-        return loaders.load_wmt21_da(
-            root,
-            pseudo_doc_size=cfg.pseudo_doc_size,
-            drop_systems=drops,
-            human_reference=cfg.human_reference,
-            drop_empty_mt=cfg.drop_empty_mt,
-        )
-    if name == "wmt21_mqm":
-        return loaders.load_wmt21_mqm(
-            root, pseudo_doc_size=cfg.pseudo_doc_size, drop_systems=drops, drop_empty_mt=cfg.drop_empty_mt
-        )
-    if name == "ted_mqm":
-        return loaders.load_ted_mqm(root, drop_systems=drops)
-    if name == "mlqe":
-        return loaders.load_mlqe(root)
-    if name == "qt21_hter":
-        return loaders.load_qt21_hter(root, pseudo_doc_size=cfg.pseudo_doc_size)
-    if name == "multihyp_eten":
-        return loaders.load_multihyp_eten(root, pseudo_doc_size=cfg.pseudo_doc_size)
-    raise ValueError(f"dataset={name!r} not supported; choose from {sorted(DATASETS)}")
+    """Run the loader declared for dataset ``name`` on ``cfg.raw_dir`` with the settings of ``cfg``.
+
+    Language pairs a loader leaves out on purpose (e.g. WMT21 DA without document ids) are in
+    the frame's ``attrs["left_out"]`` (``{lp: reason}``).
+    """
+    options = LoadOptions(
+        pseudo_doc_size=cfg.pseudo_doc_size,
+        drop_systems=cfg.drop_systems.get(name, {}),
+        human_reference=cfg.human_reference,
+        drop_empty_mt=cfg.drop_empty_mt,
+    )
+    return dataset_spec(name).load(Path(cfg.raw_dir), options)
 
 
-def limit_rows(df: pd.DataFrame, max_rows_per_lp: int | None, seed: int) -> pd.DataFrame:
-    """Keep whole documents, in stable-hash order, until each dataset x LP has >= ``max_rows_per_lp`` rows."""
+def limit_rows(df: pd.DataFrame, max_rows_per_lp: int | Mapping[str, int] | None, seed: int) -> pd.DataFrame:
+    """Keep whole documents, in stable-hash order, until each dataset x LP has >= its cap of rows.
+
+    ``max_rows_per_lp``: one cap for every dataset, a mapping dataset -> cap (datasets not named
+    keep every row), or None (no cap).
+    """
     if max_rows_per_lp is None or df.empty:
         return df
     keep = []
-    for (_, _), part in df.groupby(["dataset", "lp"], sort=True):
+    for (dataset, _), part in df.groupby(["dataset", "lp"], sort=True):
+        cap = max_rows_per_lp.get(dataset) if isinstance(max_rows_per_lp, Mapping) else max_rows_per_lp
+        if cap is None:
+            keep.append(part)
+            continue
         sizes = part.groupby("doc").size()
         order = sorted(sizes.index, key=lambda d: hashlib.sha256(f"{seed}:{d}".encode()).hexdigest())
         total, chosen = 0, []
         for doc in order:
-            if total >= max_rows_per_lp:
+            if total >= cap:
                 break
             chosen.append(doc)
             total += int(sizes[doc])
@@ -134,23 +142,45 @@ def build_table(cfg: PrepareConfig) -> pd.DataFrame:
 
 
 def build_table_with_stats(cfg: PrepareConfig) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """:func:`build_table` plus the counts of the annotation pool rows (placed and dropped).
+    """:func:`build_table` plus what ``summary.json`` reports about it.
 
-    The published data is split first, on its own, so the pool never changes which split a
-    published row lands in (the test set stays fixed as annotations arrive).
+    The join guard (:mod:`uamt.data.guard`) runs on the loaded rows before anything is split
+    and raises :class:`~uamt.errors.DataError` naming every dataset x LP below its floor.  The
+    published data is split first, on its own, so the annotation pool never changes which split
+    a published row lands in (the test set stays fixed as annotations arrive).
+
+    Returns
+    -------
+    table : DataFrame
+    stats : dict
+        ``annotation_pool`` (rows placed and dropped), ``left_out`` (dataset -> {lp: reason}
+        the loaders could not join) and ``chrf_guard`` (dataset -> lp -> r, n, status).
     """
-    frames = [load_dataset(name, cfg) for name in cfg.datasets]
+    frames, left_out = [], {}
+    for name in cfg.datasets:
+        frame = load_dataset(name, cfg)
+        if frame.attrs.get("left_out"):
+            left_out[name] = dict(frame.attrs["left_out"])
+        frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
+    signal = chrf_signal(
+        table,
+        {n: DATASET_SPECS[n].higher_is_better for n in cfg.datasets},
+        {n: DATASET_SPECS[n].reference_based for n in cfg.datasets},
+        cfg.chrf_guard,
+    )
+    log.info("%s", format_signal(signal))
+    check_signal(signal, cfg.chrf_guard)
     table = limit_rows(table, cfg.max_rows_per_lp, cfg.seed)
     table = assign_splits(table, cfg.fractions, cfg.forced_splits, cfg.seed)
-    stats: dict[str, Any] = {"path": cfg.annotations_pool, "rows": 0}
+    pool_stats: dict[str, Any] = {"path": cfg.annotations_pool, "rows": 0}
     if cfg.annotations_pool is not None:
         pool = read_pool(cfg.annotations_pool)
         if len(pool):
-            table, stats = place_pool_rows(table, pool)
-            stats["path"] = cfg.annotations_pool
+            table, pool_stats = place_pool_rows(table, pool)
+            pool_stats["path"] = cfg.annotations_pool
     check_disjoint(table)
-    return sort_table(table), stats
+    return sort_table(table), {"annotation_pool": pool_stats, "left_out": left_out, "chrf_guard": signal}
 
 
 #: Training pools that new annotations may join; every other split is fixed.
@@ -292,9 +322,9 @@ def write_prepared(
 
 def prepare(cfg: PrepareConfig) -> dict[str, Path]:
     """Build the split table from ``cfg.raw_dir`` and write it to ``cfg.out_dir``; returns the paths."""
-    table, pool_stats = build_table_with_stats(cfg)
+    table, stats = build_table_with_stats(cfg)
     splits = [s for s in SPLITS if s in cfg.fractions or s in cfg.forced_splits.values()]
-    extra = {"settings": asdict(cfg), "annotation_pool": pool_stats}
+    extra = {"settings": asdict(cfg), **stats}
     paths = write_prepared(table, Path(cfg.out_dir), splits, extra)
     log.info("prepare: %d rows -> %s", len(table), cfg.out_dir)
     return paths
@@ -336,4 +366,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         )
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([fmt(header), rule, *map(fmt, lines[:-1]), rule, fmt(lines[-1])])
+    out = [fmt(header), rule, *map(fmt, lines[:-1]), rule, fmt(lines[-1])]
+    for dataset, lps in sorted(summary.get("left_out", {}).items()):
+        for lp, reason in sorted(lps.items()):
+            out.append(f"left out: {dataset} {lp}: {reason}")
+    if summary.get("chrf_guard"):
+        out.append(format_signal(summary["chrf_guard"]))
+    return "\n".join(out)

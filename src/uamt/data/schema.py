@@ -40,7 +40,6 @@ import pyarrow as pa
 
 from uamt.errors import DataError
 
-DATASETS = ("wmt21_da", "wmt21_mqm", "ted_mqm", "mlqe", "qt21_hter", "multihyp_eten")
 SPLITS = ("d_q", "d_e", "dev", "test", "ood")
 
 #: Column order of the canonical table.
@@ -163,19 +162,15 @@ def numeric_column(
     return values
 
 
-#: Plausible range of each dataset's ``score`` column (inclusive).  Wide enough for every
-#: published value (DA z-scores reach -12.8 in WMT21 zh-en; MQM is capped at -25 per segment;
-#: HTER can exceed 1 when post-editing takes more edits than the reference has words) and narrow
-#: enough to catch a column from another scale (raw DA 0-100 read as a z-score, MQM with its
-#: sign flipped, a percentage HTER).
-SCORE_RANGES: dict[str, tuple[float, float]] = {
-    "wmt21_da": (-20.0, 20.0),
-    "mlqe": (-20.0, 20.0),
-    "multihyp_eten": (-20.0, 20.0),
-    "wmt21_mqm": (-25.0, 0.0),
-    "ted_mqm": (-25.0, 0.0),
-    "qt21_hter": (0.0, 5.0),
-}
+#: Plausible ranges of the ``score`` scales (inclusive), which each dataset's declaration
+#: (:mod:`uamt.data.datasets`) names.  Wide enough for every published value (DA z-scores reach
+#: -12.8 in WMT21 zh-en; WMT21 MQM is capped at -25 per segment (WMT23 is not: its own range is
+#: declared with its loader); HTER can exceed 1 when
+#: post-editing takes more edits than the reference has words) and narrow enough to catch a column
+#: from another scale (raw DA 0-100 read as a z-score, MQM with its sign flipped, a percentage HTER).
+DA_Z_RANGE = (-20.0, 20.0)
+MQM_RANGE = (-25.0, 0.0)
+HTER_RANGE = (0.0, 5.0)
 #: Raw direct-assessment scores (``score_raw`` of wmt21_da and mlqe) are on a 0-100 slider.
 RAW_DA_RANGE = (0.0, 100.0)
 

@@ -31,7 +31,6 @@ from uamt.errors import DataError
 log = logging.getLogger(__name__)
 
 DEFAULT_FRACTIONS = {"d_q": 0.35, "d_e": 0.35, "dev": 0.10, "test": 0.20}
-DEFAULT_FORCED = {"ted_mqm": "ood", "multihyp_eten": "test"}
 
 
 def check_fractions(fractions: Mapping[str, float], forced: Mapping[str, str]) -> None:
@@ -69,7 +68,11 @@ def assign_splits(
 ) -> pd.DataFrame:
     """Return a copy of ``df`` with ``split`` and ``group`` filled; see the module docstring."""
     fractions = dict(DEFAULT_FRACTIONS if fractions is None else fractions)
-    forced = dict(DEFAULT_FORCED if forced is None else forced)
+    if forced is None:
+        from uamt.data.datasets import default_forced_splits  # the declarations import the loaders
+
+        forced = default_forced_splits()
+    forced = dict(forced)
     check_fractions(fractions, forced)
     out = df.copy()
     if out.empty:

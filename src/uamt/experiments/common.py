@@ -111,7 +111,8 @@ def calibrated_indicators(
 
 #: Human translations rated as if they were systems: WMT21 DA ``HUMAN``/``HUMAN-refB``, WMT21 MQM
 #: ``ref-A`` .. ``ref-D``, TED MQM ``ref``/``refB``.
-HUMAN_SYSTEM_PATTERN = r"^(HUMAN([-_.].*)?|ref(-?[A-Z])?)$"
+#: WMT (HUMAN-refB, ref-A, refB) and biomedical MQM (reference, reference_r1) human translations.
+HUMAN_SYSTEM_PATTERN = r"^(HUMAN([-_.].*)?|ref(-?[A-Z])?|reference(_r\d+)?)$"
 
 
 def is_human_system(system: str) -> bool:
