@@ -233,7 +233,9 @@ def test_stage_on_a_real_slice_with_minilm(tmp_path, monkeypatch, mirror_root):
     monkeypatch.chdir(tmp_path)
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     params["fetch"]["mirror"] = str(mirror_root)
-    params["prepare"].update(datasets=["wmt21_mqm"], forced_splits={}, max_rows_per_lp=400)
+    # whole real documents of ~180-280 rows: ~1,500 rows per LP give every split a document
+    params["prepare"].update(datasets=["wmt21_mqm"], forced_splits={}, max_rows_per_lp=1500)
+    params["pipeline"]["datasets"] = ["wmt21_mqm"]
     params["train_base"].update(hidden_sizes=[32], batch_size=16, mc_samples=5, ensemble_size=2)
     params["train_dup"].update(bottleneck_size=8)
     params["exp_cost"].update(

@@ -21,12 +21,18 @@ def small_params(tmp_path: Path, mirror: Path) -> Path:
     params["fetch"]["mirror"] = str(mirror)
     params["prepare"]["datasets"] = ["wmt21_mqm", "ted_mqm"]
     params["prepare"]["forced_splits"] = {"ted_mqm": "ood"}
-    params["prepare"]["max_rows_per_lp"] = 400
+    # whole real documents of ~180-280 rows: ~1,500 rows per LP give every split a document
+    params["prepare"]["max_rows_per_lp"] = {"wmt21_mqm": 1500, "ted_mqm": 400}
     params["train_base"].update(
         hidden_sizes=[64], max_epochs=3, batch_size=32, mc_samples=20, ensemble_size=2
     )
     params["train_dup"].update(bottleneck_size=16)
-    params["pipeline"]["methods"] = ["point", "mcd_head", "ensemble", "hts", "hts_mcd"]
+    params["pipeline"].update(
+        datasets=["wmt21_mqm"],
+        ood_datasets=["ted_mqm"],
+        methods=["point", "mcd_head", "ensemble", "hts", "hts_mcd"],
+    )
+    params["encode"]["datasets"] = ["wmt21_mqm", "ted_mqm"]
     params["register"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     params["register"]["gates"]["max_ece"] = 0.5  # tiny models on 400 rows: the gate's logic, not quality
     path = tmp_path / "params.yaml"

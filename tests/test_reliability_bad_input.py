@@ -73,6 +73,13 @@ def make_newstest(root: Path, lp: str, hyp: bytes = b"Hullo.\nHey.\n", src: str 
     write(base / "sources" / f"newstest2021.{lp}.src.{s}", src)
     write(base / "references" / f"newstest2021.{lp}.ref.A.{t}", "Hello.\nHi.\n")
     write(base / "system-outputs" / f"newstest2021.{lp}.hyp.SysA.{t}", hyp)
+    # Document ids (one document per line, in id order, so DA segment id k is line k): without
+    # them a WMT21 DA language pair cannot be joined and is left out.
+    segs = "".join(
+        f'<doc id="d{i}"><src lang="{s}"><p><seg id="1">{line}</seg></p></src></doc>'
+        for i, line in enumerate(src.split("\n")[:2], start=1)
+    )
+    write(root / WMT / "xml" / f"newstest2021.{lp}.all.xml", f'<dataset id="newstest2021">{segs}</dataset>')
 
 
 def make_da(root: Path, scores: str = DA_SCORES, **text) -> Callable[[], pd.DataFrame]:
