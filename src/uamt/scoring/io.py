@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from uamt.errors import DataError
-from uamt.fileio import atomic_write_text  # noqa: F401 - re-exported for scoring
+from uamt.fileio import (
+    atomic_write_text,  # noqa: F401 - re-exported for scoring
+    wide_encoding_hint,
+)
 
 #: Output suffix -> format for segment-level results.
 SEGMENT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -58,6 +61,9 @@ def read_lines(path: str | Path) -> list[str]:
         raise DataError(f"{path}: cannot read: {exc}") from None
     if data.startswith(_BOM):
         data = data[len(_BOM) :]
+    hint = wide_encoding_hint(data)
+    if hint:
+        raise DataError(f"{path}: {hint}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
