@@ -17,6 +17,9 @@ export MLFLOW_TRACKING_URI ?= sqlite:///$(abspath mlflow)/mlflow.db
 export PREFECT_HOME ?= $(abspath .prefect)
 # Prefect's ephemeral API server starts slowly on 2 busy cores.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 150
+# Prefect's telemetry posts to the internet; offline it logs an ERROR on every run.
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export DO_NOT_TRACK ?= 1
 
 .PHONY: setup run test lint bench clean retrain serve-retrain
 
