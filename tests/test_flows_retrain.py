@@ -41,6 +41,7 @@ def tiny_params(root: Path, mirror: Path) -> Path:
     params["train_base"].update(hidden_sizes=[64], max_epochs=2, mc_samples=5, patience=1, batch_size=16)
     params["pipeline"].update(methods=["point", "hts"], register_method="hts", ood_datasets=["wmt21_mqm"])
     params["register"]["tracking_uri"] = f"sqlite:///{root / 'mlflow.db'}"
+    params["register"]["allow_new_registry"] = True  # a fresh registry, created on purpose
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
     return path
