@@ -37,6 +37,9 @@ setup: $(VENV)/.installed
 
 run: setup
 	$(BIN)/python -m uamt.incoming init-pool
+	# Creates the registry on a fresh machine; refuses (and stops) when its marker says a registry
+	# existed at MLFLOW_TRACKING_URI and the database is gone (see docs/guarantees.md).
+	$(BIN)/uamt registry init
 	$(BIN)/dvc repro
 
 # One tick of the scheduled retrain on new annotations (data/incoming/), and the long-running
