@@ -17,6 +17,9 @@ export MLFLOW_TRACKING_URI ?= sqlite:///$(abspath mlflow)/mlflow.db
 export PREFECT_HOME ?= $(abspath .prefect)
 # Prefect's ephemeral API server starts slowly on 2 busy cores.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 150
+# Prefect's telemetry posts to the internet; offline it logs an ERROR on every run.
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export DO_NOT_TRACK ?= 1
 
 .PHONY: setup run test lint bench clean retrain serve-retrain
 
@@ -34,6 +37,9 @@ setup: $(VENV)/.installed
 
 run: setup
 	$(BIN)/python -m uamt.incoming init-pool
+	# Creates the registry on a fresh machine; refuses (and stops) when its marker says a registry
+	# existed at MLFLOW_TRACKING_URI and the database is gone (see docs/guarantees.md).
+	$(BIN)/uamt registry init
 	$(BIN)/dvc repro
 
 # One tick of the scheduled retrain on new annotations (data/incoming/), and the long-running

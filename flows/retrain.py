@@ -2,30 +2,43 @@
 
 One tick (see docs/orchestration.md):
 
-1. list ``incoming.dir`` for ``.csv/.tsv/.jsonl/.parquet`` files; none -> return at once
-   (``status: no new annotations``), without taking the lock or touching anything;
+1. list ``incoming.dir`` for ``.csv/.tsv/.jsonl/.parquet`` files; none and no pending-retrain
+   marker -> return at once (``status: no new annotations``), without taking the lock or touching
+   anything;
 2. take the ``fcntl`` lock ``incoming.lock_path`` (a second retrain waits ``lock_timeout_s`` and
-   then returns ``status: busy``);
+   then returns ``status: busy``); remove the temp folders of killed trainings (``models/.<name>.tmp-<pid>-*``
+   of processes that no longer run);
 3. task ``ingest`` = :func:`uamt.incoming.ingest_incoming`: validate, append good files to the
-   pool atomically, move files to ``processed/`` or ``rejected/`` (+ ``.report.txt``);
-4. nothing added -> return ``status: nothing ingested``; else retrain from ``prepare`` to
-   ``register``: ``incoming.retrain_with: flow`` runs the stage tasks of :mod:`flows.pipeline` as a
-   sub-flow (cached, so unchanged stages are skipped); ``dvc`` runs ``dvc repro register`` in a
-   subprocess so ``dvc.lock`` stays in step with the outputs (requires the pool file as a dep of
-   the ``prepare`` stage in dvc.yaml).
+   pool atomically (after writing the pending-retrain marker ``incoming.pending_path``), move files
+   to ``processed/`` or ``rejected/`` (+ ``.report.txt``);
+4. no marker (nothing added, now or by an unfinished earlier tick) -> return ``status: nothing
+   ingested``; else retrain from ``prepare`` to ``register``: ``incoming.retrain_with: flow`` runs
+   the stage tasks of :mod:`flows.pipeline` as a sub-flow (cached, so unchanged stages are
+   skipped); ``dvc`` runs ``dvc repro register`` in a subprocess so ``dvc.lock`` stays in step with
+   the outputs (requires the pool file as a dep of the ``prepare`` stage in dvc.yaml);
+5. once ``register`` has finished, remove the marker.  A tick that dies before (killed, a stage
+   failing) leaves it, so the next tick finishes the retrain (``resumed: true``) even with no new
+   file: rows ingested are never left untrained.
 
 ``prepare`` puts pool rows into ``d_q`` (or ``d_e`` when they share a document/sentence with a
 ``d_e`` component) and drops, with a count in ``data/prepared/summary.json``, those that share one
 with dev/test/ood, so the test set stays fixed (:func:`uamt.data.prepare.place_pool_rows`).
 
 Run as a deployment: ``python -m flows.retrain [--params params.yaml]`` serves it as
-``uamt-retrain`` every ``incoming.interval_minutes``.
+``uamt-retrain`` every ``incoming.interval_minutes``.  Without ``PREFECT_API_URL``, :func:`main`
+starts Prefect's temporary API server itself, in its own session (Ctrl-C stops the flow, not the
+server, so the flow's end is recorded and the process exits at once) and tied to this process (it
+gets SIGTERM when this process dies, even by SIGKILL: no orphaned server); Prefect's telemetry is
+off (``PREFECT_SERVER_ANALYTICS_ENABLED=false``, ``DO_NOT_TRACK=1``), as it fails offline.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,6 +49,7 @@ from flows.pipeline import run_pipeline
 from uamt import incoming
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.data.prepare import PrepareConfig
+from uamt.models.api import recover_stale
 from uamt.pipeline import load_pipeline
 
 ingest = task(name="ingest", persist_result=False)(incoming.ingest_incoming)
@@ -66,32 +80,123 @@ def check_pool_wiring(params: str) -> incoming.IncomingConfig:
     return cfg
 
 
+def remove_stale_temp_folders(params: str) -> list[str]:
+    """Temp folders of trainings killed mid-write (``models/.<name>.tmp-<pid>-*``, pid not running).
+
+    :func:`uamt.models.api.recover_stale` for every model the pipeline trains (it also puts back a
+    previous model a kill left at ``.<name>.old-<pid>``); returns the paths removed or restored.
+    """
+    pipe = load_pipeline(params)
+    touched = []
+    for method in pipe.all_methods:
+        touched += [str(p) for p in recover_stale(pipe.model_dir(method))]
+    return touched
+
+
 @flow(name="uamt-retrain", log_prints=True)
 def retrain_on_new_annotations(params: str = str(DEFAULT_PARAMS)) -> dict[str, Any]:
     """One tick of the scheduled retrain; returns ``status`` and what was done."""
     cfg = check_pool_wiring(params)
     waiting = incoming.new_files(cfg.dir)
-    if not waiting:
+    if not waiting and incoming.read_pending(cfg) is None:
         print(f"no new annotations in {cfg.dir}")
         return {"status": "no new annotations"}
     try:
         with incoming.retrain_lock(cfg.lock_path, cfg.lock_timeout_s):
+            owed = incoming.read_pending(cfg)  # under the lock: an unfinished earlier retrain
+            cleaned = remove_stale_temp_folders(params)
+            if cleaned:
+                print(f"removed temp folders of killed trainings: {cleaned}")
             result = ingest(cfg)
             summary: dict[str, Any] = {"ingest": asdict(result)}
-            if not result.changed:
+            if cleaned:
+                summary["cleaned"] = cleaned
+            if incoming.read_pending(cfg) is None:
                 print(f"nothing ingested: rejected {result.rejected}, reports {result.reports}")
                 return {"status": "nothing ingested", **summary}
-            print(f"ingested {result.rows_added} row(s) from {result.ingested}; retraining")
+            if owed is not None:
+                summary["resumed"] = True
+                print(f"finishing the retrain owed since {owed.get('since')}: {owed.get('changes')}")
+            if result.changed:
+                print(f"ingested {result.rows_added} row(s) from {result.ingested}; retraining")
             if cfg.retrain_with == "dvc":
                 dvc_repro(params, cfg.pool_path)
             else:
                 run_pipeline(params, start="prepare", stop="register")
             metrics_dir = Path(load_pipeline(params).metrics_dir)
             summary["registry"] = json.loads((metrics_dir / "registry.json").read_text(encoding="utf-8"))
+            incoming.clear_pending(cfg)  # only now: register has finished
             return {"status": "retrained", **summary}
     except incoming.RetrainBusy as exc:
         print(str(exc))
         return {"status": "busy"}
+
+
+#: Prefect settings for offline runs: its telemetry posts to the internet and logs an ERROR when it cannot.
+QUIET_PREFECT_ENV = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
+}
+
+
+def _die_with_parent(parent: int):
+    """``preexec_fn`` for the API server: SIGTERM when ``parent`` dies (Linux ``PR_SET_PDEATHSIG``)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # loaded here, in the parent, not after fork
+    except OSError:  # pragma: no cover - not Linux/glibc: the server is only detached
+        libc = None
+
+    def preexec() -> None:
+        if libc is not None and hasattr(libc, "prctl"):
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl: do not outlive it
+            os._exit(1)
+
+    return preexec
+
+
+def start_api_server() -> Any:
+    """Start Prefect's temporary API server (when no ``PREFECT_API_URL``) so that it survives Ctrl-C
+    and dies with this process.
+
+    Prefect 3.8 starts it lazily from whichever thread first needs the API, in the terminal's
+    process group: Ctrl-C (SIGINT to the group) killed it while the flow went on and then retried
+    the dead API for minutes, and a SIGKILLed flow left it running.  Here it is started from the
+    main thread (``PR_SET_PDEATHSIG`` follows the thread that forks) in its own session; Prefect's
+    clients reuse it (one instance per process) and its ``atexit`` hook stops it.  Returns the
+    server, or None when an API URL is configured.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    from prefect.server.api import server as api_server
+
+    server = api_server.SubprocessASGIServer()
+    if server.running:
+        return server
+    real = api_server.subprocess
+    preexec = _die_with_parent(os.getpid())
+
+    def popen(*args, **kwargs):
+        kwargs.setdefault("start_new_session", True)
+        kwargs.setdefault("preexec_fn", preexec)
+        return real.Popen(*args, **kwargs)
+
+    api_server.subprocess = type(sys)("subprocess")  # the module's own name only, while it starts
+    api_server.subprocess.__dict__.update(vars(real), Popen=popen)
+    try:
+        server.start()
+    finally:
+        api_server.subprocess = real
+    return server
+
+
+def _sigterm_as_exit(signum, frame) -> None:  # pragma: no cover - exercised by a subprocess
+    raise SystemExit(128 + signum)  # unwinds: Prefect records the run as crashed, atexit stops the server
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - starts a long-running server
@@ -101,6 +206,10 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - starts a 
     parser.add_argument("--params", default=str(DEFAULT_PARAMS))
     parser.add_argument("--once", action="store_true", help="run one tick now instead of serving")
     args = parser.parse_args(argv)
+    for key, value in QUIET_PREFECT_ENV.items():
+        os.environ.setdefault(key, value)
+    signal.signal(signal.SIGTERM, _sigterm_as_exit)
+    start_api_server()
     if args.once:
         print(retrain_on_new_annotations(args.params))
         return

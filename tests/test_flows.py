@@ -256,6 +256,7 @@ def test_retrain_with_dvc_ingests_then_versions_the_pool_and_runs_dvc_repro(
     monkeypatch.chdir(tmp_path)
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
     params["incoming"]["retrain_with"] = "dvc"
+    params["incoming"]["settle_s"] = 0  # the file below is written just before the tick
     Path("params.yaml").write_text(yaml.safe_dump(params))
     Path("data/incoming").mkdir(parents=True)
     Path("data/incoming/new.csv").write_text(

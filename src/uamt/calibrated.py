@@ -98,10 +98,68 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
+        """Read and check a calibration file (UamtError naming ``path`` when it is unusable)."""
         try:
-            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError) as exc:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise UamtError(f"{path}: cannot read calibration ({exc})") from exc
+        if not isinstance(data, dict):
+            raise UamtError(f"{path}: calibration must be a JSON object, got {type(data).__name__}")
+        try:
+            calibration = cls.from_dict(data)
+        except UamtError as exc:
+            raise UamtError(f"{path}: {exc}") from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise UamtError(f"{path}: malformed calibration ({type(exc).__name__}: {exc})") from None
+        problem = calibration.problem()
+        if problem:
+            raise UamtError(f"{path}: {problem}; the calibration is corrupt: re-run the calibrate stage")
+        return calibration
+
+    #: Per block: parameters that must be > 0, >= 0 and finite; conformal thresholds (``q@<level>``)
+    #: may be +inf (too few calibration rows for that level) but never NaN or negative.
+    _RULES = {
+        "standardizer": {"positive": ("human_std", "pred_std"), "finite": ("human_mean", "pred_mean")},
+        "affine_variance": {"nonnegative": ("alpha", "var_floor"), "finite": ("beta",)},
+        "fixed_variance": {"positive": ("var",)},
+        "conformal": {},
+    }
+
+    def problem(self) -> str | None:
+        """What makes the fitted parameters unusable (NaN, a negative or zero std, ...), or None."""
+        blocks = {
+            "standardizer": self.standardizer,
+            "affine_variance": self.affine,
+            "fixed_variance": self.fixed_variance,
+            "conformal": self.conformal,
+        }
+        for block, calibrator in blocks.items():
+            if calibrator is None:
+                continue
+            if calibrator.global_params is None:
+                return f"{block} is not fitted"
+            rules = self._RULES[block]
+            required = (*rules.get("positive", ()), *rules.get("nonnegative", ()), *rules.get("finite", ()))
+            for group, params in (("global", calibrator.global_params), *calibrator.lp_params.items()):
+                for key in required:
+                    if key not in params:
+                        return f"{block}[{group}] is missing {key!r}"
+                for key, value in params.items():
+                    where = f"{block}[{group}].{key} = {value!r}"
+                    conformal_threshold = block == "conformal" and key.startswith("q@")
+                    if not isinstance(value, (int, float)) or math.isnan(value):
+                        return f"{where} is not a number"
+                    if math.isinf(value) and not (conformal_threshold and value > 0):
+                        return f"{where} is not finite"
+                    if key in rules.get("positive", ()) and not value > 0:
+                        return f"{where} must be > 0"
+                    if (key in rules.get("nonnegative", ()) or conformal_threshold) and value < 0:
+                        return f"{where} must be >= 0"
+        for k, factors in self.reference_factors.items():
+            for lp, factor in factors.items():
+                if not (math.isfinite(factor) and factor > 0):
+                    return f"reference_factors[{k}][{lp}] = {factor!r} must be a finite number > 0"
+        return None
 
     def reference_scale(self, lp, n_refs) -> np.ndarray:
         """Per-row factor on the calibrated sigma for rows that averaged ``n_refs`` references.

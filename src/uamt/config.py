@@ -123,8 +123,20 @@ def _build(cls: type[T], values: dict[str, Any], where: str) -> T:
 
 
 def from_dict(cls: type[T], values: dict[str, Any] | None, where: str = "params") -> T:
-    """Build the frozen dataclass ``cls`` from a plain mapping, validating keys and types."""
-    return _build(cls, values or {}, where)
+    """Build the frozen dataclass ``cls`` from a plain mapping, validating keys and types.
+
+    A section given as anything but a mapping (a YAML list, a number, a string) is refused as such,
+    rather than reported key by key.
+    """
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        shown = repr(values)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ConfigError(
+            f"{where}: must be a mapping of key: value pairs, got a {type(values).__name__} ({shown})"
+        )
+    return _build(cls, values, where)
 
 
 def load_section(cls: type[T], section: str, path: str | Path = DEFAULT_PARAMS) -> T:

@@ -71,3 +71,32 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8, newlines as given) to ``path`` atomically (see :func:`atomic_path`)."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+_WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32", "FF FE 00 00"),
+    (b"\x00\x00\xfe\xff", "UTF-32", "00 00 FE FF"),
+    (b"\xff\xfe", "UTF-16", "FF FE"),
+    (b"\xfe\xff", "UTF-16", "FE FF"),
+)
+
+
+def wide_encoding_hint(data: bytes) -> str | None:
+    """If ``data`` is UTF-16/32 text (a byte-order mark, or NUL bytes between ASCII), say so and how to convert.
+
+    Readers call it before decoding UTF-8, so such a file is named for what it is instead of
+    failing on its first byte with a hint to convert from latin1.
+    """
+    for bom, name, shown in _WIDE_BOMS:
+        if data.startswith(bom):
+            return (
+                f"encoded as {name} (byte-order mark {shown}), not UTF-8; "
+                f"convert it, e.g. iconv -f {name} -t UTF-8 FILE > FILE.utf8"
+            )
+    head = data[:4096]
+    if len(head) >= 8 and head.count(0) * 3 >= len(head):  # 'a\x00b\x00...': UTF-16 without a BOM
+        return (
+            "looks like UTF-16 without a byte-order mark (every other byte is NUL), not UTF-8; "
+            "convert it, e.g. iconv -f UTF-16LE -t UTF-8 FILE > FILE.utf8"
+        )
+    return None

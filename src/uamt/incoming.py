@@ -16,8 +16,17 @@ column              required meaning
 ``seg_id``          no       integer segment id (default: the row number)
 ``score_std``       no       std of the per-annotator scores (>= 0)
 ``n_annotators``    no       integer >= 1 (default: len(annotator_scores) or 1)
-``annotator_scores`` no      list, JSON list or ``|``-separated numbers on the ``score`` scale
+``annotator_scores`` no      list, JSON list or ``|``-separated numbers on the ``score`` scale,
+                             each inside ``score_bounds``
 =================== ======== ===============================================================
+
+Numbers written as text must be plain decimals (``-1.5``, ``2e-3``): no ``_``, hex, ``inf`` or
+``nan``, at most :data:`MAX_NUMBER_CHARS` characters.  Text must be valid Unicode (no lone
+surrogates), at most :data:`MAX_TEXT_CHARS` characters.  Only regular files are read: symbolic
+links, hard links and other non-regular entries are refused unread.  Files are picked up only
+when complete (write-then-rename; names starting with ``.``/``~`` or with another suffix, such as
+``batch.csv.part``, are ignored; ``incoming.settle_s``: a file modified less than that many seconds
+ago waits for the next tick).
 
 :func:`validate_file` reads one file and returns every problem it finds, each naming the file,
 the row (1-based data row; ``line`` = line of a text file) and the field.  :func:`ingest_incoming`
@@ -26,7 +35,12 @@ validates every new file and, per ``incoming.on_bad_rows``, either rejects a fil
 rewritten atomically (temp file + ``os.replace``), then the manifest, then the file is moved to
 ``processed/`` (or ``rejected/`` with ``<name>.report.txt``).  A file whose sha256 was ingested
 before (recorded in the pool's ``source_sha256`` column and in ``manifest.json``) is never
-ingested again.
+ingested again, and rows whose content (:func:`content_key`) is already in the pool are skipped
+and counted, whatever the file's name or bytes (a re-export with CRLF line ends, say).
+
+Ingestion and retraining are one recoverable unit: before the pool is written, the
+pending-retrain marker ``incoming.pending_path`` is written; the retrain flow clears it only once
+``register`` has finished, so a tick interrupted after ingestion is finished by the next one.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import decimal
 import fcntl
 import hashlib
 import io
@@ -41,8 +56,12 @@ import json
 import logging
 import math
 import os
+import re
+import reprlib
 import shutil
+import stat
 import time
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +74,7 @@ from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.data.datasets import DATASET_SPECS, DATASETS
 from uamt.data.schema import COLUMNS, decode_text, sample_std, to_arrow
 from uamt.errors import DataError, UamtError
-from uamt.fileio import atomic_path, atomic_write_text
+from uamt.fileio import atomic_path, atomic_write_bytes, wide_encoding_hint
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +84,14 @@ REQUIRED = ("dataset", "lp", "src", "mt", "score", "system")
 OPTIONAL = ("ref", "doc", "seg_id", "score_std", "n_annotators", "annotator_scores", "score_raw", "domain")
 #: Column kept in the pool (not in the canonical table) so a file is never ingested twice.
 SHA_COLUMN = "source_sha256"
+#: A number written as text longer than this is refused (a 5,000-digit "score" is not a score).
+MAX_NUMBER_CHARS = 40
+#: Longest ``src``/``mt``/``ref`` accepted (as ``uamt score``: longer is almost always lost line breaks).
+MAX_TEXT_CHARS = 100_000
+#: Most annotators one judgement may claim.
+MAX_ANNOTATORS = 10_000
+#: ``seg_id`` must fit the pool's int64 column.
+SEG_ID_RANGE = (0, 2**63 - 1)
 
 # Bounds, language pairs and domains of new rows come from the dataset declarations.
 DEFAULT_BOUNDS = {name: spec.score_range for name, spec in DATASET_SPECS.items()}
@@ -100,9 +127,16 @@ class IncomingConfig:
     dask_workers : int
         Workers of that LocalCluster (one thread each).
     score_bounds : dict
-        dataset -> [low, high]: scores outside are rejected (MQM [-25, 0], DA z [-10, 10], ...).
+        dataset -> [low, high] (finite): scores and annotator scores outside are rejected (MQM
+        [-25, 0], DA z [-20, 20], ...).
     lps : dict
         dataset -> accepted language pairs.
+    pending_path : str
+        The pending-retrain marker: written before new rows reach the pool, removed by the
+        retrain flow once ``register`` has finished; while it exists every tick retrains.
+    settle_s : float
+        A file modified less than this many seconds ago is left for the next tick (it may still be
+        being copied; the convention is write-then-rename, see docs/orchestration.md).
     """
 
     dir: str = "data/incoming"
@@ -118,6 +152,8 @@ class IncomingConfig:
     dask_workers: int = 2
     score_bounds: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
     lps: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_LPS))
+    pending_path: str = "data/.retrain.pending"
+    settle_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (*self.score_bounds, *self.lps):
@@ -128,6 +164,13 @@ class IncomingConfig:
         for name, bounds in self.score_bounds.items():
             if len(bounds) != 2 or not bounds[0] < bounds[1]:
                 raise ConfigError(f"{SECTION}.score_bounds.{name} must be [low, high] with low < high")
+            if not all(math.isfinite(b) for b in bounds):
+                raise ConfigError(
+                    f"{SECTION}.score_bounds.{name} must be finite numbers, got {list(bounds)} "
+                    "(an infinite bound accepts any score)"
+                )
+        if not math.isfinite(self.settle_s) or self.settle_s < 0:
+            raise ConfigError(f"{SECTION}.settle_s must be a finite number >= 0")
         if self.interval_minutes < 1:
             raise ConfigError(f"{SECTION}.interval_minutes must be >= 1")
         if self.dask_workers < 1:
@@ -139,6 +182,37 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> IncomingConfig:
 
 
 # ----------------------------------------------------------------------------- validation
+
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong = 2, 80, 80, 40
+_SHOW.maxlist = _SHOW.maxtuple = _SHOW.maxdict = 6
+
+
+def show(value: Any) -> str:
+    """A short rendering of a user's value for a report: never the whole of a huge or deeply nested one."""
+    try:
+        return _SHOW.repr(value)
+    except Exception:  # noqa: BLE001 - a value whose repr fails is still reported, by its type
+        return f"<{type(value).__name__}>"
+
+
+NUMBER_RULE = "a plain decimal number (like -1.5 or 2e-3; no '_', hex, inf or nan)"
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+class _LongInteger:
+    """A JSON integer too long to be a number here; kept (not raised) so the row and field are named."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _json_int(text: str) -> int | _LongInteger:
+    return int(text) if len(text) <= MAX_NUMBER_CHARS else _LongInteger(len(text))
 
 
 @dataclass(frozen=True)
@@ -161,15 +235,30 @@ class Problem:
 
 @dataclass
 class Validation:
-    """What :func:`validate_file` found in one file."""
+    """What :func:`validate_file` found in one file.
+
+    ``duplicates`` are rows skipped, not bad: the same judgement (:func:`content_key`) earlier in
+    the file or already in the pool.
+    """
 
     path: Path
     sha256: str
     n_rows: int = 0
-    first_line: int | None = None
+    row_lines: list[int] | None = None  # file line of each data row (None: a format without lines)
     file_problems: list[Problem] = field(default_factory=list)
     row_problems: list[Problem] = field(default_factory=list)
+    duplicates: list[Problem] = field(default_factory=list)
     good: pd.DataFrame | None = None  # canonical rows that passed every check
+
+    @property
+    def first_line(self) -> int | None:
+        return self.row_lines[0] if self.row_lines else None
+
+    def line_of(self, index: int) -> int | None:
+        """File line of the 0-based data row ``index``."""
+        if not self.row_lines or index >= len(self.row_lines):
+            return None
+        return self.row_lines[index]
 
     @property
     def bad_rows(self) -> set[int]:
@@ -181,12 +270,11 @@ class Validation:
 
     def report(self) -> str:
         name = str(self.path)
-        lines = [
-            f"file: {name}",
-            f"sha256: {self.sha256}",
-            f"rows: {self.n_rows}, bad rows: {len(self.bad_rows)}",
-        ]
-        lines += [p.describe(name) for p in self.file_problems + self.row_problems]
+        counts = f"rows: {self.n_rows}, bad rows: {len(self.bad_rows)}"
+        if self.duplicates:
+            counts += f", duplicates skipped: {len(self.duplicates)}"
+        lines = [f"file: {name}", f"sha256: {self.sha256}", counts]
+        lines += [p.describe(name) for p in self.file_problems + self.row_problems + self.duplicates]
         return "\n".join(lines) + "\n"
 
 
@@ -194,13 +282,16 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_table(path: Path, data: bytes) -> tuple[pd.DataFrame, int | None]:
-    """The rows of an incoming file as strings/objects, and the file line of data row 1 (None: no lines).
+def read_table(path: Path, data: bytes) -> tuple[pd.DataFrame, list[int] | None]:
+    """The rows of an incoming file as strings/objects, and the file line of each row (None: no lines).
+
+    Blank lines at the end of a text file (an editor's extra newline) are ignored.
 
     Raises
     ------
     DataError
-        Not UTF-8 (names the line), or not parseable in its format.
+        UTF-16/32 (says so, with the conversion), not UTF-8 (names the line), or not parseable in
+        its format (JSON: names the line; nesting too deep or a number too long included).
     """
     suffix = path.suffix.lower()
     name = str(path)
@@ -210,30 +301,42 @@ def read_table(path: Path, data: bytes) -> tuple[pd.DataFrame, int | None]:
 
             return pq.read_table(io.BytesIO(data)).to_pandas(), None
         except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
-            raise DataError(f"{name}: cannot read as parquet ({exc})") from exc
-    text = decode_text(data, name)  # DataError naming the line of a non-UTF-8 byte
+            raise DataError(f"{name}: cannot read as parquet ({show(str(exc))})") from exc
+    hint = wide_encoding_hint(data)
+    if hint:
+        raise DataError(f"{name}: {hint}")
+    lines = decode_text(data, name).split("\n")  # DataError naming the line of a non-UTF-8 byte
+    while lines and not lines[-1].strip():
+        lines.pop()
     if suffix == ".jsonl":
-        records = []
-        for number, line in enumerate(text.split("\n"), start=1):
+        records, numbers = [], []
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{name}: line {number}: not valid JSON ({exc.msg})") from exc
+                record = json.loads(line, parse_int=_json_int)
+            except RecursionError:
+                raise DataError(f"{name}: line {number}: JSON nested too deeply") from None
+            except ValueError as exc:  # JSONDecodeError and number conversion errors
+                raise DataError(f"{name}: line {number}: not valid JSON ({show(str(exc))})") from None
             if not isinstance(record, dict):
                 raise DataError(f"{name}: line {number}: expected a JSON object, got {type(record).__name__}")
             records.append(record)
-        return pd.DataFrame.from_records(records), 1
+            numbers.append(number)
+        return pd.DataFrame.from_records(records), numbers
     # TSV is read verbatim (no quoting: MT text often starts with a quote mark); CSV is standard CSV.
     sep = "\t" if suffix == ".tsv" else ","
     try:
         frame = pd.read_csv(
-            io.StringIO(text), sep=sep, dtype=str, keep_default_na=False, quoting=3 if sep == "\t" else 0
+            io.StringIO("\n".join(lines)),
+            sep=sep,
+            dtype=str,
+            keep_default_na=False,
+            quoting=3 if sep == "\t" else 0,
         )
     except Exception as exc:  # noqa: BLE001 - the csv parser raises several types
-        raise DataError(f"{name}: cannot parse as {suffix[1:]} ({exc})") from exc
-    return frame, 2
+        raise DataError(f"{name}: cannot parse as {suffix[1:]} ({show(str(exc))})") from exc
+    return frame, list(range(2, 2 + len(frame)))
 
 
 def _blank(value: Any) -> bool:
@@ -245,14 +348,38 @@ def _blank(value: Any) -> bool:
 
 
 def _number(value: Any) -> float | None:
-    """A finite float, or None for NaN / inf / text / blank."""
-    if isinstance(value, bool) or _blank(value):
+    """A finite float from a number or a plain decimal string (:data:`NUMBER_RULE`); None otherwise."""
+    if isinstance(value, (bool, np.bool_)) or _blank(value):
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        if len(value) > MAX_NUMBER_CHARS or not _DECIMAL.fullmatch(value):
+            return None
+    elif not isinstance(value, (int, float, np.integer, np.floating, decimal.Decimal)):
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return number if math.isfinite(number) else None
+
+
+def _integer(value: Any) -> int | None:
+    """An int from an integer, an integral float or such a plain decimal string; None otherwise."""
+    if isinstance(value, (bool, np.bool_)) or _blank(value):
+        return None
+    if (
+        isinstance(value, str)
+        and _INTEGER.fullmatch(value.strip())
+        and len(value.strip()) <= MAX_NUMBER_CHARS
+    ):
+        return int(value.strip())
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    number = _number(value)
+    if number is None or number != int(number):
+        return None
+    return int(number)
 
 
 def _score_list(value: Any) -> list[float] | None:
@@ -263,24 +390,67 @@ def _score_list(value: Any) -> list[float] | None:
         text = value.strip()
         if text.startswith("["):
             try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
+                value = json.loads(text, parse_int=_json_int)
+            except (ValueError, RecursionError):
                 return None
         else:
             value = text.split("|")
     if isinstance(value, np.ndarray):
         value = value.tolist()
-    if not isinstance(value, (list, tuple)):
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_ANNOTATORS:
         return None
     numbers = [_number(v) for v in value]
     return None if any(n is None for n in numbers) else numbers  # type: ignore[return-value]
 
 
+def _text_problem(value: Any, *, limit: int = MAX_TEXT_CHARS) -> str | None:
+    """Why ``value`` is not usable text (blank, not text, too long, lone surrogates), or None."""
+    if _blank(value):
+        return f"empty or whitespace-only ({show(value)})"
+    if not isinstance(value, str):
+        return f"must be text, got {type(value).__name__} {show(value)}"
+    if len(value) > limit:
+        return f"text of {len(value)} characters is over the limit of {limit} (line breaks lost?)"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"not valid Unicode text: lone surrogate {value[exc.start]!r} at character {exc.start + 1}"
+    return None
+
+
+def _norm_text(value: Any) -> str:
+    """Text as compared for duplicates: NFC, whitespace runs collapsed, ends stripped (case kept)."""
+    if not isinstance(value, str):
+        return ""
+    return " ".join(unicodedata.normalize("NFC", value).split())
+
+
+def judgement_key(row: Any) -> tuple:
+    """(dataset, lp, system, src, mt), normalised: one translation by one system, which has one score."""
+    return (
+        row["dataset"],
+        row["lp"],
+        _norm_text(row["system"]),
+        _norm_text(row["src"]),
+        _norm_text(row["mt"]),
+    )
+
+
+def content_key(row: Any) -> tuple:
+    """What makes two rows the same judgement, whatever file, name, bytes or line ends they came in:
+    :func:`judgement_key` + the reference (normalised) + the score."""
+    return (*judgement_key(row), _norm_text(row.get("ref")), float(row["score"]))
+
+
 def validate_frame(
-    frame: pd.DataFrame, path: Path, sha256: str, first_line: int | None, cfg: IncomingConfig
+    frame: pd.DataFrame,
+    path: Path,
+    sha256: str,
+    row_lines: list[int] | None,
+    cfg: IncomingConfig,
 ) -> Validation:
     """Check every row of an incoming table; see the module docstring for the rules."""
-    result = Validation(path=path, sha256=sha256, n_rows=len(frame), first_line=first_line)
+    result = Validation(path=path, sha256=sha256, n_rows=len(frame), row_lines=row_lines)
     frame = frame.rename(columns=lambda c: str(c).strip())
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
@@ -292,7 +462,7 @@ def validate_frame(
                 Problem(
                     None,
                     column,
-                    f"required column missing{hint}; unrecognised columns {unknown} (renamed?)",
+                    f"required column missing{hint}; unrecognised columns {show(unknown)} (renamed?)",
                 )
             )
         return result
@@ -301,8 +471,7 @@ def validate_frame(
         return result
 
     def problem(i: int, column: str, message: str) -> None:
-        line = None if first_line is None else first_line + i
-        result.row_problems.append(Problem(i + 1, column, message, line))
+        result.row_problems.append(Problem(i + 1, column, message, result.line_of(i)))
 
     stem = path.stem
     rows: list[dict[str, Any] | None] = []
@@ -312,73 +481,115 @@ def validate_frame(
         dataset = dataset.strip() if isinstance(dataset, str) else dataset
         lp = record.get("lp")
         lp = lp.strip() if isinstance(lp, str) else lp
-        if dataset not in DATASETS:
-            problem(i, "dataset", f"unknown dataset {dataset!r}; choose from {sorted(DATASETS)}")
-        elif lp not in cfg.lps.get(dataset, ()):
+        known_dataset = isinstance(dataset, str) and dataset in DATASET_SPECS
+        if not known_dataset:
+            problem(i, "dataset", f"unknown dataset {show(dataset)}; choose from {sorted(DATASETS)}")
+        elif lp not in cfg.lps.get(dataset, DEFAULT_LPS[dataset]):
             problem(
                 i,
                 "lp",
-                f"unknown language pair {lp!r} for {dataset}; known: {list(cfg.lps.get(dataset, ()))}",
+                f"unknown language pair {show(lp)} for {dataset}; "
+                f"known: {list(cfg.lps.get(dataset, DEFAULT_LPS[dataset]))}",
             )
         texts = {}
         for column in ("src", "mt", "system"):
             value = record.get(column)
-            if _blank(value) or not isinstance(value, str):
-                problem(i, column, f"empty or whitespace-only ({value!r})")
+            why = _text_problem(value)
+            if why:
+                problem(i, column, why)
             texts[column] = value
         ref = record.get("ref")
         if _blank(ref):
             ref = None
-            if DATASET_SPECS[dataset].reference_based:
+            if known_dataset and DATASET_SPECS[dataset].reference_based:
                 problem(i, "ref", f"empty, but {dataset} is reference-based")
-        elif not isinstance(ref, str):
-            problem(i, "ref", f"must be text, got {ref!r}")
+        elif why := _text_problem(ref):
+            problem(i, "ref", why)
+        low, high = cfg.score_bounds.get(dataset, DEFAULT_BOUNDS[dataset]) if known_dataset else (None, None)
         score = _number(record.get("score"))
         if score is None:
-            problem(i, "score", f"must be a finite number, got {record.get('score')!r}")
-        elif dataset in cfg.score_bounds:
-            low, high = cfg.score_bounds[dataset]
-            if not low <= score <= high:
-                problem(i, "score", f"{score} outside the {dataset} scale [{low}, {high}]")
+            problem(i, "score", f"must be a finite number, {NUMBER_RULE}; got {show(record.get('score'))}")
+        elif low is not None and not low <= score <= high:
+            problem(i, "score", f"{score} outside the {dataset} scale [{low}, {high}]")
         annotator_scores = _score_list(record.get("annotator_scores"))
         if annotator_scores is None:
             problem(
                 i,
                 "annotator_scores",
-                f"must be a list of finite numbers, got {record.get('annotator_scores')!r}",
+                f"must be a list of at most {MAX_ANNOTATORS} finite numbers, each {NUMBER_RULE}; "
+                f"got {show(record.get('annotator_scores'))}",
             )
             annotator_scores = []
+        elif low is not None:
+            outside = [(k, v) for k, v in enumerate(annotator_scores, start=1) if not low <= v <= high]
+            if outside:
+                k, v = outside[0]
+                problem(
+                    i,
+                    "annotator_scores",
+                    f"{len(outside)} of {len(annotator_scores)} annotator scores outside the {dataset} "
+                    f"scale [{low}, {high}] (score {k} is {v})",
+                )
         score_std = math.nan
         if not _blank(record.get("score_std")):
             value = _number(record.get("score_std"))
             if value is None or value < 0:
-                problem(i, "score_std", f"must be a finite number >= 0, got {record.get('score_std')!r}")
+                problem(
+                    i,
+                    "score_std",
+                    f"must be a finite number >= 0, {NUMBER_RULE}; got {show(record.get('score_std'))}",
+                )
+            elif low is not None and value > high - low:
+                problem(i, "score_std", f"{value} is wider than the whole {dataset} scale [{low}, {high}]")
             else:
                 score_std = value
         elif len(annotator_scores) >= 2:
             score_std = sample_std(annotator_scores)
         n_annotators = max(len(annotator_scores), 1)
         if not _blank(record.get("n_annotators")):
-            value = _number(record.get("n_annotators"))
-            if value is None or value < 1 or value != int(value):
-                problem(i, "n_annotators", f"must be an integer >= 1, got {record.get('n_annotators')!r}")
+            value = _integer(record.get("n_annotators"))
+            if value is None or not 1 <= value <= MAX_ANNOTATORS:
+                problem(
+                    i,
+                    "n_annotators",
+                    f"must be an integer in [1, {MAX_ANNOTATORS}], got {show(record.get('n_annotators'))}",
+                )
+            elif value < len(annotator_scores):
+                problem(i, "n_annotators", f"{value}, but {len(annotator_scores)} annotator_scores are given")
             else:
-                n_annotators = int(value)
+                n_annotators = value
         seg_id = i + 1
         if not _blank(record.get("seg_id")):
-            value = _number(record.get("seg_id"))
-            if value is None or value != int(value):
-                problem(i, "seg_id", f"must be an integer, got {record.get('seg_id')!r}")
+            value = _integer(record.get("seg_id"))
+            if value is None or not SEG_ID_RANGE[0] <= value <= SEG_ID_RANGE[1]:
+                problem(
+                    i,
+                    "seg_id",
+                    f"must be an integer in [{SEG_ID_RANGE[0]}, 2**63 - 1], got {show(record.get('seg_id'))}",
+                )
             else:
-                seg_id = int(value)
+                seg_id = value
         score_raw = score
         if not _blank(record.get("score_raw")):
             score_raw = _number(record.get("score_raw"))
             if score_raw is None:
-                problem(i, "score_raw", f"must be a finite number, got {record.get('score_raw')!r}")
+                problem(
+                    i,
+                    "score_raw",
+                    f"must be a finite number, {NUMBER_RULE}; got {show(record.get('score_raw'))}",
+                )
         doc = record.get("doc")
-        doc = doc.strip() if isinstance(doc, str) and doc.strip() else f"incoming/{stem}/{sha256[:8]}/{i + 1}"
+        if isinstance(doc, (int, np.integer)) and not isinstance(doc, (bool, np.bool_)):
+            doc = str(doc)
+        if _blank(doc):
+            doc = f"incoming/{stem}/{sha256[:8]}/{i + 1}"
+        elif why := _text_problem(doc, limit=1000):
+            problem(i, "doc", why)
         domain = record.get("domain")
+        if _blank(domain):
+            domain = DATASET_SPECS[dataset].domain if known_dataset else None
+        elif why := _text_problem(domain, limit=100):
+            problem(i, "domain", why)
         if len(result.row_problems) > before:
             rows.append(None)
             continue
@@ -396,60 +607,80 @@ def validate_frame(
                 "score_std": score_std,
                 "n_annotators": n_annotators,
                 "annotator_scores": annotator_scores or [score],
-                "doc": doc,
+                "doc": doc.strip(),
                 "system": texts["system"].strip(),
                 "seg_id": seg_id,
-                "domain": domain.strip()
-                if isinstance(domain, str) and domain.strip()
-                else DATASET_SPECS[dataset].domain,
+                "domain": domain.strip(),
                 "year": dt.datetime.now(dt.UTC).year,
                 "group": "",
             }
         )
     # Same (dataset, lp, system, src, mt) with different scores: every copy is rejected, since
-    # there is no telling which judgement is right.  Exact repeats keep the first copy.
-    seen: dict[tuple, tuple[int, float]] = {}
+    # there is no telling which judgement is right.  Exact repeats (same content key) keep the
+    # first copy; the others are counted as duplicates.
+    by_key: dict[tuple, list[int]] = {}
+    score_of: dict[int, float] = {}
+    contents: dict[tuple, int] = {}
     for i, row in enumerate(rows):
         if row is None:
             continue
-        key = (row["dataset"], row["lp"], row["system"], row["src"], row["mt"])
-        if key in seen:
-            first, first_score = seen[key]
-            if first_score != row["score"]:
-                problem(
-                    i, "score", f"duplicate of row {first + 1} (same system, src, mt) with a different score"
-                )
-                if rows[first] is not None:
+        key, content = judgement_key(row), content_key(row)
+        earlier = by_key.setdefault(key, [])
+        other = next((j for j in earlier if score_of[j] != row["score"]), None)
+        if other is not None:
+            problem(i, "score", f"duplicate of row {other + 1} (same system, src, mt) with a different score")
+            for j in earlier:
+                if rows[j] is not None:
                     problem(
-                        first,
-                        "score",
-                        f"duplicate of row {i + 1} (same system, src, mt) with a different score",
+                        j, "score", f"duplicate of row {i + 1} (same system, src, mt) with a different score"
                     )
-                    rows[first] = None
+                    rows[j] = None
             rows[i] = None
-        else:
-            seen[key] = (i, row["score"])
+        elif content in contents:
+            result.duplicates.append(
+                Problem(
+                    i + 1, "*", f"same judgement as row {contents[content] + 1}: skipped", result.line_of(i)
+                )
+            )
+            rows[i] = None
+            continue
+        score_of[i] = row["score"]
+        earlier.append(i)
+        contents.setdefault(content, i)
     kept = [i for i, row in enumerate(rows) if row is not None]
     # Indexed by the 0-based data row, so later checks can still name the row.
     result.good = pd.DataFrame([rows[i] for i in kept], index=kept, columns=list(COLUMNS))
+    if len(result.good):
+        try:  # what write_pool will do: a value the pool cannot hold refuses the file now, not mid-write
+            to_arrow(result.good)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
+            result.file_problems.append(
+                Problem(None, "*", f"rows cannot be stored in the pool ({show(str(exc))})")
+            )
+            result.good = result.good.iloc[:0]
     return result
 
 
-def validate_file(path: str | Path, cfg: IncomingConfig | None = None) -> Validation:
-    """Read and validate one incoming file; never raises for bad content (it is in the result)."""
+def validate_file(
+    path: str | Path, cfg: IncomingConfig | None = None, *, data: bytes | None = None
+) -> Validation:
+    """Read (or take ``data``, the file's bytes) and validate one incoming file.
+
+    Never raises for bad content: every problem is in the result.
+    """
     cfg = cfg or IncomingConfig()
     path = Path(path)
-    data = path.read_bytes()
+    data = path.read_bytes() if data is None else data
     sha = sha256_bytes(data)
     try:
-        frame, first_line = read_table(path, data)
+        frame, row_lines = read_table(path, data)
     except DataError as exc:
         result = Validation(path=path, sha256=sha)
         message = str(exc)
         message = message[len(str(path)) + 2 :] if message.startswith(f"{path}: ") else message
         result.file_problems.append(Problem(None, "*", message))
         return result
-    return validate_frame(frame, path, sha, first_line, cfg)
+    return validate_frame(frame, path, sha, row_lines, cfg)
 
 
 # ----------------------------------------------------------------------------- the pool
@@ -477,9 +708,10 @@ def write_pool(frame: pd.DataFrame, path: str | Path) -> None:
 
 
 def _write_text_creating_folder(path: Path, text: str) -> None:
-    """Atomic write; unlike :func:`uamt.fileio.atomic_write_text`, a missing folder is created."""
+    """Atomic UTF-8 write, creating a missing folder; characters UTF-8 cannot hold (lone surrogates
+    in a user's value or file name) are written as backslash escapes, never an error."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, text)
+    atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -489,26 +721,118 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _ingested_sha256s(pool: pd.DataFrame, manifest: dict[str, Any]) -> set[str]:
+    """sha256 of every file whose rows are in the pool (a withdrawn file may be submitted again)."""
+    active = {f["sha256"] for f in manifest["files"] if not f.get("withdrawn_at")}
+    return set(pool[SHA_COLUMN].astype(str)) | active
+
+
 def new_files(folder: str | Path) -> list[Path]:
-    """Incoming files waiting in ``folder`` (not in its sub-folders; hidden/partial files skipped)."""
+    """Entries waiting in ``folder`` (not its sub-folders) with an incoming suffix, hidden names skipped.
+
+    Listed without following links: a symbolic link or other non-regular entry is listed so that
+    :func:`ingest_incoming` refuses it with a report; it is never read.  A name starting with
+    ``.`` or ``~`` or with another suffix (``batch.csv.part``) is a file still being written.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         return []
     return sorted(
-        p
-        for p in folder.iterdir()
-        if p.is_file() and p.suffix.lower() in SUFFIXES and not p.name.startswith((".", "~"))
+        folder / entry.name
+        for entry in os.scandir(folder)
+        if Path(entry.name).suffix.lower() in SUFFIXES and not entry.name.startswith((".", "~"))
     )
+
+
+class _Refused(Exception):
+    """An entry of the incoming folder that is not read (the message says why, never its content)."""
+
+
+class _NotReady(Exception):
+    """A file modified within ``settle_s``: left for the next tick."""
+
+
+def read_incoming_file(path: Path, settle_s: float = 0.0, now: float | None = None) -> bytes:
+    """The bytes of one regular file of the incoming folder, read without following links.
+
+    Raises
+    ------
+    _Refused
+        A symbolic link (it may point anywhere: outside the folder, at /etc/hosts), a file with
+        other hard links, a folder, FIFO, socket or device: the entry is not opened.
+    _NotReady
+        Modified less than ``settle_s`` seconds ago (still being copied?).
+    FileNotFoundError
+        Gone since the folder was listed.
+    """
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise _Refused(
+            "a symbolic link: not followed (it may point outside the folder); copy the file in instead"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (FIFO, socket or device)"
+        raise _Refused(f"{kind}: not read")
+    if info.st_nlink > 1:
+        raise _Refused(
+            f"a file with {info.st_nlink} hard links (another name for it exists, maybe outside the folder): "
+            "not read; copy the file in instead"
+        )
+    if settle_s and (now if now is not None else time.time()) - info.st_mtime < settle_s:
+        raise _NotReady(f"modified less than {settle_s:g} s ago")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise _Refused(f"cannot be opened ({exc.strerror}): not read") from None
+    with os.fdopen(fd, "rb") as handle:
+        opened = os.fstat(handle.fileno())
+        if not stat.S_ISREG(opened.st_mode) or opened.st_ino != info.st_ino:
+            raise _Refused("replaced while being opened: not read")
+        return handle.read()
 
 
 def _move(path: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / path.name
-    if target.exists():
+    if target.exists() or target.is_symlink():
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
         target = folder / f"{stamp}-{path.name}"
-    shutil.move(str(path), target)
+    shutil.move(str(path), target)  # a rename; a link is moved as a link, never followed
     return target
+
+
+# ----------------------------------------------------------------------------- the pending retrain
+
+
+def read_pending(cfg: IncomingConfig) -> dict[str, Any] | None:
+    """The pending-retrain marker (rows ingested, retrain not finished), or None."""
+    path = Path(cfg.pending_path)
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable: still pending, the retrain will rewrite or clear it
+        return {"since": None, "changes": []}
+
+
+def mark_pending(cfg: IncomingConfig, change: dict[str, Any]) -> None:
+    """Record that the pool changed and a retrain is owed; written before the pool changes."""
+    pending = read_pending(cfg) or {
+        "since": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "changes": [],
+    }
+    pending.setdefault("changes", []).append(change)
+    _write_text_creating_folder(Path(cfg.pending_path), json.dumps(pending, indent=2) + "\n")
+
+
+def clear_pending(cfg: IncomingConfig) -> None:
+    """Called by the retrain flow once ``register`` has finished (hold :func:`retrain_lock`)."""
+    Path(cfg.pending_path).unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- ingestion
 
 
 @dataclass
@@ -517,13 +841,37 @@ class IngestResult:
 
     ingested: list[str] = field(default_factory=list)  # files whose rows joined the pool
     rejected: list[str] = field(default_factory=list)  # files moved to rejected/
+    deferred: list[str] = field(default_factory=list)  # files left for the next tick (settle_s)
     rows_added: int = 0
     rows_rejected: int = 0
+    rows_duplicate: int = 0  # rows skipped: the same judgement is already in the pool or the file
     reports: dict[str, str] = field(default_factory=dict)  # file name -> report path
+    errors: dict[str, str] = field(default_factory=dict)  # file name -> why it could not be moved
 
     @property
     def changed(self) -> bool:
         return self.rows_added > 0
+
+
+def _check_file(
+    path: Path, data: bytes, cfg: IncomingConfig, pool: pd.DataFrame, manifest: dict
+) -> Validation:
+    """:func:`validate_file` + the checks against the pool; an unexpected error refuses this file only."""
+    try:
+        check = validate_file(path, cfg, data=data)
+        if check.sha256 in _ingested_sha256s(pool, manifest):
+            check.file_problems.append(Problem(None, "*", "already ingested (same sha256): not added again"))
+        elif check.good is not None and len(check.good) and len(pool):
+            _check_against_pool(check, pool, manifest)
+    except Exception as exc:  # noqa: BLE001 - one file that breaks the validator must not block the others
+        log.exception("validating %s failed", path)
+        check = Validation(path=path, sha256=sha256_bytes(data))
+        check.file_problems.append(
+            Problem(
+                None, "*", f"could not be validated ({type(exc).__name__}: {show(str(exc))}); not ingested"
+            )
+        )
+    return check
 
 
 def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
@@ -531,29 +879,61 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
 
     Per file: all rows good -> all appended; some bad -> ``reject_file``: nothing appended, file
     to ``rejected/`` with ``<name>.report.txt``; ``keep_good``: the good rows appended, file to
-    ``processed/`` with the report beside it.  The pool (then the manifest) is written once per
-    accepted file, atomically, before the file is moved, so an interruption leaves either the
-    old pool or the new one, and a file ingested but not yet moved is recognised by its sha256.
-    Call it under :func:`retrain_lock`.
+    ``processed/`` with the report beside it.  Rows already in the pool (same :func:`content_key`)
+    are skipped and counted; a file with nothing new goes to ``rejected/``.  Links and other
+    non-regular entries are refused unread; a file modified within ``settle_s`` waits.  One bad
+    file never stops the others.  Before the pool changes the pending-retrain marker is written;
+    then the pool (then the manifest) is written once per accepted file, atomically, before the
+    file is moved, so an interruption leaves either the old pool or the new one, and a file
+    ingested but not yet moved is recognised by its sha256.  Call it under :func:`retrain_lock`.
     """
     result = IngestResult()
     incoming = Path(cfg.dir)
     processed, rejected = incoming / "processed", incoming / "rejected"
     manifest_path = Path(cfg.manifest_path)
+    started = time.time()
+
+    def move(path: Path, folder: Path) -> Path | None:
+        try:
+            return _move(path, folder)
+        except OSError as exc:
+            result.errors[path.name] = f"cannot move to {folder}: {exc}"
+            log.error("%s: cannot move to %s: %s", path, folder, exc)
+            return None
+
+    def reject(path: Path, check: Validation, rows: int) -> None:
+        target = move(path, rejected)
+        report = (target or rejected / path.name).with_name((target or path).name + ".report.txt")
+        _write_text_creating_folder(report, check.report())
+        result.rejected.append(path.name)
+        result.rows_rejected += rows
+        result.reports[path.name] = str(report)
+        log.warning("rejected %s: see %s", path.name, report)
+
     for path in new_files(incoming):
+        try:
+            data = read_incoming_file(path, cfg.settle_s, started)
+        except _NotReady as exc:
+            result.deferred.append(path.name)
+            log.info("%s: %s; left for the next tick", path.name, exc)
+            continue
+        except FileNotFoundError:  # withdrawn (deleted, renamed) since the folder was listed
+            log.info("%s: gone before it was read", path.name)
+            continue
+        except _Refused as exc:
+            check = Validation(path=path, sha256="(not read)")
+            check.file_problems.append(Problem(None, "*", str(exc)))
+            reject(path, check, 0)
+            continue
         pool = read_pool(cfg.pool_path)
         manifest = read_manifest(manifest_path)
-        known = set(pool[SHA_COLUMN].astype(str)) | {f["sha256"] for f in manifest["files"]}
-        check = validate_file(path, cfg)
-        if check.sha256 in known:
-            check.file_problems.append(Problem(None, "*", "already ingested (same sha256): not added again"))
-        elif check.good is not None and len(check.good) and len(pool):
-            _check_against_pool(check, pool)
+        check = _check_file(path, data, cfg, pool, manifest)
         accept = not check.file_problems and (check.ok or cfg.on_bad_rows == "keep_good")
         usable = check.good.reset_index(drop=True) if accept and check.good is not None else None
         if usable is not None and len(usable):
             usable = usable.assign(**{SHA_COLUMN: check.sha256})
             merged = pd.concat([pool, usable], ignore_index=True) if len(pool) else usable
+            mark_pending(cfg, {"file": path.name, "sha256": check.sha256, "rows_added": len(usable)})
             write_pool(merged.reset_index(drop=True), cfg.pool_path)
             manifest["files"].append(
                 {
@@ -562,6 +942,7 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
                     "rows": check.n_rows,
                     "rows_added": len(usable),
                     "rows_rejected": len(check.bad_rows),
+                    "rows_duplicate": len(check.duplicates),
                     "ingested_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 }
             )
@@ -569,45 +950,106 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
             result.ingested.append(path.name)
             result.rows_added += len(usable)
             result.rows_rejected += len(check.bad_rows)
-            target = _move(path, processed)
-            if not check.ok:
-                report = target.with_name(target.name + ".report.txt")
+            result.rows_duplicate += len(check.duplicates)
+            target = move(path, processed)
+            if not check.ok or check.duplicates:
+                report = (target or processed / path.name).with_name((target or path).name + ".report.txt")
                 _write_text_creating_folder(report, check.report())
                 result.reports[path.name] = str(report)
-            log.info("ingested %s: %d row(s) added, %d rejected", path.name, len(usable), len(check.bad_rows))
+            log.info(
+                "ingested %s: %d row(s) added, %d rejected, %d duplicate(s) skipped",
+                path.name,
+                len(usable),
+                len(check.bad_rows),
+                len(check.duplicates),
+            )
         else:
-            if check.ok and not len(check.good):
-                check.file_problems.append(Problem(None, "*", "no usable rows"))
-            target = _move(path, rejected)
-            report = target.with_name(target.name + ".report.txt")
-            _write_text_creating_folder(report, check.report())
-            result.rejected.append(path.name)
-            result.rows_rejected += check.n_rows
-            result.reports[path.name] = str(report)
-            log.warning("rejected %s: see %s", path.name, report)
+            if check.ok and check.good is not None and not len(check.good):
+                if check.duplicates and not check.bad_rows:
+                    message = f"nothing new: all {len(check.duplicates)} row(s) are already in the pool or repeat a row"
+                else:
+                    message = "no usable rows"
+                check.file_problems.append(Problem(None, "*", message))
+            result.rows_duplicate += len(check.duplicates)
+            reject(path, check, check.n_rows - len(check.duplicates))
     return result
 
 
-def _check_against_pool(check: Validation, pool: pd.DataFrame) -> None:
-    """Rows repeating a pooled (dataset, lp, system, src, mt) with another score are bad rows too."""
-    keys = ["dataset", "lp", "system", "src", "mt"]
-    pooled = {tuple(k): float(v) for *k, v in pool[[*keys, "score"]].itertuples(index=False)}
-    conflicts = []
+def _check_against_pool(check: Validation, pool: pd.DataFrame, manifest: dict[str, Any]) -> None:
+    """Rows already in the pool (same :func:`content_key`) are duplicates, skipped; rows repeating a
+    pooled (dataset, lp, system, src, mt) with another score are bad rows."""
+    origin = {f["sha256"]: f["file"] for f in manifest["files"]}
+    scores: dict[tuple, float] = {}
+    sources: dict[tuple, str] = {}
+    for record in pool.to_dict(orient="records"):
+        scores.setdefault(judgement_key(record), float(record["score"]))
+        sources.setdefault(content_key(record), origin.get(str(record[SHA_COLUMN]), "an earlier file"))
+    dropped = []
     for index, row in check.good.iterrows():
-        previous = pooled.get(tuple(row[k] for k in keys))
-        if previous is not None and previous != float(row["score"]):
-            conflicts.append(index)
-            line = None if check.first_line is None else check.first_line + int(index)
+        index = int(index)
+        source = sources.get(content_key(row))
+        previous = scores.get(judgement_key(row))
+        if source is not None:
+            dropped.append(index)
+            check.duplicates.append(
+                Problem(index + 1, "*", f"already in the pool (from {source}): skipped", check.line_of(index))
+            )
+        elif previous is not None and previous != float(row["score"]):
+            dropped.append(index)
             check.row_problems.append(
                 Problem(
-                    int(index) + 1,
+                    index + 1,
                     "score",
                     f"same system, src and mt already in the pool with score {previous}, here {row['score']}",
-                    line,
+                    check.line_of(index),
                 )
             )
-    if conflicts:
-        check.good = check.good.drop(index=conflicts)
+    if dropped:
+        check.good = check.good.drop(index=dropped)
+
+
+def withdraw(cfg: IncomingConfig, which: str) -> dict[str, Any]:
+    """Take the rows of one ingested file out of the pool; the next retrain tick trains without them.
+
+    ``which``: the file name as ingested (``manifest.json``) or the first 8+ characters of its
+    sha256.  The pending-retrain marker is written first, then the pool, then the manifest entry
+    gets ``withdrawn_at`` (the same file may then be submitted again).  Call it under
+    :func:`retrain_lock`.
+
+    Raises
+    ------
+    DataError
+        No ingested file, or several, match ``which``.
+    """
+    manifest_path = Path(cfg.manifest_path)
+    manifest = read_manifest(manifest_path)
+    entries = [
+        f
+        for f in manifest["files"]
+        if not f.get("withdrawn_at")
+        and (f["file"] == which or (len(which) >= 8 and f["sha256"].startswith(which)))
+    ]
+    if not entries:
+        raise DataError(f"{manifest_path}: no ingested file named {which!r} or with that sha256")
+    if len(entries) > 1:
+        raise DataError(
+            f"{manifest_path}: {len(entries)} ingested files match {which!r}; give the sha256 of one: "
+            + ", ".join(f["sha256"][:12] for f in entries)
+        )
+    entry = entries[0]
+    pool = read_pool(cfg.pool_path)
+    keep = pool[pool[SHA_COLUMN].astype(str) != entry["sha256"]].reset_index(drop=True)
+    removed = len(pool) - len(keep)
+    mark_pending(cfg, {"withdrawn": entry["file"], "sha256": entry["sha256"], "rows_removed": removed})
+    if removed:
+        write_pool(keep, cfg.pool_path)
+    entry["withdrawn_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    entry["rows_withdrawn"] = removed
+    _write_text_creating_folder(manifest_path, json.dumps(manifest, indent=2) + "\n")
+    log.info(
+        "withdrew %s (%s): %d row(s) removed from the pool", entry["file"], entry["sha256"][:12], removed
+    )
+    return {"file": entry["file"], "sha256": entry["sha256"], "rows_removed": removed}
 
 
 # ----------------------------------------------------------------------------- locking
@@ -659,13 +1101,18 @@ def init_pool(cfg: IncomingConfig) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m uamt.incoming {validate FILE... | ingest | init-pool} [--params params.yaml]``."""
+    """``python -m uamt.incoming {validate FILE... | ingest | withdraw NAME|SHA256 | init-pool} [--params ...]``."""
     import argparse
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m uamt.incoming", description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["validate", "ingest", "init-pool"])
-    parser.add_argument("files", nargs="*", help="validate: files to check (nothing is moved or written)")
+    parser.add_argument("action", choices=["validate", "ingest", "withdraw", "init-pool"])
+    parser.add_argument(
+        "files",
+        nargs="*",
+        help="validate: files to check (nothing is moved or written); "
+        "withdraw: the name (as ingested) or sha256 prefix of one ingested file",
+    )
     parser.add_argument("--params", default=str(DEFAULT_PARAMS))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -680,6 +1127,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if bad else 0
         if args.action == "init-pool":
             print(f"{cfg.pool_path}: {'created (empty)' if init_pool(cfg) else 'exists'}")
+            return 0
+        if args.action == "withdraw":
+            if len(args.files) != 1:
+                parser.error("withdraw takes one file name or sha256")
+            with retrain_lock(cfg.lock_path, cfg.lock_timeout_s):
+                print(json.dumps(withdraw(cfg, args.files[0]), indent=2))
             return 0
         with retrain_lock(cfg.lock_path, cfg.lock_timeout_s):
             result = ingest_incoming(cfg)

@@ -11,12 +11,22 @@ Input frame columns
 Output frame columns
     ``mu``, ``sigma`` (standard deviation), ``lower``, ``upper`` (central interval at
     ``confidence``), ``risk`` (= P(Q <= risk_threshold)); and, where the method gives them,
-    ``epistemic_var``, ``aleatoric_var`` (variances).
+    ``epistemic_var``, ``aleatoric_var`` (variances); where the scale has bounds, ``clipped``
+    (bool: mu or the interval was clipped to them).
+
+Loading never writes: a registered model whose artifacts are on the local file system is loaded
+from there (MLflow would otherwise write a ``registered_model_meta`` file into the registry's
+artifact folder), any other is downloaded to a temporary folder; and a tracking store that does
+not exist is an error, never created.
 """
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import pandas as pd
@@ -28,11 +38,23 @@ OUTPUT_COLUMNS = ("mu", "sigma", "lower", "upper", "risk")
 
 @dataclass(frozen=True)
 class ScoreScale:
-    """Which human scores the predictions are on, e.g. ``name="MQM"``, ``description=...``."""
+    """Which human scores the predictions are on, e.g. ``name="MQM"``, ``description=...``.
+
+    ``bounds``: the ``(lowest, highest)`` score the scale allows (MQM: ``(-25, 0)``, 0 = no error),
+    or None when unbounded/unknown; predictions are clipped to it.
+    """
 
     name: str
     description: str
     default_risk_threshold: float
+    bounds: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.bounds is not None:
+            low, high = (float(b) for b in self.bounds)
+            if not low < high:
+                raise UamtError(f"scale {self.name}: bounds {list(self.bounds)} must be (low, high), low < high")
+            object.__setattr__(self, "bounds", (low, high))
 
 
 @runtime_checkable
@@ -55,22 +77,107 @@ class Predictor(Protocol):
         ...
 
 
+def _file_path(uri: str) -> Path | None:
+    """The local path of a ``file:`` URI or a plain path, else None (a remote store)."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and ":" in uri):  # a path (or a drive letter)
+        return Path(uri)
+    return None
+
+
+def check_pickle(path: Path) -> None:
+    """Refuse a ``python_model.pkl`` that is not a complete pickle stream, without unpickling it."""
+    import pickletools
+
+    try:
+        with open(path, "rb") as handle:
+            for _ in pickletools.genops(handle):
+                pass
+    except OSError as exc:
+        raise UamtError(f"{path}: cannot read the model's python object: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - genops raises ValueError, struct.error, ... on garbage
+        raise UamtError(
+            f"{path}: not a valid pickle ({type(exc).__name__}: {exc}); the model's python object is "
+            "corrupt or truncated: re-register the model (or restore the file)"
+        ) from None
+
+
+def _check_model_folder(folder: Path) -> None:
+    """Check the files MLflow is about to unpickle, so a corrupt one is named (not a traceback)."""
+    import yaml
+
+    mlmodel = folder / "MLmodel"
+    if not mlmodel.is_file():
+        return  # mlflow says what is missing
+    try:
+        flavor = (yaml.safe_load(mlmodel.read_text(encoding="utf-8")) or {}).get("flavors", {})
+        pickled = (flavor.get("python_function") or {}).get("python_model")
+    except (yaml.YAMLError, AttributeError, UnicodeDecodeError) as exc:
+        raise UamtError(f"{mlmodel}: not a valid MLmodel file ({exc})") from None
+    if isinstance(pickled, str):
+        check_pickle(folder / pickled)
+
+
+def _local_model_folder(model: str) -> Path | None:
+    """Where the artifacts of ``model`` lie on this file system, if they do (None: download them)."""
+    if model.startswith("models:/"):
+        from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
+
+        underlying = ModelsArtifactRepository.get_underlying_uri(model)
+        folder = _file_path(underlying)
+        return folder if folder is not None and folder.is_dir() else None
+    if "://" in model or model.startswith("runs:/"):
+        return None
+    return Path(model)
+
+
 def load_predictor(model: str) -> Predictor:
     """Load a :class:`Predictor` from a model URI (``models:/name@champion``, ``runs:/..``) or a folder.
 
     Only the configured tracking store / local folders are read: a client of the REST server can
-    never make it load a path.
+    never make it load a path.  Nothing is written: not the tracking store (a missing SQLite
+    database is an error, see :func:`uamt.registry.check_store_exists`), not the registry's
+    artifact folder (see the module docstring).
+
+    Raises
+    ------
+    uamt.errors.UamtError
+        The store, model or alias does not exist, a model file is corrupt (named), or the model
+        is not a uamt model.
     """
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
 
-    from uamt.registry import tracking_uri
+    from uamt.registry import check_store_exists, tracking_uri
 
-    mlflow.set_tracking_uri(tracking_uri())
+    uri = tracking_uri()
+    if model.startswith(("models:/", "runs:/")):
+        check_store_exists(uri)
+    mlflow.set_tracking_uri(uri)
     try:
-        loaded = mlflow.pyfunc.load_model(model)
+        folder = _local_model_folder(model)
+        if folder is not None:
+            if folder.is_dir():
+                _check_model_folder(folder)
+            loaded = mlflow.pyfunc.load_model(str(folder) if model.startswith("models:/") else model)
+        else:
+            download = Path(tempfile.mkdtemp(prefix="uamt-model-"))
+            atexit.register(shutil.rmtree, download, True)
+            from mlflow.artifacts import download_artifacts
+
+            local = Path(download_artifacts(artifact_uri=model, dst_path=str(download)))
+            _check_model_folder(local)
+            loaded = mlflow.pyfunc.load_model(str(local))
+    except UamtError:
+        raise
     except (MlflowException, OSError) as exc:
         raise UamtError(f"could not load model {model!r}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - a model's own code failed while loading; name the model
+        raise UamtError(f"could not load model {model!r}: {type(exc).__name__}: {exc}") from exc
     python_model = loaded.unwrap_python_model()
     predictor = getattr(python_model, "predictor", None)
     if not isinstance(predictor, Predictor):

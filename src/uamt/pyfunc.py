@@ -9,11 +9,20 @@ or ``refs`` (list of str); optional ``lp`` selects per-LP calibration. It return
 lower, upper, risk`` (+ ``epistemic_var``, ``aleatoric_var`` where the method gives them) on the
 human scale of the calibration data.  MLflow params: ``confidence`` (default 0.9),
 ``risk_threshold`` (default: the scale's), ``interval`` (``gaussian`` | ``conformal``).
+
+Scale bounds: the calibrated Gaussian is unbounded, but human scores are not (MQM <= 0, HTER >= 0,
+...).  ``mu``, ``lower`` and ``upper`` are clipped to the range of the scale (the widest
+``score_range`` of the datasets the model was trained and calibrated on,
+:data:`uamt.data.datasets.DATASET_SPECS`), the boolean column ``clipped`` says where; ``risk``
+is the probability under the Gaussian censored at the bounds: unchanged for a threshold inside
+the range, 1 at or above its top, 0 below its bottom.  ``sigma`` is the model's (not clipped).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,19 +31,30 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.errors import DataError, UamtError
 from uamt.predictor import ScoreScale
 from uamt.references import N_REFS, distinct_references
+from uamt.textcheck import blank_detail, is_blank
+
+
+def scale_bounds(datasets) -> tuple[float, float] | None:
+    """The widest ``score_range`` of the declared ``datasets`` (None when none is declared)."""
+    from uamt.data.datasets import DATASET_SPECS
+
+    ranges = [DATASET_SPECS[d].score_range for d in datasets if d in DATASET_SPECS]
+    if not ranges:
+        return None
+    return (float(min(r[0] for r in ranges)), float(max(r[1] for r in ranges)))
 
 
 def scale_for(datasets: tuple[str, ...]) -> ScoreScale:
-    """The one human score scale of ``datasets`` (from their declarations), else DataError."""
+    """The one human score scale of ``datasets`` (from their declarations) with its bounds, else DataError."""
     from uamt.data.datasets import DATASET_SPECS
 
     scales = {DATASET_SPECS[d].scale for d in datasets if d in DATASET_SPECS}
     if len(scales) != 1:
         raise DataError(f"datasets {list(datasets)} do not share one known human score scale")
-    return scales.pop()
+    return dataclasses.replace(scales.pop(), bounds=scale_bounds(datasets))
 
 
 def _text_column(frame: pd.DataFrame, column: str, row_label: str = "row") -> list[str]:
@@ -42,9 +62,32 @@ def _text_column(frame: pd.DataFrame, column: str, row_label: str = "row") -> li
     for i, value in enumerate(values):
         if not isinstance(value, str):
             raise DataError(f"{row_label} {i}: field {column!r} must be a string, got {type(value).__name__}")
-        if not value.strip():
-            raise DataError(f"{row_label} {i}: field {column!r} is empty")
+        if is_blank(value):
+            detail = blank_detail(value)
+            raise DataError(f"{row_label} {i}: field {column!r} is empty" + (f" ({detail})" if detail else ""))
     return values
+
+
+def clip_to_scale(out: pd.DataFrame, bounds, threshold: float) -> pd.DataFrame:
+    """``out`` (mu, sigma, lower, upper, risk at ``threshold``) with mu and the interval clipped to
+    ``bounds`` = (low, high), ``clipped`` added, and the risk of the censored Gaussian: 1 for a
+    threshold >= high, 0 for one < low, unchanged inside (see the module docstring)."""
+    if bounds is None:
+        return out
+    low, high = bounds
+    out = out.copy()
+    clipped = np.zeros(len(out), dtype=bool)
+    for column in ("mu", "lower", "upper"):
+        values = out[column].to_numpy(dtype=float)
+        inside = np.clip(values, low, high)
+        clipped |= inside != values
+        out[column] = inside
+    if threshold >= high:
+        out["risk"] = 1.0
+    elif threshold < low:
+        out["risk"] = 0.0
+    out["clipped"] = clipped
+    return out
 
 
 class CalibratedPredictor:
@@ -63,12 +106,40 @@ class CalibratedPredictor:
         self.method = method
         self.uses_references = not model.cfg.reference_free
 
+    @property
+    def max_tokens(self) -> int | None:
+        """Subword tokens the encoder reads per text (longer texts are cut), None when unknown."""
+        limit = getattr(self.encoder, "max_length", None)
+        return int(limit) if isinstance(limit, int) else None
+
+    def truncated(self, texts: list[str]) -> list[int]:
+        """Indices of ``texts`` longer than :attr:`max_tokens` subword tokens: the encoder reads only
+        their beginning.  Empty when the encoder has no tokenizer to count with."""
+        tokenizer = getattr(self.encoder, "tokenizer", None)
+        limit = self.max_tokens
+        if tokenizer is None or limit is None:
+            return []
+        # A token covers at least one character (at most 4 tokens for one character in byte-level
+        # vocabularies): shorter texts cannot be over the limit and are not tokenized twice.
+        candidates = [i for i, text in enumerate(texts) if 4 * len(text) + 2 > limit]
+        if not candidates:
+            return []
+        from transformers.utils import logging as hf_logging
+
+        previous = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # "sequence length is longer than the maximum": we know
+        try:
+            ids = tokenizer([texts[i] for i in candidates], truncation=False)["input_ids"]
+        finally:
+            hf_logging.set_verbosity(previous)
+        return [i for i, seq in zip(candidates, ids, strict=True) if len(seq) > limit]
+
     def _references(self, frame: pd.DataFrame) -> list[list[str]]:
         if "refs" in frame.columns:
             refs = []
             for i, value in enumerate(frame["refs"].tolist()):
                 items = [value] if isinstance(value, str) else list(value) if value is not None else []
-                if not items or not all(isinstance(r, str) and r.strip() for r in items):
+                if not items or not all(isinstance(r, str) and not is_blank(r) for r in items):
                     raise DataError(f"row {i}: field 'refs' must be a non-empty list of non-empty strings")
                 # The same reference given twice is one reference (n_refs picks the calibration).
                 refs.append(distinct_references(items))
@@ -110,6 +181,8 @@ class CalibratedPredictor:
             if column not in frame.columns:
                 raise DataError(f"missing field {column!r}; each segment needs src and mt")
         threshold = self.scale.default_risk_threshold if risk_threshold is None else float(risk_threshold)
+        if not math.isfinite(threshold):
+            raise DataError(f"risk_threshold={risk_threshold!r} must be a finite number")
         lp = frame["lp"].astype(str).to_numpy() if "lp" in frame.columns else None
         outputs = []
         starts = range(0, len(frame), max(int(batch_size), 1) * 16)
@@ -146,30 +219,37 @@ class CalibratedPredictor:
             )
             out["epistemic_var"] = share * sigma**2
             out["aleatoric_var"] = (1 - share) * sigma**2
-        return out
+        return clip_to_scale(out, self.scale.bounds, threshold)
 
 
 class UamtPyfunc(mlflow.pyfunc.PythonModel):
     """MLflow wrapper; ``self.predictor`` is the :class:`CalibratedPredictor` (see ``load_predictor``)."""
 
     def load_context(self, context) -> None:
+        """Load spec, calibration (checked first: cheap, and a corrupt file is named), model, encoder."""
         from uamt.calibrated import Calibration
+        from uamt.config import ConfigError, from_dict
         from uamt.encoders import EncoderConfig, get_encoder
         from uamt.models.api import load
 
-        spec = json.loads(Path(context.artifacts["spec"]).read_text(encoding="utf-8"))
-        from uamt.config import from_dict
-
-        encoder = get_encoder(from_dict(EncoderConfig, spec["encoder"], where="spec.encoder"))
-        model = load(context.artifacts["model"])
+        spec_path = Path(context.artifacts["spec"])
+        try:
+            spec = json.loads(spec_path.read_text(encoding="utf-8"))
+            scale_fields = dict(spec["scale"])
+            if scale_fields.get("bounds") is None:  # registered before scales carried their bounds
+                scale_fields["bounds"] = scale_bounds(spec.get("datasets") or ())
+            scale = ScoreScale(**scale_fields)
+            encoder_cfg = from_dict(EncoderConfig, spec["encoder"], where="spec.encoder")
+            method = str(spec["method"])
+        except (OSError, ValueError, KeyError, TypeError, ConfigError, UamtError) as exc:
+            raise UamtError(f"{spec_path}: unusable model spec ({type(exc).__name__}: {exc})") from None
+        if not math.isfinite(float(scale.default_risk_threshold)):
+            raise UamtError(f"{spec_path}: scale.default_risk_threshold must be a finite number")
         calibration = Calibration.load(context.artifacts["calibration"])
+        model = load(context.artifacts["model"])
+        encoder = get_encoder(encoder_cfg)
         self.predictor = CalibratedPredictor(
-            model,
-            calibration,
-            encoder,
-            ScoreScale(**spec["scale"]),
-            spec["method"],
-            spec.get("encode_batch", 64),
+            model, calibration, encoder, scale, method, spec.get("encode_batch", 64)
         )
 
     def predict(

@@ -8,7 +8,8 @@ Endpoints
         each record has ``src``, ``mt`` (strings), for a reference-based model ``ref`` (string)
         or ``refs`` (list of strings, combined by averaging), and optionally ``lp`` (all or none).  Answer:
         ``{"predictions": [{"mu", "sigma", "lower", "upper", "risk"[, "epistemic_var",
-        "aleatoric_var"]}, ...]}``, in request order.
+        "aleatoric_var"][, "clipped"]}, ...]}``, in request order (``clipped``: mu or the interval
+        was clipped to the scale's range).
     ``GET /health``   ``{"status": "ok", "model": .., "method": .., "scale": ..}``
     ``GET /ping``     200, empty line (as ``mlflow models serve``)
     ``GET /version``  uamt and MLflow versions, model URI, method, scale
@@ -33,6 +34,7 @@ import pandas as pd
 
 from uamt.errors import UamtError
 from uamt.predictor import OUTPUT_COLUMNS, Predictor
+from uamt.textcheck import blank_detail, is_blank
 
 log = logging.getLogger("uamt.serve")
 
@@ -104,6 +106,10 @@ class ScoringService:
     """Validates requests and scores them with one shared predictor (thread-safe)."""
 
     def __init__(self, predictor: Predictor, model_uri: str, settings: ServeSettings = ServeSettings()):
+        if not 0.0 < settings.confidence < 1.0:
+            raise UamtError(f"confidence must be in (0, 1), got {settings.confidence}")
+        if settings.risk_threshold is not None and not math.isfinite(settings.risk_threshold):
+            raise UamtError(f"risk threshold must be a finite number, got {settings.risk_threshold}")
         self.predictor = predictor
         self.model_uri = model_uri
         self.settings = settings
@@ -118,8 +124,9 @@ class ScoringService:
     def _check_text(self, value: Any, where: str) -> str:
         if not isinstance(value, str):
             raise RequestError(400, f"{where} must be a string, got {type(value).__name__}")
-        if not value.strip():
-            raise RequestError(400, f"{where} is empty")
+        if is_blank(value):
+            detail = blank_detail(value)
+            raise RequestError(400, f"{where} is empty" + (f" ({detail})" if detail else ""))
         if len(value) > self.settings.max_chars:
             raise RequestError(
                 413, f"{where} has {len(value)} characters, over the limit of {self.settings.max_chars}"
@@ -207,7 +214,11 @@ class ScoringService:
             raise RuntimeError(f"model returned {len(out)} rows with columns {list(out.columns)}")
         columns = [*OUTPUT_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in out.columns]]
         rows = out[columns].astype(float).to_dict(orient="records")
-        return [{k: (v if math.isfinite(v) else None) for k, v in row.items()} for row in rows]
+        rows = [{k: (v if math.isfinite(v) else None) for k, v in row.items()} for row in rows]
+        if "clipped" in out.columns:
+            for row, clipped in zip(rows, out["clipped"].astype(bool).tolist(), strict=True):
+                row["clipped"] = clipped
+        return rows
 
     def invocations(self, body: bytes) -> dict[str, Any]:
         try:
@@ -230,6 +241,7 @@ class ScoringService:
             "uses_references": bool(self.predictor.uses_references),
             "scale": self.predictor.scale.name,
             "scale_description": self.predictor.scale.description,
+            "scale_range": list(getattr(self.predictor.scale, "bounds", None) or []) or None,
             "confidence": self.settings.confidence,
             "risk_threshold": self.risk_threshold,
         }

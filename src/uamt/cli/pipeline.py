@@ -1,4 +1,9 @@
-"""``uamt registry show``: what the model registry holds."""
+"""``uamt registry show``: what the model registry holds; ``uamt registry init``: create one on purpose.
+
+``show`` only reads: a tracking URI naming a SQLite database that does not exist is an error
+(exit 2), never a new empty database.  ``init`` is the one command (besides the register stage
+with ``register.allow_new_registry: true``) that creates a registry; see :mod:`uamt.registry`.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,14 @@ def _registry_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _registry_init(args: argparse.Namespace) -> int:
+    from uamt import registry
+
+    uri = registry.tracking_uri(args.tracking_uri)
+    print(registry.init_store(uri, replace_missing=args.replace_missing))
+    return 0
+
+
 def register(subparsers) -> None:
     reg = subparsers.add_parser("registry", help="inspect the MLflow model registry")
     reg_sub = reg.add_subparsers(dest="registry_command", metavar="SUBCOMMAND", required=True)
@@ -30,3 +43,22 @@ def register(subparsers) -> None:
         "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow/mlflow.db"
     )
     show.set_defaults(handler=_registry_show)
+    init = reg_sub.add_parser(
+        "init",
+        help="create a new, empty registry on purpose (a fresh project); an existing one is left as is",
+        description=(
+            "Create the SQLite registry (and its marker, <db>.uamt-registry.json) so that the register "
+            "stage may promote a first version without a champion. An existing registry is left alone. "
+            "A registry whose marker says it existed but whose database is gone is only replaced with "
+            "--replace-missing: its version numbers restart at 1."
+        ),
+    )
+    init.add_argument(
+        "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow/mlflow.db"
+    )
+    init.add_argument(
+        "--replace-missing",
+        action="store_true",
+        help="the old registry is gone for good: start a new one (versions restart at 1)",
+    )
+    init.set_defaults(handler=_registry_init)

@@ -1,17 +1,63 @@
 """``uamt score``, ``uamt compare`` and ``uamt serve``: what an MT team runs on its translations.
 
-Every input is checked (files readable, UTF-8, no empty line, same line counts, output folder
-present, options in range) before the model is loaded; results are written only when all
-segments are scored (temp file + ``os.replace``), so a failed run leaves no partial file.
+Every input is checked (options by argparse: finite numbers, non-negative seeds; files readable,
+within the size limits, UTF-8, no empty or invisible-only line, no CR inside a line, same line
+counts, output folder present and not an input) before the model is loaded; results are written
+only when all segments are scored (temp file + ``os.replace``), so a failed run leaves no partial
+file.  Lines longer than the encoder reads are named in a warning on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 DEFAULT_CONFIDENCE = 0.9
+
+
+# ----------------------------------------------------------------------------- option types
+# Checked by argparse, so a bad value is refused (exit 2, the option named) before any file is
+# read or any model loaded.
+def finite_float(text: str) -> float:
+    """A float that is not NaN or infinite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A finite float in [0, 1]."""
+    value = finite_float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1], got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def nonnegative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
@@ -34,10 +80,12 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--risk-threshold",
-        type=float,
+        type=finite_float,
         help="chi of risk = P(Q <= chi), on the model's score scale (default: the scale's own)",
     )
-    p.add_argument("--batch-size", type=int, default=64, help="segments per model batch (default 64)")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=64, help="segments per model batch (default 64)"
+    )
 
 
 def _add_input_options(p: argparse.ArgumentParser, *, several_mt: bool) -> None:
@@ -71,15 +119,31 @@ def _add_input_options(p: argparse.ArgumentParser, *, several_mt: bool) -> None:
     p.add_argument(
         "--lp", help="language pair xx-yy of the segments (selects per-LP calibration where the model has it)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of reference sampling and the bootstrap")
+    p.add_argument(
+        "--seed", type=nonnegative_int, default=0, help="seed of reference sampling and the bootstrap (>= 0)"
+    )
     p.add_argument(
         "--bootstrap",
-        type=int,
+        type=nonnegative_int,
         default=0,
         metavar="N",
         help="also give bootstrap intervals/probabilities from N resamples of the segments (default 0: off)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--max-segment-chars",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="refuse a line longer than N characters (default 100000: almost always lost line breaks)",
+    )
+    p.add_argument(
+        "--max-file-bytes",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="refuse an input file larger than N bytes (default 104857600 = 100 MiB)",
+    )
 
 
 def register(subparsers) -> None:
@@ -100,13 +164,13 @@ def register(subparsers) -> None:
     )
     score.add_argument(
         "--flag-below",
-        type=float,
+        type=finite_float,
         metavar="CHI",
         help="flag segments whose P(Q <= CHI) exceeds --max-risk (critical-error detection)",
     )
     score.add_argument(
         "--max-risk",
-        type=float,
+        type=probability,
         metavar="P",
         help="with --flag-below: flag when the risk exceeds P (default 0.5)",
     )
@@ -163,6 +227,37 @@ def _check_common(args) -> None:
     )
 
 
+def _read_limits(args) -> dict:
+    from uamt.scoring.io import MAX_FILE_BYTES, MAX_SEGMENT_CHARS
+
+    return {
+        "max_file_bytes": args.max_file_bytes or MAX_FILE_BYTES,
+        "max_segment_chars": args.max_segment_chars or MAX_SEGMENT_CHARS,
+    }
+
+
+def _input_paths(args) -> list[Path]:
+    mts = args.mt if isinstance(args.mt, list) else [args.mt]
+    return [args.src, *mts, *args.ref]
+
+
+def _warn_truncated(command: str, predictor, texts: dict[str, list[list[str]]], args) -> dict:
+    """Print which input lines the encoder cuts (stderr); return {file: [lines]} for the summary."""
+    from uamt.scoring.score import truncated_lines, truncation_warning
+
+    by_file: dict[str, list[str]] = {}
+    for role, paths in (("src", [args.src]), ("mt", args.mt if isinstance(args.mt, list) else [args.mt])):
+        for path, lines in zip(paths, texts[role], strict=True):
+            by_file.setdefault(str(path), lines)
+    for path, lines in zip(args.ref, texts["ref"], strict=True):
+        by_file.setdefault(str(path), lines)
+    truncated = truncated_lines(predictor, by_file)
+    warning = truncation_warning(command, truncated, getattr(predictor, "max_tokens", None))
+    if warning:
+        print(warning, file=sys.stderr)
+    return truncated
+
+
 def run_score(args: argparse.Namespace) -> int:
     from uamt.errors import UamtError
     from uamt.scoring.io import check_output_path, read_aligned, render_segments
@@ -182,8 +277,8 @@ def run_score(args: argparse.Namespace) -> int:
     if max_risk is not None and args.flag_below is None:
         raise UamtError("--max-risk needs --flag-below CHI (the quality threshold the risk is about)")
     validate_settings(confidence=args.confidence, max_risk=max_risk)
-    fmt = check_output_path(args.out) if args.out else "jsonl"
-    texts = read_aligned({"src": [args.src], "mt": [args.mt], "ref": args.ref})
+    fmt = check_output_path(args.out, inputs=_input_paths(args)) if args.out else "jsonl"
+    texts = read_aligned({"src": [args.src], "mt": [args.mt], "ref": args.ref}, **_read_limits(args))
     frame = build_frame(
         texts["src"][0],
         texts["mt"][0],
@@ -195,6 +290,7 @@ def run_score(args: argparse.Namespace) -> int:
     predictor, uri = load_scoring_predictor(
         args.model, has_references=bool(args.ref), params_path=args.params
     )
+    truncated = _warn_truncated("score", predictor, texts, args)
     chi = args.risk_threshold
     if chi is None:
         chi = args.flag_below if args.flag_below is not None else predictor.scale.default_risk_threshold
@@ -220,6 +316,8 @@ def run_score(args: argparse.Namespace) -> int:
         flag_below=args.flag_below,
         max_risk=max_risk,
         records=records,
+        truncated=truncated,
+        max_tokens=getattr(predictor, "max_tokens", None),
     )
     if fmt in ("csv", "tsv"):
         records = [{**r, "scale": summary["scale"]} for r in records]
@@ -246,6 +344,11 @@ def _summary_line(summary: dict, out) -> str:
         line += (
             f"; {summary['n_flagged']} flagged (P(Q <= {summary['flag_below']:g}) > {summary['max_risk']:g})"
         )
+    if summary.get("n_clipped"):
+        low, high = summary["scale_range"]
+        line += f"; {summary['n_clipped']} clipped to the scale's range [{low:g}, {high:g}]"
+    if summary.get("truncated_lines"):
+        line += f"; {sum(map(len, summary['truncated_lines'].values()))} lines truncated by the encoder"
     return line
 
 
@@ -268,8 +371,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
     _check_common(args)
     if args.out:
-        check_output_path(args.out, {".json": "json"})
-    texts = read_aligned({"src": [args.src], "mt": args.mt, "ref": args.ref})
+        check_output_path(args.out, {".json": "json"}, inputs=_input_paths(args))
+    texts = read_aligned({"src": [args.src], "mt": args.mt, "ref": args.ref}, **_read_limits(args))
     names = _system_names(args.mt)
     # The same reference draw for every system (sample mode), so the comparison stays paired.
     frames = [
@@ -286,6 +389,7 @@ def run_compare(args: argparse.Namespace) -> int:
     predictor, uri = load_scoring_predictor(
         args.model, has_references=bool(args.ref), params_path=args.params
     )
+    _warn_truncated("compare", predictor, texts, args)
     chi = args.risk_threshold if args.risk_threshold is not None else predictor.scale.default_risk_threshold
     n = len(frames[0])
     joined = pd.concat(frames, ignore_index=True)
@@ -298,10 +402,14 @@ def run_compare(args: argparse.Namespace) -> int:
         progress=not args.no_progress and len(joined) > args.batch_size,
     )
     outputs = {name: out.iloc[k * n : (k + 1) * n].reset_index(drop=True) for k, name in enumerate(names)}
-    result = compare_outputs(outputs, confidence=args.confidence, n_bootstrap=args.bootstrap, seed=args.seed)
+    bounds = getattr(predictor.scale, "bounds", None)
+    result = compare_outputs(
+        outputs, confidence=args.confidence, n_bootstrap=args.bootstrap, seed=args.seed, bounds=bounds
+    )
     result = {
         "scale": predictor.scale.name,
         "scale_description": predictor.scale.description,
+        **({"scale_range": list(bounds)} if bounds is not None else {}),
         "method": predictor.method,
         "model": uri,
         "n_segments": n,

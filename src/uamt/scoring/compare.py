@@ -97,6 +97,7 @@ def compare_outputs(
     confidence: float,
     n_bootstrap: int = 0,
     seed: int = 0,
+    bounds=None,
 ) -> dict[str, Any]:
     """System scores of every system and P(A better than B) for every pair (A listed before B).
 
@@ -104,6 +105,8 @@ def compare_outputs(
     ----------
     outputs : dict
         System name -> predictor output (``mu``, ``sigma``, ...) on the same segments, same order.
+    bounds : (low, high), optional
+        The scale's range; system intervals are clipped to it.
 
     Returns
     -------
@@ -116,7 +119,9 @@ def compare_outputs(
     systems = []
     for k, name in enumerate(names):
         out = outputs[name]
-        score = system_score(out["mu"], out["sigma"], confidence, n_bootstrap=n_bootstrap, seed=seed + k)
+        score = system_score(
+            out["mu"], out["sigma"], confidence, n_bootstrap=n_bootstrap, seed=seed + k, bounds=bounds
+        )
         systems.append({"name": name, "n_segments": len(out), **score.as_dict()})
     pairs = []
     for i, a in enumerate(names):

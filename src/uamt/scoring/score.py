@@ -8,6 +8,11 @@ System score
     replacement (test-set sampling variability) and draws each resampled segment's quality from
     :math:`\\mathcal N(\\hat\\mu_i, \\hat\\sigma_i^2)` (prediction uncertainty); its interval is the
     percentile interval of the resampled means.
+
+Scale bounds
+    Where the predictor's scale has bounds (MQM: [-25, 0], ...), segment ``mu``/``lower``/``upper``
+    come clipped from the predictor (``clipped`` column) and the system intervals are clipped to
+    the same range; the summary gives ``scale_range`` and ``n_clipped``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ REF_COMBINATIONS = ("average", "sample")
 
 INDEPENDENCE_ASSUMPTION = (
     "independent segment errors: sigma_sys = sqrt(sum sigma_i^2) / n, Gaussian interval around mean(mu)"
+)
+CLIPPING_NOTE = (
+    "mu, lower, upper and the system intervals are clipped to scale_range (column clipped); risk is "
+    "P(Q <= chi) under the Gaussian censored at the range: unchanged for chi inside it"
 )
 BOOTSTRAP_METHOD = (
     "segments resampled with replacement, each resampled quality drawn from N(mu_i, sigma_i^2); "
@@ -238,7 +247,9 @@ def bootstrap_means(mu, sigma, n_bootstrap: int, rng: np.random.Generator, idx=N
     return draws.mean(axis=1)
 
 
-def system_score(mu, sigma, confidence: float, *, n_bootstrap: int = 0, seed: int = 0) -> SystemScore:
+def system_score(
+    mu, sigma, confidence: float, *, n_bootstrap: int = 0, seed: int = 0, bounds=None
+) -> SystemScore:
     """System score of one system's segments (formulas in the module docstring).
 
     Parameters
@@ -249,6 +260,8 @@ def system_score(mu, sigma, confidence: float, *, n_bootstrap: int = 0, seed: in
         Level of the central interval, in (0, 1).
     n_bootstrap : int
         Bootstrap resamples (0 = none).
+    bounds : (low, high), optional
+        The scale's range: the intervals are clipped to it.
     """
     mu = np.asarray(mu, dtype=float)
     sigma = np.asarray(sigma, dtype=float)
@@ -275,6 +288,11 @@ def system_score(mu, sigma, confidence: float, *, n_bootstrap: int = 0, seed: in
             bootstrap_sigma=float(means.std(ddof=1)) if n_bootstrap > 1 else 0.0,
             n_bootstrap=n_bootstrap,
         )
+    if bounds is not None:
+        low, high = bounds
+        for key in ("lower", "upper", "bootstrap_lower", "bootstrap_upper"):
+            if key in result:
+                result[key] = float(min(max(result[key], low), high))
     return SystemScore(**result)
 
 
@@ -305,6 +323,8 @@ def segment_records(
     """
     columns = [*OUTPUT_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in out.columns]]
     table = out[columns].astype(float)
+    if "clipped" in out.columns:
+        table["clipped"] = out["clipped"].astype(bool)
     if flag_below is not None:
         if max_risk is None:
             raise UamtError("--flag-below needs --max-risk")
@@ -332,12 +352,19 @@ def score_summary(
     flag_below: float | None = None,
     max_risk: float | None = None,
     records: Sequence[dict[str, Any]] = (),
+    truncated: dict[str, list[int]] | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The summary record: scale, model, settings, system score and intervals, flag counts."""
-    system = system_score(out["mu"], out["sigma"], confidence, n_bootstrap=n_bootstrap, seed=seed)
+    """The summary record: scale (and its range), model, settings, system score and intervals,
+    flag and clipping counts, lines the encoder truncated."""
+    bounds = getattr(predictor.scale, "bounds", None)
+    system = system_score(
+        out["mu"], out["sigma"], confidence, n_bootstrap=n_bootstrap, seed=seed, bounds=bounds
+    )
     summary: dict[str, Any] = {
         "scale": predictor.scale.name,
         "scale_description": predictor.scale.description,
+        **({"scale_range": list(bounds)} if bounds is not None else {}),
         "method": predictor.method,
         "model": model,
         "n_segments": len(out),
@@ -359,4 +386,35 @@ def score_summary(
             max_risk=max_risk,
             n_flagged=int(sum(bool(r.get("flagged")) for r in records)),
         )
+    if "clipped" in out.columns:
+        summary["n_clipped"] = int(out["clipped"].astype(bool).sum())
+        summary["clipping"] = CLIPPING_NOTE
+    if truncated:
+        summary["truncated_lines"] = {name: lines for name, lines in truncated.items() if lines}
+        summary["max_tokens"] = max_tokens
     return summary
+
+
+def truncated_lines(predictor: Predictor, texts: dict[str, Sequence[str]]) -> dict[str, list[int]]:
+    """file name -> 1-based lines longer than the encoder reads (scored on their beginning only);
+    empty when the predictor cannot tell (no ``truncated`` method)."""
+    check = getattr(predictor, "truncated", None)
+    if not callable(check):
+        return {}
+    return {name: [i + 1 for i in check(list(lines))] for name, lines in texts.items()}
+
+
+def truncation_warning(command: str, truncated: dict[str, list[int]], max_tokens: int | None) -> str | None:
+    """One warning line naming the truncated lines per file (at most 10 each), or None."""
+    parts = []
+    for name, lines in truncated.items():
+        if lines:
+            shown = ", ".join(map(str, lines[:10])) + (f" (+{len(lines) - 10} more)" if len(lines) > 10 else "")
+            parts.append(f"{name}: line{'s' if len(lines) > 1 else ''} {shown}")
+    if not parts:
+        return None
+    limit = f"{max_tokens} tokens" if max_tokens else "its maximum length"
+    return (
+        f"uamt {command}: warning: longer than the encoder reads ({limit}), scored on their beginning "
+        f"only: {'; '.join(parts)}"
+    )

@@ -5,6 +5,11 @@ The model of ``pipeline.register_method`` (and the reference-free model of
 calibration and encoder spec; every candidate is registered (``validation_status=pending``), the
 promotion gate compares its test metrics with the champion's, and the ``champion`` alias moves
 last, only if the gate passes (see :mod:`uamt.registry`). Writes ``metrics/registry.json``.
+
+Before anything is logged, the registry is checked (:func:`uamt.registry.prepare_store`): a
+registry that existed (its marker beside the SQLite database, or the previous
+``metrics/registry.json``) and is gone is an error, and a new one is only created with
+``register.allow_new_registry: true`` (or by ``uamt registry init``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class RegisterSettings:
     experiment: str = "uamt"
     tracking_uri: str | None = None
     gates: Gates = field(default_factory=Gates)
+    #: Create the registry when there is none and nothing says one existed (a fresh project).
+    allow_new_registry: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,16 +97,40 @@ def calibration_params(path: Path) -> dict[str, float]:
 def run(cfg: RegisterConfig) -> dict:
     """Register and gate the reference-based model, then the QE model (``<model_name>-qe``);
     ``metrics/registry.json`` holds the first's summary with the QE one under ``"qe"``."""
+    from uamt import registry
     from uamt.scoring.score import QE_SUFFIX as REGISTRY_QE_SUFFIX
     from uamt.uncertainty import write_json_atomic
 
     pipe, reg = cfg.pipeline, cfg.register
+    names = {reg.model_name}
+    if pipe.register_qe_method is not None:
+        names.add(reg.model_name + REGISTRY_QE_SUFFIX)
+    uri = registry.tracking_uri(reg.tracking_uri)
+    status = registry.prepare_store(
+        uri,
+        allow_new=reg.allow_new_registry,
+        expected=previous_versions(Path(pipe.metrics_dir) / "registry.json", names),
+    )
+    log.info("%s", status)
     summary = register_model(cfg, pipe.register_method, reg.model_name)
     if pipe.register_qe_method is not None:
         qe_model = f"{pipe.register_qe_method}{QE_SUFFIX}"
         summary["qe"] = register_model(cfg, qe_model, reg.model_name + REGISTRY_QE_SUFFIX)
     write_json_atomic(summary, Path(pipe.metrics_dir) / "registry.json")
     return summary
+
+
+def previous_versions(path: Path, names: set[str]) -> dict[str, str]:
+    """model name -> version that a previous run's ``metrics/registry.json`` registered (if present)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    found = {}
+    for entry in (data, data.get("qe") if isinstance(data, dict) else None):
+        if isinstance(entry, dict) and entry.get("model_name") in names and entry.get("version"):
+            found[str(entry["model_name"])] = str(entry["version"])
+    return found
 
 
 def register_model(cfg: RegisterConfig, method: str, model_name: str) -> dict:
@@ -155,6 +186,7 @@ def register_model(cfg: RegisterConfig, method: str, model_name: str) -> dict:
     client = registry._client(uri)
     orphans = registry.mark_orphans(client, model_name, keep_version=version)
     decision = registry.gate_and_alias(client, model_name, version, candidate, reg.gates)
+    registry.record_version(uri, model_name)
     log.info("registered %s version %s: %s", model_name, version, decision.reason)
     return {
         "model_name": model_name,

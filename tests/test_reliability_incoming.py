@@ -1,0 +1,651 @@
+"""Reliability, round 2: retraining on new annotations (docs/guarantees.md, "Retraining on new
+annotations (round 2)").
+
+The promise: a bad incoming file gets a clear error naming file, row and field; nothing is lost
+(the good files beside it are ingested, rows ingested are always trained); the champion is never
+degraded.
+
+* :data:`BAD_FILES` -- one bad file placed before a good one: the bad one goes to ``rejected/`` with
+  a report matching ``match``, the good one is ingested, the folder is empty afterwards (no file
+  blocks later ticks);
+* :data:`ACCEPTED` -- inputs that must NOT be errors;
+* duplicates by content (the same file re-exported with CRLF line ends), the write-then-rename
+  convention and ``settle_s``, withdrawing a file;
+* a retrain interrupted after ingestion (a stage raising) is finished by the next tick;
+* the Prefect API server started by ``python -m flows.retrain`` survives Ctrl-C and dies with a
+  SIGKILLed parent; Prefect's telemetry is off;
+* params: a section given as a list, non-finite score bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import test_flows_harness as harness
+import yaml
+from test_flows_harness import REPO_ROOT
+
+from uamt.config import ConfigError, load_section
+from uamt.incoming import (
+    IncomingConfig,
+    ingest_incoming,
+    load_config,
+    read_pending,
+    read_pool,
+    validate_file,
+    withdraw,
+)
+
+prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
+
+HEADER = "dataset,lp,src,mt,ref,score,system"
+ROW = {"dataset": "wmt21_mqm", "lp": "en-de", "src": "Hallo.", "mt": "Hello.", "ref": "Hi.", "system": "s"}
+SECRET = "SECRET-LINE-must-never-be-copied"
+
+
+def cfg_for(tmp: Path, **kw) -> IncomingConfig:
+    return IncomingConfig(
+        dir=str(tmp / "incoming"),
+        pool_path=str(tmp / "annotations" / "pool.parquet"),
+        manifest_path=str(tmp / "annotations" / "manifest.json"),
+        lock_path=str(tmp / ".retrain.lock"),
+        pending_path=str(tmp / ".retrain.pending"),
+        **kw,
+    )
+
+
+def good_csv(n: int = 3, first: int = 0, newline: str = "\n") -> str:
+    rows = [
+        f"wmt21_mqm,en-de,Source {i}.,Translation {i}.,Reference {i}.,-{i % 5},sysA" for i in range(first, n)
+    ]
+    return newline.join([HEADER, *rows]) + newline
+
+
+def jsonl(**over) -> str:
+    return json.dumps({**ROW, "score": -1, **over}) + "\n"
+
+
+def write(path: Path, data: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+    return path
+
+
+def outside_file(tmp: Path) -> Path:
+    return write(tmp / "elsewhere" / "private.csv", f"{HEADER}\n{SECRET},en-de,a,b,c,-1,s\n")
+
+
+def symlink(tmp: Path, name: str, target: Path) -> None:
+    (tmp / "incoming").mkdir(parents=True, exist_ok=True)
+    os.symlink(target, tmp / "incoming" / name)
+
+
+# ============================================================================ one bad file, one good
+@dataclass(frozen=True)
+class Bad:
+    """``make(tmp)`` puts one bad entry named ``a-bad.<ext>`` into ``tmp/incoming``."""
+
+    id: str
+    make: Callable[[Path], object]
+    match: str  # regex on the report
+
+
+def _bad(name: str, data: str | bytes) -> Callable[[Path], object]:
+    return lambda t: write(t / "incoming" / name, data)
+
+
+BAD_FILES = [
+    # -- item 1: inputs that used to raise and block every later tick
+    Bad(
+        "json-5000-digit-integer-score",
+        _bad("a-bad.jsonl", jsonl()[:-2].replace('"score": -1', '"score": ' + "9" * 5000) + "}\n"),
+        r"a-bad\.jsonl: row 1 \(line 1\): field 'score': .*an integer of 5000 digits",
+    ),
+    Bad(
+        "json-10k-deep-nesting",
+        _bad("a-bad.jsonl", "[" * 10_000 + "]" * 10_000 + "\n"),
+        r"a-bad\.jsonl: field '\*': line 1: JSON nested too deeply",
+    ),
+    Bad(
+        "json-10k-deep-annotator-scores",
+        _bad("a-bad.jsonl", jsonl(annotator_scores="[" * 10_000 + "]" * 10_000)),
+        r"a-bad\.jsonl: row 1 \(line 1\): field 'annotator_scores': must be a list",
+    ),
+    Bad(
+        "json-lone-surrogate",
+        _bad("a-bad.jsonl", jsonl(src="X").replace('"X"', '"ok \\ud800"')),
+        r"a-bad\.jsonl: row 1 \(line 1\): field 'src': not valid Unicode text: lone surrogate '\\ud800' "
+        r"at character 4",
+    ),
+    Bad(
+        "json-lone-surrogate-in-system",
+        _bad("a-bad.jsonl", jsonl(system="X").replace('"X"', '"\\udfff"')),
+        r"row 1 \(line 1\): field 'system': not valid Unicode text",
+    ),
+    Bad(
+        "csv-surrogate-bytes",
+        _bad("a-bad.csv", f"{HEADER}\n".encode() + b"wmt21_mqm,en-de,\xed\xa0\x80,b,c,-1,s\n"),
+        r"a-bad\.csv: field '\*': line 2: not valid UTF-8",
+    ),
+    Bad(
+        "csv-huge-seg-id",
+        _bad("a-bad.csv", f"{HEADER},seg_id\nwmt21_mqm,en-de,a,b,c,-1,s,{'9' * 30}\n"),
+        r"row 1 \(line 2\): field 'seg_id': must be an integer in \[0, 2\*\*63 - 1\]",
+    ),
+    Bad(
+        "json-huge-seg-id",
+        _bad("a-bad.jsonl", jsonl(seg_id=10**30)),
+        r"row 1 \(line 1\): field 'seg_id': must be an integer",
+    ),
+    Bad(
+        "csv-huge-n-annotators",
+        _bad("a-bad.csv", f"{HEADER},n_annotators\nwmt21_mqm,en-de,a,b,c,-1,s,1e30\n"),
+        r"row 1 \(line 2\): field 'n_annotators': must be an integer in \[1, 10000\], got '1e30'",
+    ),
+    Bad(
+        "json-huge-n-annotators",
+        _bad("a-bad.jsonl", jsonl(n_annotators=2**70)),
+        r"row 1 \(line 1\): field 'n_annotators': must be an integer in \[1, 10000\]",
+    ),
+    # -- item 4: bounds of each annotator, plain decimal numbers only
+    Bad(
+        "annotator-score-off-the-mqm-scale",
+        _bad("a-bad.csv", f"{HEADER},annotator_scores\nwmt21_mqm,en-de,a,b,c,-1,s,-1|500\n"),
+        r"row 1 \(line 2\): field 'annotator_scores': 1 of 2 annotator scores outside the wmt21_mqm "
+        r"scale \[-25.0, 0.0\] \(score 2 is 500.0\)",
+    ),
+    Bad(
+        "annotator-score-json-list-off-scale",
+        _bad("a-bad.jsonl", jsonl(annotator_scores=[-1, -30])),
+        r"field 'annotator_scores': 1 of 2 annotator scores outside",
+    ),
+    Bad(
+        "score-std-wider-than-the-scale",
+        _bad("a-bad.csv", f"{HEADER},score_std\nwmt21_mqm,en-de,a,b,c,-1,s,354\n"),
+        r"field 'score_std': 354.0 is wider than the whole wmt21_mqm scale",
+    ),
+    Bad(
+        "n-annotators-fewer-than-scores",
+        _bad("a-bad.csv", f"{HEADER},n_annotators,annotator_scores\nwmt21_mqm,en-de,a,b,c,-1,s,1,-1|-2\n"),
+        r"field 'n_annotators': 1, but 2 annotator_scores are given",
+    ),
+    Bad(
+        "score-with-underscore",
+        _bad("a-bad.csv", f"{HEADER}\nwmt21_mqm,en-de,a,b,c,-1_0,s\n"),
+        r"row 1 \(line 2\): field 'score': must be a finite number, a plain decimal number .*got '-1_0'",
+    ),
+    Bad(
+        "score-hex", _bad("a-bad.csv", f"{HEADER}\nwmt21_mqm,en-de,a,b,c,-0x1,s\n"), r"field 'score'.*'-0x1'"
+    ),
+    Bad(
+        "score-infinity-word", _bad("a-bad.csv", f"{HEADER}\nwmt21_mqm,en-de,a,b,c,-Infinity,s\n"), r"'score'"
+    ),
+    Bad(
+        "score-overflow", _bad("a-bad.csv", f"{HEADER}\nwmt21_mqm,en-de,a,b,c,-1e999,s\n"), r"'score'.*1e999"
+    ),
+    Bad("score-fullwidth-digit", _bad("a-bad.csv", f"{HEADER}\nwmt21_mqm,en-de,a,b,c,-１,s\n"), r"'score'"),
+    Bad(
+        "score-5000-digits-csv",
+        _bad("a-bad.csv", f"{HEADER}\nwmt21_mqm,en-de,a,b,c,-{'1' * 5000},s\n"),
+        r"'score'",
+    ),
+    Bad(
+        "annotator-score-underscore",
+        _bad("a-bad.csv", f"{HEADER},annotator_scores\nwmt21_mqm,en-de,a,b,c,-1,s,-1_0|-1\n"),
+        r"field 'annotator_scores': must be a list",
+    ),
+    Bad(
+        "seg-id-underscore",
+        _bad("a-bad.csv", f"{HEADER},seg_id\nwmt21_mqm,en-de,a,b,c,-1,s,1_000\n"),
+        r"'seg_id'",
+    ),
+    # -- item 5: links and other non-regular entries are refused unread
+    Bad(
+        "symlink-to-a-file-outside",
+        lambda t: symlink(t, "a-bad.csv", outside_file(t)),
+        r"a-bad\.csv: field '\*': a symbolic link: not followed",
+    ),
+    Bad(
+        "symlink-to-etc-hosts",
+        lambda t: symlink(t, "a-bad.csv", Path("/etc/hosts")),
+        r"a symbolic link: not followed",
+    ),
+    Bad(
+        "dangling-symlink",
+        lambda t: symlink(t, "a-bad.tsv", t / "gone.tsv"),
+        r"a symbolic link: not followed",
+    ),
+    Bad(
+        "hard-link-to-a-file-outside",
+        lambda t: (
+            Path(t / "incoming").mkdir(parents=True),
+            os.link(outside_file(t), t / "incoming/a-bad.csv"),
+        ),
+        r"a file with 2 hard links .*not read",
+    ),
+    Bad(
+        "fifo",
+        lambda t: (Path(t / "incoming").mkdir(parents=True), os.mkfifo(t / "incoming/a-bad.csv")),
+        r"FIFO",
+    ),
+    Bad(
+        "folder-named-csv",
+        lambda t: Path(t / "incoming/a-bad.csv").mkdir(parents=True),
+        r"a folder: not read",
+    ),
+    # -- UX
+    Bad(
+        "utf16-with-bom",
+        _bad("a-bad.csv", good_csv().encode("utf-16")),
+        r"a-bad\.csv: field '\*': encoded as UTF-16 \(byte-order mark FF FE\), not UTF-8; "
+        r"convert it, e.g. iconv -f UTF-16 -t UTF-8",
+    ),
+    Bad("utf16-without-bom", _bad("a-bad.tsv", good_csv().encode("utf-16-le")), r"looks like UTF-16"),
+    Bad(
+        "unknown-dataset-blank-ref",
+        _bad("a-bad.tsv", f"{HEADER}\n\t\t\t\t\t\t\nwmt99\t\t\t\t\t\t\n".replace(",", "\t")),
+        r"row 2 \(line 3\): field 'dataset': unknown dataset 'wmt99'",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", BAD_FILES, ids=[c.id for c in BAD_FILES])
+def test_one_bad_file_is_rejected_with_a_report_and_the_good_one_is_ingested(case, tmp_path):
+    cfg = cfg_for(tmp_path)
+    case.make(tmp_path)
+    write(tmp_path / "incoming" / "b-good.csv", good_csv())
+    bad_name = next(p.name for p in (tmp_path / "incoming").iterdir() if p.name.startswith("a-bad"))
+
+    result = ingest_incoming(cfg)  # never raises for a bad file
+
+    assert result.ingested == ["b-good.csv"] and result.rows_added == 3
+    assert result.rejected == [bad_name]
+    report = (tmp_path / "incoming/rejected" / f"{bad_name}.report.txt").read_text(encoding="utf-8")
+    assert re.search(case.match, report), report
+    assert str(tmp_path / "incoming" / bad_name) in report  # the file is named
+    assert SECRET not in report and "localhost" not in report  # a link's target is never read
+    assert os.path.lexists(tmp_path / "incoming/rejected" / bad_name)
+    left = {p.name for p in (tmp_path / "incoming").iterdir()}
+    assert left == {"processed", "rejected"}, left  # nothing stays to block the next tick
+    pool = read_pool(cfg.pool_path)
+    assert len(pool) == 3 and SECRET not in pool.to_string()
+    assert ingest_incoming(cfg) == type(result)()  # the next tick: nothing waiting, nothing to fail
+
+
+def test_a_validator_crash_rejects_that_file_only(tmp_path, monkeypatch):
+    """An error the validator does not foresee refuses the one file, named, and the tick goes on."""
+    import uamt.incoming as inc
+
+    cfg = cfg_for(tmp_path)
+    write(tmp_path / "incoming/a-odd.csv", good_csv(3, first=10))
+    write(tmp_path / "incoming/b-good.csv", good_csv())
+    real = inc.validate_frame
+
+    def flaky(frame, path, *args):
+        if path.name == "a-odd.csv":
+            raise MemoryError("simulated")
+        return real(frame, path, *args)
+
+    monkeypatch.setattr(inc, "validate_frame", flaky)
+    result = ingest_incoming(cfg)
+    assert result.ingested == ["b-good.csv"] and result.rejected == ["a-odd.csv"]
+    report = Path(result.reports["a-odd.csv"]).read_text()
+    assert "a-odd.csv: field '*': could not be validated (MemoryError: 'simulated'); not ingested" in report
+
+
+# ============================================================================ must NOT be errors
+ACCEPTED = [
+    ("csv-one-trailing-blank-line", "x.csv", good_csv() + "\n"),
+    ("csv-crlf-trailing-blank-line", "x.csv", good_csv(newline="\r\n") + "\r\n"),
+    ("tsv-trailing-blank-line", "x.tsv", good_csv().replace(",", "\t") + "\n"),
+    ("tsv-trailing-whitespace-line", "x.tsv", good_csv().replace(",", "\t") + " \t\n"),
+    ("jsonl-trailing-blank-line", "x.jsonl", jsonl() + "\n"),
+    ("numbers-with-spaces-and-exponent", "x.csv", f"{HEADER},seg_id\nwmt21_mqm,en-de,a,b,c, -1.5e0 ,s, 7 \n"),
+    ("integral-float-seg-id", "x.jsonl", jsonl(seg_id=7.0, n_annotators=2, annotator_scores=[-1, -2])),
+    (
+        "annotator-scores-on-the-scale",
+        "x.csv",
+        f"{HEADER},annotator_scores\nwmt21_mqm,en-de,a,b,c,-1,s,-25|0\n",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "data"), [c[1:] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED])
+def test_accepted_inputs(name, data, tmp_path):
+    check = validate_file(write(tmp_path / name, data))
+    assert check.ok, check.report()
+    assert len(check.good) >= 1
+
+
+def test_lines_are_named_right_after_blank_jsonl_lines(tmp_path):
+    check = validate_file(write(tmp_path / "x.jsonl", jsonl() + "\n\n" + jsonl(src="b", score=5)))
+    assert [(p.row, p.line, p.field) for p in check.row_problems] == [(2, 4, "score")]
+
+
+# ============================================================================ item 3: duplicates by content
+def test_the_same_rows_resubmitted_with_crlf_are_skipped_and_counted(tmp_path):
+    cfg = cfg_for(tmp_path)
+    write(tmp_path / "incoming/batch.csv", good_csv(60))
+    assert ingest_incoming(cfg).rows_added == 60
+    # Re-exported: CRLF line ends, a different name, extra spaces inside a segment.
+    again = good_csv(60, newline="\r\n").replace("Source 7.", " Source  7. ")
+    write(tmp_path / "incoming/batch-export.csv", again)
+    result = ingest_incoming(cfg)
+    assert result.rows_added == 0 and result.rows_duplicate == 60 and result.rejected == ["batch-export.csv"]
+    report = Path(result.reports["batch-export.csv"]).read_text()
+    assert "nothing new: all 60 row(s) are already in the pool" in report
+    assert "row 8 (line 9): field '*': already in the pool (from batch.csv): skipped" in report
+    assert len(read_pool(cfg.pool_path)) == 60
+    # 60 old rows + 1 new one (and a repeat of it inside the file): only the new row is added.
+    write(tmp_path / "incoming/batch-plus.csv", good_csv(61) + good_csv(61, first=60).split("\n", 1)[1])
+    result = ingest_incoming(cfg)
+    assert result.rows_added == 1 and result.rows_duplicate == 61 and result.ingested == ["batch-plus.csv"]
+    report = (tmp_path / "incoming/processed/batch-plus.csv.report.txt").read_text()
+    assert (
+        "duplicates skipped: 61" in report
+        and "row 62 (line 63): field '*': same judgement as row 61" in report
+    )
+    assert len(read_pool(cfg.pool_path)) == 61
+    manifest = json.loads(Path(cfg.manifest_path).read_text())
+    assert [f["rows_duplicate"] for f in manifest["files"]] == [0, 61]
+
+
+# ============================================================================ item 4: only complete files
+def test_partial_files_are_left_alone_until_complete(tmp_path):
+    cfg = cfg_for(tmp_path, settle_s=60)
+    folder = tmp_path / "incoming"
+    for name in (".batch.csv", "batch.csv.part", "batch.csv.tmp", "~batch.csv"):  # being written
+        write(folder / name, good_csv()[:40])
+    young = write(folder / "young.csv", good_csv())  # being copied in with cp: modified just now
+    result = ingest_incoming(cfg)
+    assert result.deferred == ["young.csv"] and not result.ingested and not result.rejected
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".batch.csv",
+        "batch.csv.part",
+        "batch.csv.tmp",
+        "young.csv",
+        "~batch.csv",
+    ]
+    old = time.time() - 120
+    os.utime(young, (old, old))  # untouched for two minutes: complete
+    assert ingest_incoming(cfg).ingested == ["young.csv"]
+    (folder / "batch.csv.part").rename(folder / "batch.csv")  # the rename that publishes it
+    os.utime(folder / "batch.csv", (old, old))
+    assert ingest_incoming(cfg).rejected == ["batch.csv"]  # truncated by design here: checked, refused
+
+
+def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys):
+    from uamt.incoming import main
+
+    cfg = cfg_for(tmp_path)
+    write(tmp_path / "incoming/one.csv", good_csv(3))
+    write(tmp_path / "incoming/two.csv", good_csv(5, first=3))
+    ingest_incoming(cfg)
+    Path(cfg.pending_path).unlink()  # as after a finished retrain
+    out = withdraw(cfg, "one.csv")
+    assert out["rows_removed"] == 3 and len(read_pool(cfg.pool_path)) == 2
+    assert read_pending(cfg)["changes"][-1]["withdrawn"] == "one.csv"
+    manifest = json.loads(Path(cfg.manifest_path).read_text())
+    assert manifest["files"][0]["withdrawn_at"] and manifest["files"][0]["rows_withdrawn"] == 3
+    with pytest.raises(Exception, match="no ingested file named 'one.csv'"):
+        withdraw(cfg, "one.csv")
+    # Withdrawn, the same file may come back.
+    (tmp_path / "incoming/processed/one.csv").rename(tmp_path / "incoming/one.csv")
+    assert ingest_incoming(cfg).rows_added == 3
+    params = write(
+        tmp_path / "params.yaml",
+        yaml.safe_dump(
+            {"incoming": {k: v for k, v in dataclasses.asdict(cfg).items() if k.endswith(("dir", "path"))}}
+        ),
+    )
+    sha = manifest["files"][1]["sha256"][:10]
+    assert main(["withdraw", sha, "--params", str(params)]) == 0
+    assert json.loads(capsys.readouterr().out)["file"] == "two.csv"
+
+
+# ============================================================================ item 2: crash after ingestion
+def _tick_params(tmp_path: Path) -> Path:
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params["pipeline"]["methods"] = ["point", "hts"]
+    params["incoming"]["settle_s"] = 0
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params), encoding="utf-8")
+    return path
+
+
+def test_a_retrain_killed_after_ingestion_is_finished_by_the_next_tick(prefect_api, tmp_path, monkeypatch):
+    """train_dup dies (as under SIGKILL: no register); the rows are in the pool and the file in
+    processed/, so only the pending-retrain marker remembers them: the next tick, with no new file,
+    retrains (prepare/encode/train_base from cache, train_dup onwards run) and clears it."""
+    from test_flows import _fake_stages
+
+    import flows.pipeline as fp
+    from flows.retrain import retrain_on_new_annotations
+
+    monkeypatch.chdir(tmp_path)
+    _tick_params(tmp_path)
+    calls: list = []
+    _fake_stages(calls, monkeypatch)
+    real_dup = fp.STAGE_BY_NAME["train_dup"].run
+    crash = {"on": True}
+
+    def dying_dup(cfg):
+        if crash["on"]:
+            raise RuntimeError("train_dup killed")
+        return real_dup(cfg)
+
+    stages = tuple(dataclasses.replace(s, run=dying_dup) if s.name == "train_dup" else s for s in fp.STAGES)
+    monkeypatch.setattr(fp, "STAGES", stages)
+    monkeypatch.setattr(fp, "STAGE_BY_NAME", {s.name: s for s in stages})
+    write(Path("data/incoming/new.csv"), good_csv(4))
+
+    with pytest.raises(RuntimeError, match="train_dup killed"):
+        retrain_on_new_annotations("params.yaml")
+    assert [c[0] for c in calls] == ["prepare", "encode", "train_base"]
+    assert not Path("metrics/registry.json").exists()  # register never ran: the registry is unchanged
+    assert (
+        Path("data/incoming/processed/new.csv").is_file()
+        and len(read_pool("data/annotations/pool.parquet")) == 4
+    )
+    pending = json.loads(Path("data/.retrain.pending").read_text())
+    assert pending["changes"] == [
+        {"file": "new.csv", "sha256": pending["changes"][0]["sha256"], "rows_added": 4}
+    ]
+
+    # What a SIGKILL in train_dup leaves: a temp folder named with a pid that no longer runs.
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = Path(f"models/.dup.tmp-{int(dead.stdout)}-x")
+    stale.mkdir(parents=True)
+    crash["on"] = False
+    calls.clear()
+    out = retrain_on_new_annotations("params.yaml")
+    assert out["status"] == "retrained" and out["resumed"] is True, out
+    assert out["ingest"]["rows_added"] == 0 and out["cleaned"] == [str(stale)]
+    assert [c[0] for c in calls] == ["train_dup", "calibrate", "evaluate", "register"]
+    assert not stale.exists() and not Path("data/.retrain.pending").exists()
+    assert retrain_on_new_annotations("params.yaml") == {"status": "no new annotations"}
+
+
+def test_ingest_from_the_command_line_owes_a_retrain(tmp_path):
+    """``python -m uamt.incoming ingest`` alone: the next tick retrains (it used to say 'no new annotations')."""
+    cfg = cfg_for(tmp_path)
+    write(tmp_path / "incoming/new.csv", good_csv())
+    assert read_pending(cfg) is None
+    ingest_incoming(cfg)
+    assert read_pending(cfg)["changes"][0]["rows_added"] == 3
+    write(tmp_path / "incoming/dup.csv", good_csv(newline="\r\n"))
+    Path(cfg.pending_path).unlink()
+    ingest_incoming(cfg)  # nothing new: no retrain owed
+    assert read_pending(cfg) is None
+
+
+# ============================================================================ the Prefect API server
+SERVER_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from flows.retrain import QUIET_PREFECT_ENV, start_api_server
+    os.environ.update(QUIET_PREFECT_ENV)
+    server = start_api_server()
+    try:  # the pid is printed inside the try: a Ctrl-C right after it is still caught
+        print("SERVER", server.server_process.pid, flush=True)
+        time.sleep(600)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+        time.sleep(2)  # the flow records its end: the API must still answer
+        import httpx
+        print("HEALTH", httpx.get(server.api_url + "/health").status_code, flush=True)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as handle:  # a zombie (exited, not yet reaped) is not alive
+        return handle.read().split(")")[-1].split()[0] != "Z"
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def _expect(lines: queue.Queue, marker: str, seconds: float) -> str:
+    """The rest of the next stdout line starting with ``marker`` (the server's own output is skipped)."""
+    deadline = time.monotonic() + seconds
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        if line.startswith(marker + " ") or line.strip() == marker:
+            return line[len(marker) :].strip()
+        seen.append(line)
+    raise AssertionError(f"no {marker!r} line within {seconds} s; output: {seen[-20:]}")
+
+
+@pytest.mark.slow
+def test_api_server_survives_ctrl_c_and_dies_with_a_killed_parent(tmp_path):
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="150",
+        PYTHONPATH=os.pathsep.join(
+            [str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    env.pop("PREFECT_API_URL", None)
+    for signum in (signal.SIGINT, signal.SIGKILL):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER_SCRIPT],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,  # its own process group, as a terminal's job
+        )
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+        try:
+            server = int(_expect(lines, "SERVER", 180))
+            os.killpg(proc.pid, signum)  # Ctrl-C reaches the whole group; SIGKILL the flow process
+            if signum == signal.SIGINT:
+                _expect(lines, "INTERRUPTED", 30)
+                assert _expect(lines, "HEALTH", 30) == "200"  # the server outlived Ctrl-C
+                proc.wait(60)
+            assert _wait_gone(server, 30), f"Prefect API server {server} outlived its parent ({signum!r})"
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_prefect_telemetry_is_off_for_retrain(monkeypatch):
+    """The names exist in the installed prefect and switch both telemetry paths off."""
+    from prefect.settings import Settings
+
+    from flows.retrain import QUIET_PREFECT_ENV
+
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert (
+        "export PREFECT_SERVER_ANALYTICS_ENABLED ?= false" in makefile
+        and "export DO_NOT_TRACK ?= 1" in makefile
+    )
+    for key, value in QUIET_PREFECT_ENV.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.server.analytics_enabled is False
+    assert settings.cloud.enable_orchestration_telemetry is False
+    from prefect._internal.analytics import is_telemetry_enabled
+
+    assert not is_telemetry_enabled()
+
+
+# ============================================================================ params
+@pytest.mark.parametrize(
+    ("section", "match"),
+    [
+        (
+            "incoming: [1, 2]",
+            r"params.yaml:incoming: must be a mapping of key: value pairs, got a list \(\[1, 2\]\)",
+        ),
+        ("incoming: 3", r"must be a mapping of key: value pairs, got a int"),
+        (
+            "incoming:\n  score_bounds:\n    wmt21_mqm: [-.inf, .inf]",
+            r"score_bounds.wmt21_mqm must be finite numbers",
+        ),
+        ("incoming:\n  score_bounds:\n    wmt21_mqm: [-25, .nan]", r"score_bounds.wmt21_mqm must be"),
+        ("incoming:\n  settle_s: -1", r"incoming.settle_s must be a finite number >= 0"),
+    ],
+    ids=["section-as-list", "section-as-number", "infinite-bounds", "nan-bound", "negative-settle"],
+)
+def test_bad_params_are_named(section, match, tmp_path):
+    path = write(tmp_path / "params.yaml", section + "\n")
+    with pytest.raises(ConfigError, match=match):
+        load_config(path)
+
+
+def test_repo_params_have_the_new_keys():
+    cfg = load_section(IncomingConfig, "incoming", REPO_ROOT / "params.yaml")
+    assert cfg.pending_path == "data/.retrain.pending" and cfg.settle_s > 0
+
+
+def test_utf16_text_input_to_uamt_score_is_named(tmp_path):
+    from uamt.errors import DataError
+    from uamt.scoring.io import read_lines
+
+    path = write(tmp_path / "src.txt", "Hallo.\nWelt.\n".encode("utf-16"))
+    with pytest.raises(
+        DataError, match=r"encoded as UTF-16 \(byte-order mark FF FE\).*iconv -f UTF-16 -t UTF-8"
+    ):
+        read_lines(path)
