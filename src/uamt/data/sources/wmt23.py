@@ -185,6 +185,27 @@ class Wmt23Text:
     def domain(self, seg: int) -> str:
         return self.domains[seg - 1]
 
+    def row(
+        self, dataset: str, seg: int, system: str, mt: str, refs: list[str], score: float, raters: list[float]
+    ) -> dict:
+        """One canonical row for segment ``seg`` (source, document and domain from this test set)."""
+        return _row(
+            dataset=dataset,
+            lp=self.lp,
+            src=self.src(seg),
+            mt=mt,
+            refs=refs,
+            score=score,
+            score_raw=score,
+            annotator_scores=raters,
+            n_annotators=len(raters),
+            doc=self.doc(seg),
+            system=system,
+            seg_id=seg,
+            domain=self.domain(seg),
+            year=WMT23_YEAR,
+        )
+
     def doc_lines(self) -> dict[str, list[int]]:
         """``<domain>_<doc>`` (the side-by-side files' document name) -> its 1-based lines, in order."""
         out: dict[str, list[int]] = {}
@@ -398,24 +419,7 @@ def load_wmt23_mqm(
                     # no per-rater file, or (3 zh-en refA items) no rater kept a rating: one score
                     without_raters += bool(per_rater)
                     raters = [score]
-                rows.append(
-                    _row(
-                        dataset="wmt23_mqm",
-                        lp=lp,
-                        src=text.src(seg),
-                        mt=mt,
-                        refs=refs,
-                        score=score,
-                        score_raw=score,
-                        annotator_scores=raters,
-                        n_annotators=len(raters),
-                        doc=text.doc(seg),
-                        system=system,
-                        seg_id=seg,
-                        domain=text.domain(seg),
-                        year=WMT23_YEAR,
-                    )
-                )
+                rows.append(text.row("wmt23_mqm", seg, system, mt, refs, score, raters))
         _log_drops("wmt23_mqm", lp, drops)
         if without_raters:
             log.info(
@@ -577,24 +581,7 @@ def load_wmt23_sxs_mqm(root: str | Path, lps: Iterable[str] = WMT23_SXS_LPS) -> 
             check_range([score], WMT23_SXS_RANGE, name, "severity/category", "MQM score", rows=[line])
             # Raters' copies differ only in spacing around their span marks: take the commonest.
             mt = collections.Counter(t for t, _ in item["targets"]).most_common(1)[0][0]
-            rows.append(
-                _row(
-                    dataset="wmt23_sxs_mqm",
-                    lp=lp,
-                    src=text.src(seg),
-                    mt=mt,
-                    refs=refs,
-                    score=score,
-                    score_raw=score,
-                    annotator_scores=per_rater,
-                    n_annotators=len(per_rater),
-                    doc=text.doc(seg),
-                    system=system,
-                    seg_id=seg,
-                    domain=text.domain(seg),
-                    year=WMT23_YEAR,
-                )
-            )
+            rows.append(text.row("wmt23_sxs_mqm", seg, system, mt, refs, score, per_rater))
         mapping[lp] = counts
         _log_drops("wmt23_sxs_mqm", lp, drops)
         log.info(
