@@ -654,3 +654,25 @@ def test_docs_rest_example_uses_a_language_pair_the_model_knows():
     (record,) = json.loads(body)["dataframe_records"]
     known = {lp for d in PipelineConfig().datasets for lp in DATASET_SPECS[d].lps}
     assert record["lp"] in {"en-de", "zh-en"} and record["lp"] in known
+
+
+def test_progress_bar_counts_segments(uamt_model, fake_encoder, monkeypatch):
+    """The bar counts segments and moves every encoder batch (it used to jump once per 1,024)."""
+    import tqdm
+
+    from uamt.predictor import load_predictor
+
+    updates: list[int] = []
+
+    class Recording(tqdm.tqdm):
+        def update(self, n=1):
+            updates.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm, "tqdm", Recording)
+    predictor = load_predictor(str(uamt_model))
+    frame = pd.DataFrame({"src": SRC, "mt": MT, "ref": REF})
+    quiet = predictor.predict_frame(frame, risk_threshold=-5.0, batch_size=4)
+    shown = predictor.predict_frame(frame, risk_threshold=-5.0, batch_size=4, progress=True)
+    pd.testing.assert_frame_equal(quiet, shown)  # chunking does not change a score
+    assert updates == [4] * 5  # 20 segments, one update per batch of 4

@@ -185,14 +185,21 @@ class CalibratedPredictor:
             raise DataError(f"risk_threshold={risk_threshold!r} must be a finite number")
         lp = frame["lp"].astype(str).to_numpy() if "lp" in frame.columns else None
         outputs = []
-        starts = range(0, len(frame), max(int(batch_size), 1) * 16)
+        # Large chunks amortise the per-call work; with a progress bar, one encoder batch per chunk,
+        # so the bar (counted in segments) moves every batch_size segments, not every 16 batches.
+        step = max(int(batch_size), 1) * (1 if progress else 16)
+        bar = None
         if progress:
             from tqdm import tqdm
 
-            starts = tqdm(starts, desc="scoring", unit="batch", file=None)
-        for start in starts:
-            chunk = frame.iloc[start : start + max(int(batch_size), 1) * 16].reset_index(drop=True)
+            bar = tqdm(total=len(frame), desc="scoring", unit="seg", file=None)
+        for start in range(0, len(frame), step):
+            chunk = frame.iloc[start : start + step].reset_index(drop=True)
             outputs.append(self.raw_predict(chunk))
+            if bar is not None:
+                bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
         raw = pd.concat(outputs, ignore_index=True) if outputs else pd.DataFrame(columns=["mu", "sigma"])
         sigma_raw = raw["sigma"].to_numpy(dtype=float)
         n_refs = raw[N_REFS].to_numpy(dtype=int) if N_REFS in raw.columns else None
