@@ -7,12 +7,17 @@ One row per rated (source, translation) pair; the columns are the contract of
 dataset        ``score``                ``score_raw``               ``annotator_scores`` / ``score_std``
 ============== ======================== =========================== ==========================================
 wmt21_da       DA z-score (``Z.SCR``,   DA 0-100 (``RAW.SCR``,      per-judgement scores standardised per
-               mean of per-worker       mean of the raw             worker (the ``score`` scale), ordinary
-               standardised scores)     judgements), higher better  ``SYSTEM`` judgements only; std of them
+               mean of per-worker       mean of the raw             worker (the ``score`` scale): the
+               standardised scores)     judgements), higher better  SYSTEM and REPEAT judgements; std of them
 wmt21_mqm      MQM as published: 0      same as ``score``           one averaged score per segment is
-               best, negative worse                                 published: ``[score]``, std NaN
-ted_mqm        MQM as published (one    same as ``score``           ``[score]``, std NaN
-               rater per segment)
+               best, negative worse                                 published: ``[score]``, std NaN (en-ru:
+               (en-ru: from errors)                                 scored from the QE-2023 error lists)
+ted_mqm        MQM as published (one    same as ``score``           ``[score]``, std NaN (en-ru: scored from
+               rater per segment)                                   the QE-2023 error lists, one rater)
+wmt23_mqm      MQM (0 best; paragraphs  same as ``score``           zh-en: every rater's score where the
+               reach -138, no cap)                                  per-rater files have it (8 on 270 items)
+wmt23_sxs_mqm  MQM, mean of 3 raters    same as ``score``           the 3 raters' scores
+bio_mqm        MQM, mean of 1-2 raters  same as ``score``           each rater's score
 mlqe           DA z-score ``z_mean``    mean raw DA 0-100 (``mean``) per-annotator **z-scores** (``z_scores``,
                                                                     the ``score`` scale); std of them
 qt21_hter      HTER: 0 best, higher     same as ``score``           ``[score]`` (one post-edit), std NaN
@@ -21,9 +26,11 @@ multihyp_eten  DA z-score               DA z-score (raw not         ``[]``, std 
                                         published)
 ============== ======================== =========================== ==========================================
 
+Each dataset's range, direction and domain are declared once in :mod:`uamt.data.datasets`.
 ``score_std`` is the sample standard deviation (``ddof=1``) of ``annotator_scores`` and NaN
 with fewer than two of them.  ``n_annotators`` is the number of human judgements behind
-``score`` as published (``N`` for WMT21 DA, ``len(scores)`` for MLQE, 1 otherwise).
+``score`` as published (``N`` for WMT21 DA, ``len(scores)`` for MLQE, the raters of the MQM sets
+that publish them, 1 otherwise).
 """
 
 from __future__ import annotations
