@@ -20,7 +20,7 @@ from test_scoring_support import QE_MODEL, REF_MODEL, build_store, fake_mu_ref, 
 from uamt.predictor import load_predictor
 from uamt.serve import ScoringService, ServeSettings, make_server
 
-SETTINGS = ServeSettings(max_batch=8, max_chars=200, max_body_bytes=20_000)
+SETTINGS = ServeSettings(max_batch=8, max_chars=200, max_body_bytes=20_000, max_refs=4, max_pairs=12)
 RECORDS = [
     {"src": "Der Hund schläft.", "mt": "The dog sleeps.", "ref": "The dog is sleeping."},
     {"src": "Das Wetter ist schön.", "mt": "The weather is nice.", "ref": "The weather is beautiful."},
@@ -204,6 +204,19 @@ BAD_REQUESTS = {
     "lp wrong type": ({"dataframe_records": [{**RECORDS[0], "lp": 7}]}, {}, 400, "record 0.lp must be"),
     "empty batch": ({"dataframe_records": []}, {}, 400, "empty batch"),
     "batch too big": ({"dataframe_records": RECORDS * 5}, {}, 413, "over the limit of 8"),
+    # One record with thousands of references used to hold the model lock for 22 s.
+    "too many references": (
+        {"dataframe_records": [{"src": "a", "mt": "b", "refs": ["c"] * 2000}]},
+        {},
+        413,
+        "record 0.refs has 2000 references, over the limit of 4 per record",
+    ),
+    "too much work per request": (
+        {"dataframe_records": [{"src": "a", "mt": "b", "refs": ["c", "d", "e", "f"]}] * 4},
+        {},
+        413,
+        "16+ (segment, reference) scoring passes by record 3, over the limit of 12",
+    ),
     "segment too long": (
         {"dataframe_records": [{"src": "a", "mt": _big(201), "ref": "c"}]},
         {},

@@ -54,6 +54,10 @@ class ServeSettings:
     max_batch: int = 256
     max_chars: int = 2000
     max_body_bytes: int = 16 * 1024 * 1024
+    #: References per record, and (segment, reference) pairs per request: each pair is one scoring
+    #: pass under the model lock, so these bound how long one request can stall the others.
+    max_refs: int = 8
+    max_pairs: int = 1024
 
 
 class RequestError(Exception):
@@ -167,6 +171,12 @@ class ScoringService:
             if ref_list is not None:
                 if not isinstance(ref_list, list) or not ref_list:
                     raise RequestError(400, f"{where}.refs must be a non-empty list of strings")
+                if len(ref_list) > self.settings.max_refs:
+                    raise RequestError(
+                        413,
+                        f"{where}.refs has {len(ref_list)} references, over the limit of "
+                        f"{self.settings.max_refs} per record",
+                    )
                 options = [self._check_text(r, f"{where}.refs[{k}]") for k, r in enumerate(ref_list)]
             elif ref is not None:
                 options = [self._check_text(ref, f"{where}.ref")]
@@ -181,6 +191,13 @@ class ScoringService:
                     400, f"{where}: this model is reference-based ({self.predictor.method}); give ref or refs"
                 )
             refs.append(options)
+            pairs = sum(max(len(o), 1) for o in refs)
+            if pairs > self.settings.max_pairs:
+                raise RequestError(
+                    413,
+                    f"request needs {pairs}+ (segment, reference) scoring passes by {where}, over the limit "
+                    f"of {self.settings.max_pairs}; send fewer records or references",
+                )
             lp = record.get("lp")
             if lp is not None and (not isinstance(lp, str) or not lp.strip() or len(lp) > MAX_LP_CHARS):
                 raise RequestError(400, f"{where}.lp must be a language pair string like 'en-de'")

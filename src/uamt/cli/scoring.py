@@ -213,6 +213,13 @@ def register(subparsers) -> None:
     serve.add_argument(
         "--max-chars", type=int, default=2000, help="most characters per text field (default 2000)"
     )
+    serve.add_argument("--max-refs", type=int, default=8, help="most references per record (default 8)")
+    serve.add_argument(
+        "--max-pairs",
+        type=int,
+        default=1024,
+        help="most (segment, reference) scoring passes per request (default 1024)",
+    )
     serve.add_argument(
         "--max-body-bytes", type=int, default=16 * 1024 * 1024, help="largest request body (default 16 MiB)"
     )
@@ -440,6 +447,8 @@ def run_serve(args: argparse.Namespace) -> int:
         ("--max-batch", args.max_batch),
         ("--max-chars", args.max_chars),
         ("--max-body-bytes", args.max_body_bytes),
+        ("--max-refs", args.max_refs),
+        ("--max-pairs", args.max_pairs),
     ):
         if value < 1:
             raise UamtError(f"{option} must be >= 1, got {value}")
@@ -453,6 +462,8 @@ def run_serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_chars=args.max_chars,
         max_body_bytes=args.max_body_bytes,
+        max_refs=args.max_refs,
+        max_pairs=args.max_pairs,
     )
     run_server(model, settings, host=args.host, port=args.port)
     return 0
