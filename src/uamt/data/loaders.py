@@ -514,6 +514,17 @@ def _other_refs(own: str, available: Mapping[str, str]) -> list[str]:
     return [available[k] for k in sorted(available) if k != own]
 
 
+def refs_of_row(own: str | None, available: Mapping[str, str]) -> list[str] | None:
+    """The references of a rated row, in alphabetical order of their names.
+
+    A system (``own`` None) is scored against every available reference; a rated human reference
+    ``own`` against the others, and None when there is no other (the caller drops the row).
+    """
+    if own is None:
+        return [available[k] for k in sorted(available)]
+    return _other_refs(own, available) or None
+
+
 def _qe_on_lines(root: Path, lp: str, text: Newstest2021, dataset: str):
     """The QE-2023 judgements of newstest2021 ``lp`` placed on the lines of ``text.source``.
 
@@ -644,16 +655,12 @@ def _qe_rows(
             key = f"system {system} ({reason})"
             drops[key] = drops.get(key, 0) + 1
             continue
-        available = ref_texts.get(seg, {})
         match = _REF_SYSTEM.match(system)
-        if match:
-            refs = _other_refs(match.group(1), available)
-            if not refs:
-                key = f"rated reference {system}: no other reference"
-                drops[key] = drops.get(key, 0) + 1
-                continue
-        else:
-            refs = [available[x] for x in sorted(available)]
+        refs = refs_of_row(match.group(1) if match else None, ref_texts.get(seg, {}))
+        if refs is None:
+            key = f"rated reference {system}: no other reference"
+            drops[key] = drops.get(key, 0) + 1
+            continue
         first = judgements[0]
         mt = _qe_target(qe, first, system, drop_empty_mt, drops)
         if mt is None:
@@ -954,15 +961,13 @@ def load_ted_mqm(
                 )
             src, mt, doc, _ = texts[(system, sid)]
             ref_texts = {r: texts[(r, sid)][1] for r in ref_names if (r, sid) in texts}
-            if _REF_SYSTEM.match(system):
-                refs = _other_refs(system, ref_texts)
-                if not refs:
-                    key = f"rated reference {system}: no other reference"
-                    drops[key] = drops.get(key, 0) + 1
-                    continue
-            else:
-                refs = [ref_texts[r] for r in sorted(ref_texts)]
-                no_ref += not refs
+            is_reference = _REF_SYSTEM.match(system) is not None
+            refs = refs_of_row(system if is_reference else None, ref_texts)
+            if refs is None:
+                key = f"rated reference {system}: no other reference"
+                drops[key] = drops.get(key, 0) + 1
+                continue
+            no_ref += not refs
             rows.append(
                 _row(
                     dataset="ted_mqm",

@@ -59,11 +59,11 @@ from uamt.data.loaders import (
     _frame,
     _log_drops,
     _lp_parts,
-    _other_refs,
     _read_table,
     _require_file,
     _row,
     _tar_members,
+    refs_of_row,
 )
 from uamt.data.mqm import mqm_score, mqm_weight
 from uamt.data.schema import check_range, check_text, decode_lines, read_lines, require_columns
@@ -393,16 +393,15 @@ def load_wmt23_mqm(
                 seg, line, score = i + 1, first + i, parsed[i]
                 assert score is not None
                 refs_all = text.ref_texts(seg)
+                letter = ref_match.group(1) if is_human_ref else None  # type: ignore[union-attr]
+                refs = refs_of_row(letter, refs_all)
+                if refs is None:
+                    key = f"rated reference {system}: no other human reference (synthetic_ref is MT)"
+                    drops[key] = drops.get(key, 0) + 1
+                    continue
                 if is_human_ref:
-                    letter = ref_match.group(1)  # type: ignore[union-attr]
-                    refs = _other_refs(letter, refs_all)
-                    if not refs:
-                        key = f"rated reference {system}: no other human reference (synthetic_ref is MT)"
-                        drops[key] = drops.get(key, 0) + 1
-                        continue
                     mt = refs_all[letter]
                 else:
-                    refs = [refs_all[x] for x in sorted(refs_all)]
                     mt = check_text(
                         text.hyp(system)[i], str(text.hyp_file(system)), seg, f"system {system} output"
                     )
@@ -568,14 +567,12 @@ def load_wmt23_sxs_mqm(root: str | Path, lps: Iterable[str] = WMT23_SXS_LPS) -> 
                 counts["source_text"] += 1
             refs_all = text.ref_texts(seg)
             ref_match = _HUMAN_REF_SYSTEM.match(system)
-            if ref_match and ref_match.group(1) in refs_all:
-                refs = _other_refs(ref_match.group(1), refs_all)
-                if not refs:
-                    key = f"rated reference {system}: no other human reference (synthetic_ref is MT)"
-                    drops[key] = drops.get(key, 0) + 1
-                    continue
-            else:
-                refs = [refs_all[x] for x in sorted(refs_all)]
+            own = ref_match.group(1) if ref_match and ref_match.group(1) in refs_all else None
+            refs = refs_of_row(own, refs_all)
+            if refs is None:
+                key = f"rated reference {system}: no other human reference (synthetic_ref is MT)"
+                drops[key] = drops.get(key, 0) + 1
+                continue
             per_rater = [mqm_score(errors) + 0.0 for errors in item["raters"].values()]  # no -0.0
             score = float(np.mean(per_rater))
             check_range([score], WMT23_SXS_RANGE, name, "severity/category", "MQM score", rows=[line])
