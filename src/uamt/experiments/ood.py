@@ -32,7 +32,9 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
-from uamt.experiments.common import fmt, markdown_table, pyplot, read_json, save_figure
+from uamt.experiments import rendering
+from uamt.experiments.common import pyplot, read_json, save_figure
+from uamt.experiments.rendering import maybe, section_number
 
 NAME = "ood"
 FIGURE = "ood_sharpness.png"
@@ -394,18 +396,8 @@ def plot_sharpness(result: dict[str, Any], path: str | Path) -> Path:
 # ----------------------------------------------------------------------------- report
 
 
-def _yes_no(value: bool | None) -> str:
-    return "–" if value is None else ("yes" if value else "no")
-
-
 def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{value:+.0%}"
-
-
-def _section_number() -> int:
-    from uamt.experiments import SECTIONS
-
-    return SECTIONS.index(NAME) + 1 if NAME in SECTIONS else 0
+    return maybe(value, "+.0%")
 
 
 def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -423,224 +415,46 @@ def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _paragraph(result: dict[str, Any]) -> str:
-    lps, methods = result["lps"], result["methods"]
-    out_d, in_d = result["out_domain"], result["in_domain"]
-    sentences = []
-    for method in PAPER_EXPECTED:
-        if method not in methods:
-            continue
-        cells = [c for c in result["comparison"] if c["method"] == method]
-        parts = ", ".join(
-            f"{c['lp']} {_pct(c['change'])} calibrated / {_pct(c['raw_change'])} raw "
-            f"({c['observed']}; paper: {c['expected']}, {'held' if c['held'] else 'not held'})"
-            for c in cells
-        )
-        sentences.append(f"**{PAPER_METHODS[method]}** (`{method}`) on {out_d} vs {in_d}: {parts}.")
-    raw_cells = [c for c in result["comparison"] if c["raw_held"] is not None]
-    if raw_cells:
-        sentences.append(
-            f"On the raw variance the paper's direction holds in {sum(c['raw_held'] for c in raw_cells)} "
-            f"of {len(raw_cells)} method x LP cells (calibrated: "
-            f"{sum(bool(c['held']) for c in result['comparison'])} of {len(result['comparison'])})."
-        )
+def render_context(result: dict[str, Any]) -> dict[str, Any]:
+    """What ``templates/ood.md.j2`` needs beyond the result: constants and the selections its text names."""
+    methods = result["methods"]
     constant = [
         m
         for m, by_lp in result.get("calibration", {}).items()
         if by_lp and all((v["beta_share"] or 0) >= CONSTANT_SHARE for v in by_lp.values())
     ]
-    if constant:
-        shares = [v["beta_share"] for m in constant for v in result["calibration"][m].values()]
-        sentences.append(
-            f"The dev-fitted calibration of {', '.join(f'`{m}`' for m in constant)} is nearly constant: "
-            f"beta is {min(shares):.0%}-{max(shares):.0%} of the in-domain sharpness, so their calibrated "
-            "sharpness can hardly move out of domain whatever the model predicts (a 'flat' verdict there "
-            "says little); the raw variance shows what the model itself does."
-        )
-    # Does the actual error grow out of domain? (What a faithful epistemic estimate should follow.)
-    ref = "point" if "point" in result["sq_error"] else methods[0]
-    err = result["sq_error"][ref]
-    sentences.append(
-        f"The actual squared error of `{ref}` changes by "
-        + ", ".join(f"{lp} {_pct(err[lp]['change'])}" for lp in lps)
-        + f" on {out_d}, so a variance that tracks the error should move the same way."
-    )
-    ranked = sorted(
-        (m for m in methods if result["raw_var"][m]["avg"]["change"] is not None),
-        key=lambda m: result["raw_var"][m]["avg"]["change"],
-        reverse=True,
-    )
-    if ranked:
-        sentences.append(
-            "Raw variance change averaged over LPs, largest first: "
-            + ", ".join(f"`{m}` {_pct(result['raw_var'][m]['avg']['change'])}" for m in ranked)
-            + "."
-        )
     ece = [
         (m, result["transfer"][m]["avg"]["ece"][IN], result["transfer"][m]["avg"]["ece"][OUT])
         for m in methods
         if result["transfer"][m]["avg"]["ece"][OUT] is not None
     ]
-    if ece:
-        worse = [m for m, a, b in ece if a is not None and b > a]
-        best = min(ece, key=lambda item: item[2])
-        sentences.append(
-            f"Calibration fitted on {in_d} dev transfers imperfectly: ECE on {out_d} is higher than on "
-            f"{in_d} for {len(worse)} of {len(ece)} methods; the best-calibrated on {out_d} is `{best[0]}` "
-            f"(ECE {fmt(best[2])} vs {fmt(best[1])} in domain)."
-            if worse
-            else f"Calibration fitted on {in_d} dev transfers: ECE on {out_d} is not higher than in domain "
-            f"for any method (best `{best[0]}`, {fmt(best[2])})."
-        )
-    return " ".join(sentences)
+    return {
+        "section": section_number(NAME),
+        "figure": FIGURE,
+        "transfer_metrics": TRANSFER_METRICS,
+        "paper_methods": list(PAPER_EXPECTED),
+        "paper_names": PAPER_METHODS,
+        "component_rows": [
+            (method, name, lp, block[lp])
+            for method in methods
+            for name, block in result["components"].get(method, {}).items()
+            for lp in result["lps"]
+        ],
+        "constant": constant,
+        "constant_shares": [v["beta_share"] for m in constant for v in result["calibration"][m].values()],
+        # Does the actual error grow out of domain? (What a faithful epistemic estimate should follow.)
+        "error_ref": "point" if "point" in result["sq_error"] else methods[0],
+        "ranked": sorted(
+            (m for m in methods if result["raw_var"][m]["avg"]["change"] is not None),
+            key=lambda m: result["raw_var"][m]["avg"]["change"],
+            reverse=True,
+        ),
+        "ece": ece,
+        "ece_worse": [m for m, before, after in ece if before is not None and after > before],
+        "ece_best": min(ece, key=lambda item: item[2]) if ece else None,
+    }
 
 
 def render(result: dict[str, Any]) -> str:
-    """The markdown section of reports/experiments.md."""
-    lps, methods = result["lps"], result["methods"]
-    in_d, out_d = result["in_domain"], result["out_domain"]
-    sizes = ", ".join(f"{lp} {result['n'][IN][lp]} / {result['n'][OUT][lp]}" for lp in lps)
-    tol = result["flat_tolerance"]
-    lines = [
-        f"## {_section_number()}. Out-of-domain sharpness ({in_d} vs {out_d})",
-        "",
-        "*Better Uncertainty Quantification*, Fig. 1 and App. E: does a method's uncertainty rise out of "
-        "domain? Every model of the pipeline (trained on WMT21 news MQM `d_q`, calibrated on news `dev`) "
-        f"predicts the news `test` split and the WMT21 TED MQM set (rows {in_d} / {out_d}: {sizes}). "
-        "Sharpness = mean calibrated sigma^2 (Eq. 12, dev-standardised units); raw = mean predicted "
-        "sigma^2 on the MQM scale before calibration (the affine calibration alpha*sigma^2+beta could mask "
-        f"a shift). Change = ({out_d} - {in_d}) / {in_d}; |change| <= {tol:.0%} counts as flat. "
-        f"Raw 95 % CIs: {result['n_boot']} segment bootstrap resamples (ignores document clustering). "
-        "The point estimate's sigma is the dev-fitted fixed variance, identical in and out of domain "
-        "by construction. The paper's MCD runs dropout through the encoder too; ours (`mcd_head`) in the head.",
-        "",
-        f"![Sharpness in vs out of domain](figures/{FIGURE})",
-        "",
-        "### Sharpness per method and LP",
-        "",
-    ]
-    rows = []
-    for method in methods:
-        for key in (*lps, "avg"):
-            cal, raw = result["sharpness"][method][key], result["raw_var"][method][key]
-            ci = raw.get("ci")
-            rows.append(
-                (
-                    method,
-                    key,
-                    cal[IN],
-                    cal[OUT],
-                    _pct(cal["change"]),
-                    cal["direction"] or "–",
-                    raw[IN],
-                    raw[OUT],
-                    _pct(raw["change"]),
-                    "–" if not ci else f"[{ci[0]:+.0%}, {ci[1]:+.0%}]",
-                )
-            )
-    lines.append(
-        markdown_table(
-            (
-                "method",
-                "LP",
-                f"sharpness {in_d}",
-                f"sharpness {out_d}",
-                "change",
-                "direction",
-                f"raw σ² {in_d}",
-                f"raw σ² {out_d}",
-                "raw change",
-                "raw 95 % CI",
-            ),
-            rows,
-        )
-    )
-    lines += ["### Paper vs ours", ""]
-    lines.append(
-        markdown_table(
-            (
-                "paper method",
-                "ours",
-                "LP",
-                "paper",
-                "calibrated",
-                "change",
-                "held?",
-                "raw",
-                "raw change",
-                "raw held?",
-            ),
-            [
-                (
-                    c["paper_method"],
-                    c["method"],
-                    c["lp"],
-                    c["expected"],
-                    c["observed"] or "–",
-                    _pct(c["change"]),
-                    _yes_no(c["held"]),
-                    c.get("raw_observed") or "–",
-                    _pct(c["raw_change"]),
-                    _yes_no(c.get("raw_held")),
-                )
-                for c in result["comparison"]
-            ],
-        )
-    )
-    cal_rows = [
-        (method, lp, v["alpha"], v["beta"], "–" if v["beta_share"] is None else f"{v['beta_share']:.0%}")
-        for method, by_lp in result.get("calibration", {}).items()
-        for lp, v in by_lp.items()
-    ]
-    if cal_rows:
-        lines += [
-            "### Dev-fitted affine calibration (calibrated var = alpha * sigma_z^2 + beta)",
-            "",
-            markdown_table(("method", "LP", "alpha", "beta", "beta / sharpness (news)"), cal_rows, digits=4),
-        ]
-    comp_rows = [
-        (method, name, lp, block[lp][IN], block[lp][OUT], _pct(block[lp]["change"]))
-        for method in methods
-        for name, block in result["components"].get(method, {}).items()
-        for lp in lps
-    ]
-    if comp_rows:
-        lines += ["### Variance components (raw, score units^2)", ""]
-        lines.append(markdown_table(("method", "component", "LP", in_d, out_d, "change"), comp_rows))
-    err_rows = [
-        (
-            m,
-            lp,
-            result["sq_error"][m][lp][IN],
-            result["sq_error"][m][lp][OUT],
-            _pct(result["sq_error"][m][lp]["change"]),
-        )
-        for m in methods
-        for lp in lps
-    ]
-    lines += ["### Actual squared error (human - mu)^2 (raw, score units^2)", ""]
-    lines.append(markdown_table(("method", "LP", in_d, out_d, "change"), err_rows))
-    lines += [f"### Does the news calibration transfer to {out_d}?", ""]
-    transfer_rows = []
-    for method in methods:
-        for key in (*lps, "avg"):
-            cells = result["transfer"][method][key]
-            transfer_rows.append(
-                (
-                    method,
-                    key,
-                    *(v for metric in TRANSFER_METRICS for v in (cells[metric][IN], cells[metric][OUT])),
-                )
-            )
-    lines.append(
-        markdown_table(
-            (
-                "method",
-                "LP",
-                *(f"{metric} {side}" for metric in TRANSFER_METRICS for side in (in_d, out_d)),
-            ),
-            transfer_rows,
-        )
-    )
-    lines += ["### What the data shows vs the paper", "", _paragraph(result), ""]
-    return "\n".join(lines)
+    """The markdown section of reports/experiments.md (``templates/ood.md.j2``)."""
+    return rendering.render(NAME, result, **render_context(result))
