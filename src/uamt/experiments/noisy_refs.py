@@ -37,7 +37,8 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
-from uamt.experiments.common import fmt, markdown_table
+from uamt.experiments import rendering
+from uamt.experiments.common import fmt
 from uamt.experiments.references import (
     REFERENCE_SYSTEM,
     check_reference_names,
@@ -45,6 +46,7 @@ from uamt.experiments.references import (
     reference_table,
     score_references,
 )
+from uamt.experiments.rendering import percent, percent_interval
 
 log = logging.getLogger(__name__)
 
@@ -327,128 +329,16 @@ def headline_block(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    """Markdown section ``## 2. Noisy-reference detection`` from the JSON result."""
-    data, settings = result["data"], result["settings"]
-    head = headline_block(result)
-    names = data["references"]
-    gaps = ", ".join(f"> {k}: {v}" for k, v in data["segments_above"].items())
-    splits = " + ".join(data["splits"]) if data.get("splits") else "held-out"
-    lines = [
-        "## 2. Noisy-reference detection (Better Uncertainty Quantification, §5.5)",
-        "",
-        f"Data: {data['dataset']} {data['lp']}, {splits} splits (not the training pools d_q/d_e), "
-        f"{data['n_segments_rated']} segments whose references {', '.join(names)} are all MQM-rated, "
-        f"{len(data['systems'])} MT systems per segment (rows whose system is a reference are not scored). "
-        f"For each segment r_good / r_bad = best / worst rated reference (MQM ties: first in name order); "
-        f"segments with MQM(r_good) - MQM(r_bad) above the threshold are kept; every system output of a "
-        f"kept segment is scored with both references and the method picks the one with the lower raw "
-        f"predicted sigma (sigma ties count as wrong; the calibrated-sigma pick is shown beside). "
-        f"Segments by MQM gap: {gaps} (largest gap {fmt(data['max_gap'], 2)}). The paper's threshold is "
-        f"{fmt(result['paper']['threshold'], 0)}; the headline below is the strictest threshold keeping "
-        f">= {settings['min_segments']} segments: **> {fmt(result['headline_threshold'], 0)}** "
-        f"({head['n_segments']} segments, {head['n_pairs']} pairs). Intervals: Wilson 95 % on pairs, and a "
-        f"segment-level bootstrap 95 % (pairs of one segment share their references).",
-        "",
-    ]
-    if result["skipped"]:
-        lines += ["Skipped: " + "; ".join(f"{m} ({why})" for m, why in result["skipped"].items()) + ".", ""]
-    header = [
-        "threshold",
-        "segments",
-        "pairs",
-        "method",
-        "better ref picked",
-        "Wilson 95 %",
-        "bootstrap 95 %",
-    ]
-    header += ["calibrated sigma", "paper"]
-    rows = []
-    for block in result["thresholds"]:
-        for method, kinds in block["methods"].items():
-            raw = kinds["raw"]
-            cal = kinds.get("calibrated")
-            rows.append(
-                [
-                    f"> {fmt(block['threshold'], 0)}",
-                    block["n_segments"],
-                    block["n_pairs"],
-                    method,
-                    _pct(raw["fraction"]),
-                    _interval(raw["wilson95"]),
-                    _interval(raw["segment_bootstrap95"]),
-                    _pct(cal["fraction"]) if cal else "–",
-                    _pct(result["paper"].get(method)),
-                ]
-            )
-    lines.append(markdown_table(header, rows))
-    lines.append(
-        "Which reference is r_good / r_bad at the headline threshold: "
-        + ", ".join(f"{n}: {head['good'][n]}/{head['bad'][n]}" for n in names)
-        + " pairs."
+    """Markdown section ``## 2. Noisy-reference detection`` from the JSON result (``templates/noisy_refs.md.j2``)."""
+    paper_threshold = result["paper"]["threshold"]
+    return rendering.render(
+        NAME,
+        result,
+        headline=headline_block(result),
+        paper_text=PAPER_TEXT,
+        chance=CHANCE,
+        strict=[b for b in result["thresholds"] if b["threshold"] >= paper_threshold],
     )
-    lines += ["", "![noisy references](figures/noisy_refs.png)", "", findings_paragraph(result)]
-    return "\n".join(lines) + "\n"
-
-
-def _pct(value) -> str:
-    return "–" if value is None else f"{100 * value:.1f} %"
-
-
-def _interval(pair) -> str:
-    if pair is None or any(v is None or not math.isfinite(v) for v in pair):
-        return "–"
-    return f"[{100 * pair[0]:.0f}, {100 * pair[1]:.0f}] %"
-
-
-def findings_paragraph(result: dict[str, Any]) -> str:
-    head = headline_block(result)
-    methods = head["methods"]
-    parts = []
-    for method, kinds in methods.items():
-        raw = kinds["raw"]
-        # Pairs of one segment share their references: chance is judged on the segment bootstrap.
-        low, high = raw["segment_bootstrap95"]
-        if high < 0.5:
-            side = "below chance"
-        elif low > 0.5:
-            side = "above chance"
-        else:
-            side = "not distinguishable from chance"
-        paper = PAPER_TEXT.get(method) if result["paper"].get(method) is not None else None
-        paper_text = f" (paper: {paper})" if paper is not None else ""
-        parts.append(f"{method} picks the better reference in {_pct(raw['fraction'])}{paper_text}, {side}")
-    text = (
-        f"**What the data shows vs the paper.** At MQM gap > {fmt(result['headline_threshold'], 0)} "
-        f"({head['n_pairs']} pairs in {head['n_segments']} segments; chance judged on the segment-bootstrap "
-        "interval): " + "; ".join(parts) + "."
-    )
-    first = result["data"]["references"][0]
-    if head["n_pairs"]:
-        text += (
-            f" Reference {first} is r_good in {_pct(head['good'][first] / head['n_pairs'])} and r_bad in "
-            f"{_pct(head['bad'][first] / head['n_pairs'])} of these pairs; the models were trained with "
-            f"reference {first} (the first of `refs`), which may bias their sigma towards it."
-        )
-    hts, mcd = methods.get("hts"), methods.get("mcd_head")
-    if hts and mcd:
-        above = hts["raw"]["fraction"] > mcd["raw"]["fraction"]
-        text += (
-            f" HTS ({_pct(hts['raw']['fraction'])}) is {'above' if above else 'not above'} MC dropout "
-            f"({_pct(mcd['raw']['fraction'])}), {'as' if above else 'unlike'} the paper "
-            f"({PAPER_TEXT['hts']} vs {PAPER_TEXT['mcd_head']})"
-        )
-        text += (
-            f"; with only {head['n_segments']} segments the segment-bootstrap intervals "
-            f"(HTS {_interval(hts['raw']['segment_bootstrap95'])}, MC dropout "
-            f"{_interval(mcd['raw']['segment_bootstrap95'])}) are the honest measure of the uncertainty."
-        )
-    strict = [b for b in result["thresholds"] if b["threshold"] >= result["paper"]["threshold"]]
-    if strict:
-        text += (
-            f" At the paper's threshold (> {fmt(strict[-1]['threshold'], 0)}) only "
-            f"{strict[-1]['n_segments']} segment(s) qualify here."
-        )
-    return text
 
 
 def figure(result: dict[str, Any]):
@@ -557,15 +447,15 @@ def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             inside = low <= paper_value <= high
             verdict = "not held" if not inside else "held" if high < CHANCE else "partly"
         measured = (
-            f"{verdict}: {_pct(raw['fraction'])} of {raw['n']} pairs ({head['n_segments']} segments) at "
-            f"MQM gap > {threshold}, segment-bootstrap 95 % {_interval(raw['segment_bootstrap95'])} "
-            f"(Wilson {_interval(raw['wilson95'])}; chance 50 %)"
+            f"{verdict}: {percent(raw['fraction'])} of {raw['n']} pairs ({head['n_segments']} segments) at "
+            f"MQM gap > {threshold}, segment-bootstrap 95 % {percent_interval(raw['segment_bootstrap95'])} "
+            f"(Wilson {percent_interval(raw['wilson95'])}; chance 50 %)"
         )
         paper_raw = at_paper["methods"].get(method, {}).get("raw") if at_paper else None
         if paper_raw is not None and paper_raw["n"] and at_paper is not head:
             measured += (
                 f"; at the paper's gap > {fmt(at_paper['threshold'], 0)} only {paper_raw['n']} pairs "
-                f"({at_paper['n_segments']} segment(s)): {_pct(paper_raw['fraction'])}"
+                f"({at_paper['n_segments']} segment(s)): {percent(paper_raw['fraction'])}"
             )
         rows.append((finding, paper, measured))
     return rows

@@ -15,6 +15,7 @@ section's lines.  A long paragraph may be wrapped in the template inside
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,13 @@ def percent(value: Any, decimals: int = 1) -> str:
     return "–" if value is None else f"{100 * value:.{decimals}f} %"
 
 
+def percent_interval(pair: Sequence[float | None] | None) -> str:
+    """An interval of shares as ``"[12, 80] %"``; an en dash when it or an end is missing or not finite."""
+    if pair is None or any(v is None or not math.isfinite(v) for v in pair):
+        return "–"
+    return f"[{100 * pair[0]:.0f}, {100 * pair[1]:.0f}] %"
+
+
 def unwrap(text: str) -> str:
     """One line from a paragraph wrapped over several template lines (each line stripped)."""
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
@@ -63,7 +71,7 @@ def environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,  # a key the findings lack is an error, never a blank
         autoescape=False,  # markdown, not HTML
     )
-    env.filters.update(fmt=fmt, maybe=maybe, percent=percent, unwrap=unwrap, yes_no=yes_no)
+    env.filters.update(fmt=fmt, maybe=maybe, percent=percent, percent_interval=percent_interval, unwrap=unwrap, yes_no=yes_no)
     env.globals.update(table=_table)
     return env
 
