@@ -38,10 +38,10 @@ import pandas as pd
 
 from uamt import lexical
 from uamt.errors import DataError
+from uamt.experiments import rendering
 from uamt.experiments.common import (
     fmt,
     is_human_system,
-    markdown_table,
     pseudo_reference_rows,
     share_verdict,
 )
@@ -393,12 +393,16 @@ def figure(result: dict[str, Any]):
     return fig
 
 
-def findings(result: dict[str, Any]) -> list[str]:
-    """Sentences computed from the result: how the pseudo-reference variants compare with mt-ref."""
+def pseudo_ref_gains(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per metric: how the pseudo-reference variants compare with mt-ref (larger r = better, TER flipped).
+
+    ``wins, n, delta`` (pseudo-mt-avg-ref beats mt-ref in ``wins`` of ``n`` LPs, mean gain ``delta``),
+    the same for the reference-free ``pseudo-mt-avg`` (``free_*``), the ``best`` variant on the LP
+    average, and the paper's gain of pseudo-mt-avg-ref over the reference in Et-En and En-Cs.
+    """
     out = []
     for metric, block in result["pearson"].items():
         lps = [lp for lp in block if lp != "avg"]
-        label = METRIC_LABELS.get(metric, metric)
         ours = {}
         for variant in ("pseudo-mt-avg-ref", "pseudo-mt-avg", "pseudo-mt-max-ref"):
             deltas = [
@@ -421,21 +425,26 @@ def findings(result: dict[str, Any]) -> list[str]:
         paper_encs = _better(metric, PAPER_ENCS[metric]["pseudo-mt-avg-ref"]) - _better(
             metric, PAPER_ENCS[metric]["mt-ref"]
         )
-        wins, n, delta = ours["pseudo-mt-avg-ref"]
-        fw, fn, fd = ours["pseudo-mt-avg"]
+        (wins, n, delta), (free_wins, free_n, free_delta) = ours["pseudo-mt-avg-ref"], ours["pseudo-mt-avg"]
         out.append(
-            f"{label}: pseudo-mt-avg-ref agrees better with DA than mt-ref in {wins} of {n} LPs "
-            f"(mean gain in r {delta:+.3f}, TER sign-flipped; paper: {paper_eten:+.3f} Et-En, "
-            f"{paper_encs:+.3f} En-Cs); "
-            f"the reference-free pseudo-mt-avg beats mt-ref in {fw} of {fn} LPs (mean {fd:+.3f}); "
-            f"best variant on the LP average: {best} (r = {fmt(block['avg'][best])})."
+            {
+                "label": METRIC_LABELS.get(metric, metric),
+                **{"wins": wins, "n": n, "delta": delta},
+                **{"free_wins": free_wins, "free_n": free_n, "free_delta": free_delta},
+                **{"best": best, "best_r": block["avg"][best]},
+                **{"paper_eten": paper_eten, "paper_encs": paper_encs},
+            }
         )
-    out.append(noise_summary(result))
     return out
 
 
-def noise_summary(result: dict[str, Any]) -> str:
-    """How large the per-LP correlations are compared with their sampling error 1/sqrt(n)."""
+def noise_level(result: dict[str, Any]) -> dict[str, Any]:
+    """How large the per-LP correlations are compared with their sampling error 1/sqrt(n).
+
+    ``mt_ref`` (range of mt-ref's r over LPs and metrics, TER flipped), ``paper`` (the papers' BLEU/chrF
+    mt-ref r), ``largest`` |r| of any variant, ``se`` (range of 1/sqrt(rows) per LP) and
+    ``within_noise`` (largest |r| < 3 x the largest se).
+    """
     sizes = result["sizes"]["lps"]
     largest, mt_ref = 0.0, []
     for metric, block in result["pearson"].items():
@@ -450,110 +459,41 @@ def noise_summary(result: dict[str, Any]) -> str:
     paper = [PAPER_ETEN[m]["mt-ref-1"] for m in ("bleu", "chrf")] + [
         PAPER_ENCS[m]["mt-ref"] for m in ("bleu", "chrf")
     ]
-    return (
-        f"Noise level: on WMT21 DA (crowd-sourced to-English) mt-ref correlates with the DA z-scores at "
-        f"r = {min(mt_ref):+.3f}..{max(mt_ref):+.3f} across LPs and metrics (TER sign-flipped; paper, BLEU/chrF: "
-        f"{min(paper):.3f}..{max(paper):.3f}); the largest |r| of any variant in any LP is {largest:.3f}, "
-        f"against a sampling error of about {min(errors):.3f}..{max(errors):.3f} per LP, so differences "
-        "between variants are mostly within noise."
-        if largest < 3 * max(errors)
-        else f"Noise level: mt-ref r = {min(mt_ref):+.3f}..{max(mt_ref):+.3f}; largest |r| {largest:.3f}; "
-        f"sampling error about {min(errors):.3f}..{max(errors):.3f} per LP."
-    )
+    return {
+        "mt_ref": (min(mt_ref), max(mt_ref)),
+        "paper": (min(paper), max(paper)),
+        "largest": largest,
+        "se": (min(errors), max(errors)),
+        "within_noise": largest < 3 * max(errors),
+    }
+
+
+def eten_gaps(result: dict[str, Any], tolerance: float = 0.01) -> list[dict[str, Any]]:
+    """How far the Et-En reference rows are from the paper's Table 4: per metric the largest
+    |difference| in r and whether it is within ``tolerance`` (``reproduced``)."""
+    out = []
+    for metric, block in result["eten"].items():
+        diffs = [abs(block[v] - PAPER_ETEN[metric][v]) for v in ETEN_VARIANTS if block.get(v) is not None]
+        if diffs:
+            worst = max(diffs)
+            out.append({"label": METRIC_LABELS.get(metric, metric), "worst": worst, "reproduced": worst <= tolerance})
+    return out
 
 
 def render(result: dict[str, Any]) -> str:
-    """The markdown section of reports/experiments.md."""
-    settings, sizes = result["settings"], result["sizes"]
-    lines = [
-        "## 6. Multi-hypothesis scoring with pseudo-references (WMT21 DA)",
-        "",
-        "*Multi-Hypothesis MT Evaluation* (Fomicheva et al., 2020), §3.4/§4 and Table 4: every rated "
-        "WMT21 DA to-English segment `o` is scored against its first reference `r` (`mt-ref`) and "
-        "against the other systems' outputs for the same source as pseudo-references `h_i` "
-        "(`pseudo-mt-*` = avg/min/max of sim(h_i, o), reference-free; `pseudo-mt-*-ref` = its mean "
-        "with sim(o, r)). Similarity functions: sacrebleu "
-        f"{settings['sacrebleu']} sentence BLEU (exp smoothing), chrF, TER, all at sacrebleu defaults "
-        "(`uamt.lexical`). Pearson r with the DA z-scores, per LP. TER is an error rate and is not "
-        "sign-flipped: negative r means agreement, as in the paper.",
-        "",
-        f"Data: all splits of the prepared WMT21 DA table (lexical metrics are not trained, so using "
-        f"train/dev rows leaks nothing). Human translations (`HUMAN-*`) are neither evaluated nor used "
-        f"as pseudo-references. Cost cap: {settings['max_sources_per_lp']} source segments per LP "
-        f"(seeded sample, seed {settings['seed']}, all rated systems of a sampled source kept) and at "
-        f"most {settings['max_pseudo_refs']} pseudo-references per segment; pseudo-references are only "
-        f"systems whose output for that source was rated. In all {sizes['rows']} segments of "
-        f"{sizes['sources']} sources, {sizes['pairs']} (pseudo-reference, segment) pairs per metric.",
-        "",
-        markdown_table(
-            [
-                "LP",
-                "sources",
-                "segments",
-                "systems",
-                "pseudo-refs / segment (mean, min-max)",
-                "se(r) ~ 1/sqrt(n)",
-            ],
-            [
-                [
-                    lp,
-                    s["sources"],
-                    s["rows"],
-                    s["systems"],
-                    f"{s['pseudo_refs_mean']:.1f} ({s['pseudo_refs_min']}-{s['pseudo_refs_max']})",
-                    1.0 / math.sqrt(s["rows"]),
-                ]
-                for lp, s in sizes["lps"].items()
-            ],
-        ),
-    ]
-    for metric, block in result["pearson"].items():
-        lps = [lp for lp in block if lp != "avg"] + ["avg"]
-        lines += [
-            f"**{METRIC_LABELS.get(metric, metric)}** (Pearson r with DA z)",
-            "",
-            markdown_table(["variant", *lps], [[v, *[block[lp][v] for lp in lps]] for v in VARIANTS]),
-        ]
-    lines += ["![Pearson r per LP and variant](figures/multihyp.png)", ""]
-    eten = result["eten"]
-    rows = []
-    for metric in eten:
-        for variant in ETEN_VARIANTS:
-            paper = PAPER_ETEN[metric][variant]
-            ours = eten[metric][variant]
-            rows.append(
-                [
-                    METRIC_LABELS.get(metric, metric),
-                    variant,
-                    ours,
-                    paper,
-                    None if ours is None else ours - paper,
-                ]
-            )
-    lines += [
-        f"**Estonian-English 1K** (paper Table 4, reference rows; {sizes['eten_rows']} segments, DA z):",
-        "",
-        markdown_table(["metric", "variant", "uamt", "paper", "difference"], rows),
-        "What the data shows vs the paper:",
-        "",
-        *[f"* {sentence}" for sentence in findings(result)],
-        f"* Estonian-English: {eten_summary(result)}",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def eten_summary(result: dict[str, Any], tolerance: float = 0.01) -> str:
-    """How far the Et-En reference rows are from the paper's Table 4 (``tolerance`` in r)."""
-    parts = []
-    for metric, block in result["eten"].items():
-        diffs = [abs(block[v] - PAPER_ETEN[metric][v]) for v in ETEN_VARIANTS if block.get(v) is not None]
-        if not diffs:
-            continue
-        worst = max(diffs)
-        verdict = "reproduces Table 4" if worst <= tolerance else "differs from Table 4"
-        parts.append(f"{METRIC_LABELS.get(metric, metric)} {verdict} (max |difference| {worst:.3f})")
-    return "; ".join(parts) + "."
+    """The markdown section of reports/experiments.md (``templates/multihyp.md.j2``)."""
+    return rendering.render(
+        NAME,
+        result,
+        metric_labels=METRIC_LABELS,
+        variants=VARIANTS,
+        eten_variants=ETEN_VARIANTS,
+        paper_eten=PAPER_ETEN,
+        se={lp: 1.0 / math.sqrt(s["rows"]) for lp, s in result["sizes"]["lps"].items()},
+        gains=pseudo_ref_gains(result),
+        noise=noise_level(result),
+        eten_gaps=eten_gaps(result),
+    )
 
 
 PSEUDO_REF_VARIANTS = ("pseudo-mt-avg-ref", "pseudo-mt-min-ref", "pseudo-mt-max-ref")
