@@ -31,7 +31,9 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
-from uamt.experiments.common import fmt, markdown_table, pyplot, save_figure
+from uamt.experiments import rendering
+from uamt.experiments.common import pyplot, save_figure
+from uamt.experiments.rendering import section_number
 
 NAME = "cost"
 FIGURE = "cost.png"
@@ -561,108 +563,21 @@ def _encode_cpu_ms_per_segment(result: dict[str, Any]) -> float:
     return enc["cpu_ms_per_text"] * enc["texts_per_segment"]
 
 
-def _section_number() -> int:
-    from uamt.experiments import SECTIONS
-
-    return SECTIONS.index(NAME) + 1 if NAME in SECTIONS else 0
-
-
 def render(result: dict[str, Any]) -> str:
-    """The markdown section of reports/experiments.md."""
-    machine, data, st, enc = result["machine"], result["data"], result["settings"], result["encoding"]
-    epochs = (
-        f"{st['epochs']} fixed epochs (early stopping off)"
-        if st.get("epochs")
-        else f"up to {st['max_epochs']} epochs, patience {st['patience']}"
-    )
-    lines = [
-        f"## {_section_number()}. Computational cost",
-        "",
-        "*Better Uncertainty Quantification*, §5.4 / Fig. 3: training and inference time of every "
-        "method, measured in one process on this machine "
-        f"({machine['cpu_count']} CPUs, {machine['cpu_model']}; torch {machine['torch']} with "
-        f"{machine['torch_threads']} thread(s) while timing, default {machine.get('torch_default_threads', '–')}; load average {fmt(machine['loadavg_start'][0], 1) if machine.get('loadavg_start') else '–'} "
-        "at the start: the machine is shared, so treat ratios, not absolute times, as the result). "
-        f"Data: {', '.join(data['datasets'] or [])}; {data['train_rows']} `d_q` training rows "
-        f"(DUP's M_E: {data['dup_train_rows']} `d_e` rows), {data['dev_rows']} `dev` rows, inference on "
-        f"{data['test_rows']} `test` rows, sampled with seed {st['seed']}. Every method: the `train_base` "
-        f"head (hidden {st['hidden_sizes']}, batch {st['batch_size']}) on cached MiniLM embeddings, "
-        f"{epochs}; MC dropout {st['mc_samples']} passes; DE {st['ensemble_size']} members; KL with "
-        f"`kl_missing_std: {st['kl_missing_std']}` (news MQM has one rater per row). `mcd_head` / "
-        "`hts_mcd` reuse the point / HTS weights as the pipeline does; a throw-away fit runs first so no "
-        "method pays the process's one-off set-up. Ratios below are of CPU time. The paper's MCD (dropout through "
-        f"the encoder) is timed on {st['full_mc_rows']} rows with {st['full_mc_passes']} passes and "
-        "extrapolated. Paper: XLM-R large fine-tuned on a GPU, so absolute times are not comparable.",
-        "",
-        f"![Training and inference cost](figures/{FIGURE})",
-        "",
-    ]
-    rows = [
-        (
-            info["label"],
-            info["passes"],
-            info["train_s"],
-            info["train_cpu_s"],
-            info["train_note"],
-            info["seg_per_s"],
-            info["infer_cpu_s_per_1k"],
-            info["cold_seg_per_s"],
-            info["measured"],
-        )
-        for info in result["methods"].values()
-    ]
-    lines.append(
-        markdown_table(
-            (
-                "method",
-                "passes / segment",
-                "training wall (s)",
-                "training CPU (s)",
-                "training is",
-                "seg/s (warm cache)",
-                "inference CPU s / 1000 seg",
-                "seg/s incl. encoding",
-                "inference measured",
-            ),
-            rows,
-            digits=2,
-        )
-    )
-    lines += [
-        "",
-        f"One-time encoding (shared by every method): {enc['texts']} texts (mean {enc['mean_chars']:.0f} "
-        f"characters) in {enc['seconds']:.1f} s = {enc['texts_per_s']:.1f} texts/s, {enc['ms_per_text']:.1f} ms "
-        f"per text; the test slice has {enc['texts_per_segment']:.2f} distinct texts per segment "
-        f"({enc['ms_per_segment']:.1f} ms per segment; a segment with all-new texts: "
-        f"{enc['ms_per_new_segment']:.1f} ms; CPU {enc['cpu_ms_per_text']:.1f} ms per text). "
-        f"Stage wall time {result['wall_s']:.0f} s.",
-        "",
-        "### What the data shows vs the paper",
-        "",
-    ]
-    paragraph = []
-    for finding, paper, ours in report_findings(result):
-        paragraph.append(f"*{finding}* (paper: {paper}) — {ours}.")
+    """The markdown section of reports/experiments.md (``templates/cost.md.j2``)."""
     methods = result["methods"]
     key = "infer_cpu_s_per_1k"
-    fastest = min(methods, key=lambda m: methods[m][key])
-    slowest = max(methods, key=lambda m: methods[m][key])
-    paragraph.append(
-        f"Fastest at inference `{fastest}` ({methods[fastest]['seg_per_s']:.0f} seg/s with a warm cache), "
-        f"slowest `{slowest}` ({methods[slowest]['seg_per_s']:.1f} seg/s)."
-    )
+    encode_share = None
     if "hts" in methods:
         encode = _encode_cpu_ms_per_segment(result)
-        share = encode / (encode + methods["hts"][key])
-        paragraph.append(
-            f"Encoding a segment's new texts is {share:.0%} of HTS's CPU cost per segment with a cold cache: "
-            + (
-                "the encoder dominates, so methods that run it once differ little end to end, and "
-                "only MC dropout through the encoder multiplies the dominant cost."
-                if share >= 0.5
-                else "the head dominates, so the number of head passes (MC dropout, ensemble members) "
-                "drives the cost even end to end."
-            )
-        )
-    lines += [" ".join(paragraph), ""]
-    return "\n".join(lines)
+        encode_share = encode / (encode + methods["hts"][key])
+    return rendering.render(
+        NAME,
+        result,
+        section=section_number(NAME),
+        figure=FIGURE,
+        findings=report_findings(result),
+        fastest=min(methods, key=lambda m: methods[m][key]),
+        slowest=max(methods, key=lambda m: methods[m][key]),
+        encode_share=encode_share,
+    )

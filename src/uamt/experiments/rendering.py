@@ -81,7 +81,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 3
     return markdown_table(header, rows, digits).rstrip("\n")
 
 
-def render(name: str, findings: dict[str, Any], **context: Any) -> str:
+def render(name: str, findings: dict[str, Any], /, **context: Any) -> str:
     """The markdown of ``templates/<name>.md.j2`` for ``findings`` (as ``r``) and extra ``context``."""
     template = environment().get_template(name + TEMPLATE_SUFFIX)
     return template.render(r=findings, **context)
