@@ -45,7 +45,8 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError, UamtError
-from uamt.experiments.common import INDICATORS, calibrated_indicators, fmt, markdown_table, share_verdict
+from uamt.experiments import rendering
+from uamt.experiments.common import INDICATORS, calibrated_indicators, fmt, share_verdict
 
 log = logging.getLogger(__name__)
 
@@ -586,98 +587,30 @@ def run_references(
 
 
 # --------------------------------------------------------------------------- report
-def render(result: dict[str, Any]) -> str:
-    """Markdown section ``## 4. Number of references`` from the JSON result."""
-    data, methods = result["data"], result["methods"]
-    names = data["references"]
-    lines = [
-        "## 4. Number of references (Uncertainty-Aware MT Evaluation, Tables 5-6)",
-        "",
-        f"Data: {data.get('dataset', 'wmt21_mqm')} {data.get('lp', 'en-de')} test, {data['n_test']} rated "
-        f"system outputs ({data['n_test_segments']} segments x {len(data['systems'])} systems; rows whose "
-        f"system is itself a reference are excluded), references {', '.join(names)}; calibration on "
-        f"{data['n_dev']} dev rows built with the same reference configuration. Human scores are MQM: "
-        "WMT21 has no DA for en-de (its DA campaign is into English), so DA columns cannot be reported. "
-        "Configurations: `single` = one fixed reference (Table 6); for |R| >= 2, `S-N` = N references "
-        f"sampled per segment without replacement (seed {result['settings']['seed']}, mean of "
-        f"{result['settings']['draws']} draws, each calibrated on its own dev draw), `Mul` = all of R "
-        "combined (§3.4). Sample-based methods average the aligned MC-dropout passes (same dropout "
-        "masks for every reference) or ensemble members pointwise across references and refit the "
-        "Gaussian; the others average the per-reference mu and sigma (as `uamt score` does with several "
-        "references). Indicators are calibrated on dev (sharpness = mean calibrated sigma^2 in dev "
-        "z-units); `raw var` is the mean uncalibrated predicted variance (MQM^2).",
-        "",
-    ]
-    header = ["#r", "PPS", "UPS", "NLL", "ECE", "sharpness", "raw var"]
-    full = list(names)
-    summary = []
-    for method, block in methods.items():
+def full_set_rows(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``(method, config)`` of every method's configurations of all references (S-N and Mul, or the
+    single reference when there is only one): the summary table's rows."""
+    full = list(result["data"]["references"])
+    rows = []
+    for method, block in result["methods"].items():
         by_config = {c["config"]: c for c in block["configs"] if c["set"] == full}
         for config in [c for c in by_config if c != "single"] or ["single"]:
-            c = by_config[config]
-            summary.append([method, config, *_cells(c)])
-    lines += [
-        f"All references R = {set_label(names)}, every method (Table 5's last block):",
-        "",
-        markdown_table(["method", "config", *header], summary),
-    ]
-    for method, block in methods.items():
-        rule = "fixed variance (no sigma of its own)" if block["fixed_variance"] else block["combination"]
-        if block.get("samples"):
-            rule += f", K = {block['samples']}"
-        table5 = [
-            [set_label(c["set"]), c["config"], *_cells(c)]
-            for c in block["configs"]
-            if c["config"] != "single"
-        ]
-        table6 = [[set_label(c["set"]), *_cells(c)[1:]] for c in block["configs"] if c["config"] == "single"]
-        lines += [f"**{method}** ({rule}). Table 5 layout (|R| >= 2):", ""]
-        lines.append(markdown_table(["R", "config", *header], table5))
-        lines += ["Table 6 layout (singleton sets):", ""]
-        lines.append(markdown_table(["R", *header[1:]], table6))
-    lines.append("![sharpness vs number of references](figures/references_sharpness.png)")
-    lines.append("")
-    lines.append(findings_paragraph(result))
-    return "\n".join(lines) + "\n"
+            rows.append((method, by_config[config]))
+    return rows
 
 
-def _cells(config: dict[str, Any]) -> list[Any]:
-    ind = config["indicators"]
-    return [config["n_refs"], *(ind.get(k) for k in INDICATORS), ind.get("raw_var")]
-
-
-def findings_paragraph(result: dict[str, Any]) -> str:
-    found = result["findings"]
-    paper = PAPER_TABLE5["ABP"]
-    sharp, raw, pps, nll = (
-        found[k] for k in ("mul_sharper", "mul_narrower_raw", "mul_higher_pps", "mul_lower_nll")
+def render(result: dict[str, Any]) -> str:
+    """Markdown section ``## 4. Number of references`` from the JSON result (``templates/references.md.j2``)."""
+    cells = result["findings"]["cells"]
+    return rendering.render(
+        NAME,
+        result,
+        indicators=INDICATORS,
+        set_label=set_label,
+        paper_table5=PAPER_TABLE5,
+        full_set_rows=full_set_rows(result),
+        largest_sets=[c for c in cells if len(c["set"]) == max(len(x["set"]) for x in cells)],
     )
-    text = (
-        f"**What the data shows vs the paper.** Over {sharp['of']} method x reference-set cells with "
-        f"|R| >= 2, Mul has lower calibrated sharpness than S-1 in {sharp['count']}/{sharp['of']}, a lower "
-        f"raw predicted variance in {raw['count']}/{raw['of']}, a higher PPS in {pps['count']}/{pps['of']} and "
-        f"a lower NLL in {nll['count']}/{nll['of']}. The paper (MCD on WMT20 en-de, Table 5) found Mul "
-        f"sharper and with higher PPS than S-1 for all {len(PAPER_TABLE5)} reference sets (e.g. {{A,B,P}}: "
-        f"sharpness {paper['S-1']['sharpness']} -> {paper['Mul']['sharpness']}, PPS {paper['S-1']['pps']} -> "
-        f"{paper['Mul']['pps']})."
-    )
-    if found.get("mean_pps_gain") is not None:
-        text += (
-            f" The size of the effect differs: on average over the cells Mul - S-1 is "
-            f"{found['mean_pps_gain']:+.3f} PPS and {found['mean_sharpness_change']:+.3f} sharpness here, "
-            f"{found['paper_mean_pps_gain']:+.3f} and {found['paper_mean_sharpness_change']:+.3f} in the paper's "
-            f"Table 5; the S-1 PPS varies by {fmt(found['median_s1_pps_draw_std'])} (median std) from one "
-            f"sampling draw to another."
-        )
-    acd = [c for c in found["cells"] if len(c["set"]) == max(len(x["set"]) for x in found["cells"])]
-    if acd:
-        parts = [
-            f"{c['method']} {fmt(c['pps_s1'])} -> {fmt(c['pps_mul'])} (sharpness {fmt(c['sharpness_s1'])} -> "
-            f"{fmt(c['sharpness_mul'])})"
-            for c in acd
-        ]
-        text += f" PPS S-1 -> Mul with all references {set_label(acd[0]['set'])}: " + "; ".join(parts) + "."
-    return text
 
 
 def figure(result: dict[str, Any]):
