@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
-from uamt.experiments.common import fmt, is_human_system, markdown_table, pseudo_reference_rows
+from uamt.experiments import rendering
+from uamt.experiments.common import is_human_system, pseudo_reference_rows
 
 NAME = "critical"
 log = logging.getLogger(__name__)
@@ -629,33 +630,11 @@ def figure(result: dict[str, Any], quantity: str = "recall"):
     return fig
 
 
-def findings_text(result: dict[str, Any]) -> list[str]:
-    """Sentences computed from :func:`compare_rankings`."""
-    point = result["settings"]["point_method"]
-    lines = []
-    for key, per_method in result["findings"].items():
-        for method, entry in per_method.items():
-            mu = entry[f"vs mu:{method} mean_recall"]
-            qh = entry[f"vs q_hat:{point} mean_recall"]
-            mu_p = entry[f"vs mu:{method} precision@T"]
-            qh_p = entry[f"vs q_hat:{point} precision@T"]
-            lines.append(
-                f"{variant_label(key, short=True)}, {method}: risk retrieves at least as many critical errors "
-                f"as mu in {mu['at_least']} of {mu['cells']} (LP, n%) cells by mean Recall@N "
-                f"(strictly more in {mu['better']}, mean difference {mu['mean_difference']:+.3f}) and as "
-                f"q_hat ({point}) in {qh['at_least']} of {qh['cells']} ({qh['mean_difference']:+.3f}); "
-                f"Precision@|T| at least mu's in {mu_p['at_least']}/{mu_p['cells']} "
-                f"({mu_p['mean_difference']:+.3f}), at least q_hat's in {qh_p['at_least']}/{qh_p['cells']} "
-                f"({qh_p['mean_difference']:+.3f})."
-            )
-    return lines
-
-
-def above_random(result: dict[str, Any]) -> str:
-    """How many (LP, n%) cells each ranking beats a random ranking in, by mean Recall@N."""
-    parts = []
+def random_wins(result: dict[str, Any]) -> list[tuple[str, dict[str, list[int]]]]:
+    """``(setting/scale, {ranking: [cells where its mean Recall@N beats a random ranking's, cells]})``."""
+    out = []
     for key, per_lp in result["results"].items():
-        counts = {}
+        counts: dict[str, list[int]] = {}
         for lp, per_percent in per_lp.items():
             for percent, block in per_percent.items():
                 chance = result["random"][lp][percent]["mean_recall"]
@@ -663,17 +642,16 @@ def above_random(result: dict[str, Any]) -> str:
                     counts.setdefault(name, [0, 0])
                     counts[name][0] += summary["mean_recall"] > chance
                     counts[name][1] += 1
-        parts.append(
-            f"{variant_label(key, short=True)}: "
-            + ", ".join(f"{name} {won}/{cells}" for name, (won, cells) in counts.items())
-        )
-    return "Cells where a ranking's mean Recall@N beats a random ranking's — " + "; ".join(parts) + "."
+        out.append((key, counts))
+    return out
 
 
-def verdict(result: dict[str, Any]) -> str:
-    """Whether the paper's finding (risk >= mu and q_hat by recall) holds with pseudo-references."""
+def pseudo_verdicts(result: dict[str, Any]) -> list[tuple[str, list[tuple[str, bool, bool]]]]:
+    """Whether the paper's finding (risk >= mu and q_hat by recall) holds with pseudo-references:
+    per scale, ``(method, majority, strict)`` -- risk at least as good as mu and q_hat in a strict
+    majority of the (LP, n %) cells, and strictly better than mu in a strict majority."""
     point = result["settings"]["point_method"]
-    parts = []
+    out = []
     for key, per_method in result["findings"].items():
         if not key.startswith("pseudo/"):
             continue
@@ -682,152 +660,21 @@ def verdict(result: dict[str, Any]) -> str:
             mu = entry[f"vs mu:{method} mean_recall"]
             qh = entry[f"vs q_hat:{point} mean_recall"]
             majority = mu["at_least"] * 2 > mu["cells"] and qh["at_least"] * 2 > qh["cells"]
-            strict = mu["better"] * 2 > mu["cells"]
-            holds.append(
-                f"{method}: {'yes' if majority else 'no'}"
-                + (
-                    " (strictly better than mu in most cells)"
-                    if strict
-                    else " (mostly ties with mu)"
-                    if majority
-                    else ""
-                )
-            )
-        parts.append(f"{SCALE_LABELS.get(key.partition('/')[2], key)}: {'; '.join(holds)}")
-    return (
-        "Does risk retrieve at least as many critical errors as mu and q_hat in most (LP, n%) cells with "
-        f"pseudo-references (the paper's finding with PRISM pseudo-references)? {' | '.join(parts)}."
-    )
+            holds.append((method, majority, mu["better"] * 2 > mu["cells"]))
+        out.append((SCALE_LABELS.get(key.partition("/")[2], key), holds))
+    return out
 
 
 def render(result: dict[str, Any]) -> str:
-    """The markdown section of reports/experiments.md."""
-    settings = result["settings"]
-    sizes = result["sizes"]
-    names = settings["rankings"]
-    percent_keys = [f"{p}%" for p in settings["target_percents"]]
-    percents = "/".join(str(p) for p in settings["target_percents"])
-    lps = sorted(sizes["lps"])
-    lines = [
-        "## 5. Critical-error retrieval with uncertainty (WMT21 MQM)",
-        "",
-        "*Uncertainty-Aware MT Evaluation* §5.5 / App. F: the targets are the worst n % of segments per "
-        "LP by length-normalised MQM (MQM score / MT words, whitespace tokens; human-reference 'systems' "
-        "excluded); each model ranks the segments by its point estimate `q_hat`, by its mean `mu`, or by "
-        "the risk P(Q <= q_err) under the dev-calibrated Gaussian, with q_err tuned on dev to maximise the "
-        "mean Recall@N. Reference-free setting: the reference-based models score each segment against the "
-        "other WMT21 systems' outputs for the same source (pseudo-references; per-reference mu and sigma "
-        "averaged) and are calibrated on dev predictions made the same way; standard setting: the human "
-        "reference with the pipeline's calibration. Scales: `raw` ranks by the predicted MQM score (as in "
-        "the paper); `per_word` divides q_hat, mu and sigma by the MT words, i.e. ranks on the targets' own "
-        "scale (risk = P(Q / words <= q_err)). "
-        f"q_hat = `{settings['point_method']}`, mu/sigma = "
-        f"{', '.join(f'`{m}`' for m in settings['uncertainty_methods'])}. Curves for N = 1..ceil("
-        f"{settings['max_n_fraction']} x rows); pseudo-references per segment: "
-        f"{settings['max_pseudo_refs'] or 'all other systems'}.",
-        "",
-        markdown_table(
-            [
-                "LP",
-                "split",
-                "MT segments",
-                "sources",
-                "systems",
-                "pseudo-refs / row",
-                f"targets {percents} %",
-                "N max",
-            ],
-            [
-                [
-                    lp,
-                    split,
-                    s["rows"],
-                    s["segments"],
-                    s["systems"],
-                    f"{s['pseudo_refs_mean']:.1f}",
-                    "/".join(str(v) for v in s["targets"].values()),
-                    s["n_max"],
-                ]
-                for lp, per_split in sizes["lps"].items()
-                for split, s in per_split.items()
-            ],
-        ),
-    ]
-    pearson = result.get("pearson", {})
-    if pearson:
-        lines += [
-            "Pearson r on test of each ranking score with MQM / with MQM per word, and with q_hat:",
-            "",
-            markdown_table(
-                ["setting / scale", "model", *lps],
-                [
-                    [
-                        key,
-                        method,
-                        *[
-                            f"{fmt(per_lp[lp]['score'])} / {fmt(per_lp[lp]['target'])} / {fmt(per_lp[lp]['q_hat'])}"
-                            for lp in lps
-                        ],
-                    ]
-                    for key, per_method in pearson.items()
-                    for method, per_lp in per_method.items()
-                ],
-            ),
-        ]
-    for key, per_lp in result["results"].items():
-        lines += [
-            f"**{variant_label(key)}** — test mean Recall@N over N = 1..N max (R̄) and Precision@N at N = T, the number of targets (P@T)",
-            "",
-        ]
-        rows = []
-        for lp in lps:
-            for name in names:
-                rows.append(
-                    [
-                        lp,
-                        name,
-                        *[per_lp[lp][p][name]["mean_recall"] for p in percent_keys],
-                        *[per_lp[lp][p][name]["precision@T"] for p in percent_keys],
-                    ]
-                )
-            chance = result["random"][lp]
-            rows.append(
-                [
-                    lp,
-                    "random (expected)",
-                    *[chance[p]["mean_recall"] for p in percent_keys],
-                    *[chance[p]["precision@T"] for p in percent_keys],
-                ]
-            )
-        lines.append(
-            markdown_table(
-                ["LP", "ranking", *[f"R̄ {p}" for p in percent_keys], *[f"P@T {p}" for p in percent_keys]],
-                rows,
-            )
-        )
-    lines += [
-        "Recall/Precision at N = |T|, 2|T|, 5|T|, the tuned q_err and the full curves are in "
-        "`metrics/experiments/critical.json`.",
-        "",
-        "![Recall@N](figures/critical_recall.png)",
-        "",
-        "![Precision@N](figures/critical_precision.png)",
-        "",
-        "What the data shows vs the paper (Figure 2 / Figure 4: the risk ranking overtakes q_hat and mu "
-        "in Recall as N grows and has higher Precision at small N):",
-        "",
-        *[f"* {line}" for line in findings_text(result)],
-        f"* {verdict(result)}",
-        f"* {above_random(result)}",
-        f"* Test targets per LP ({percents} %): "
-        + ", ".join(
-            f"{lp} {'/'.join(str(v) for v in s['test']['targets'].values())}"
-            for lp, s in sizes["lps"].items()
-        )
-        + "; one segment moves a Recall by 1/|T| (the paper's test set: 5049 en-de segments).",
-        "",
-    ]
-    return "\n".join(lines)
+    """The markdown section of reports/experiments.md (``templates/critical.md.j2``)."""
+    return rendering.render(
+        NAME,
+        result,
+        percent_keys=[f"{p}%" for p in result["settings"]["target_percents"]],
+        variant_label=variant_label,
+        pseudo_verdicts=pseudo_verdicts(result),
+        random_wins=random_wins(result),
+    )
 
 
 def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
