@@ -59,3 +59,35 @@ def test_template_whitespace_and_missing_keys(tmp_path, monkeypatch):
     )
     with pytest.raises(jinja2.UndefinedError, match="xs"):
         rendering.render("demo", {}, section=2)
+
+
+def test_paper_numbers_name_a_source_and_refuse_unknown_groups():
+    from uamt.errors import DataError
+    from uamt.experiments import noisy_refs, paper_numbers, references
+
+    groups = paper_numbers._all()
+    assert {"methods", "noisy_refs", "ood", "references", "multihyp", "critical"} <= set(groups)
+    for analysis, by_name in groups.items():
+        for name in by_name:
+            assert paper_numbers.entry(analysis, name)["source"], f"{analysis}.{name}"
+    assert noisy_refs.PAPER == {"hts": 0.82, "mcd_head": 0.38} and noisy_refs.PAPER_THRESHOLD == 10.0
+    assert references.PAPER_TABLE5["ABP"]["S-2"] == {"pps": 0.441, "nll": 1.424, "sharpness": 0.756}
+    assert paper_numbers.values("critical", "test_segments") == 5049
+    with pytest.raises(DataError, match=r"no noisy_refs\.nope; choose from \['share_better_reference', 'threshold'\]"):
+        paper_numbers.entry("noisy_refs", "nope")
+
+
+def test_templates_and_paper_numbers_are_package_data():
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"][
+        "package-data"
+    ]["uamt"]
+    package = root / "src" / "uamt"
+    shipped = [*package.glob("experiments/templates/*"), package / "experiments" / "paper_numbers.yaml"]
+    assert len(shipped) > 1
+    for path in shipped:
+        relative = path.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(relative, pattern) for pattern in globs), relative

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
-from uamt.experiments import rendering
+from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import is_human_system, pseudo_reference_rows
 
 NAME = "critical"
@@ -674,6 +674,7 @@ def render(result: dict[str, Any]) -> str:
         variant_label=variant_label,
         pseudo_verdicts=pseudo_verdicts(result),
         random_wins=random_wins(result),
+        paper_test_segments=paper_numbers.values("critical", "test_segments"),
     )
 
 

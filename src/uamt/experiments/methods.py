@@ -42,6 +42,7 @@ import pandas as pd
 
 from uamt.config import ConfigError
 from uamt.errors import DataError, UamtError
+from uamt.experiments import paper_numbers
 from uamt.experiments.common import (
     FIGURES_DIR,
     HIGHER_IS_BETTER,
@@ -82,26 +83,8 @@ LABELS = {
 }
 INDICATOR_LABELS = {"pps": "PPS ↑", "ups": "UPS ↑", "nll": "NLL ↓", "ece": "ECE ↓", "sharpness": "Sha. ↓"}
 
-#: The papers' averages, quoted beside ours in the findings (Better UQ Tables 1–3, AVG rows).
-PAPER = {
-    "da": {  # Table 2, AVG over 16 LPs (WMT20 DA, XLM-R COMET fine-tuned)
-        "mcd_head": {"pps": 0.435, "ups": 0.071, "nll": 0.816, "ece": 0.053, "sharpness": 1.083},
-        "ensemble": {"pps": 0.455, "ups": 0.090, "nll": 0.728, "ece": 0.086, "sharpness": 0.813},
-        "hts": {"pps": 0.435, "ups": 0.119, "nll": 1.189, "ece": 0.020, "sharpness": 0.466},
-        "hts_mcd": {"pps": 0.429, "ups": 0.254, "nll": 1.167, "ece": 0.013, "sharpness": 0.528},
-        "dup_abs": {"pps": 0.446, "ups": 0.104, "nll": 1.265, "ece": 0.015, "sharpness": 0.414},
-        "dup_sq": {"pps": 0.446, "ups": 0.108, "nll": 1.262, "ece": 0.014, "sharpness": 0.427},
-        "dup_hts": {"pps": 0.446, "ups": 0.112, "nll": 1.266, "ece": 0.015, "sharpness": 0.411},
-    },
-    "mqm": {  # Table 3, AVG over en-de, zh-en, en-ru (WMT21 MQM test)
-        "mcd_head": {"pps": 0.463, "ups": 0.215, "nll": 0.775, "ece": 0.093, "sharpness": 1.038},
-        "ensemble": {"pps": 0.482, "ups": 0.222, "nll": 0.643, "ece": 0.036, "sharpness": 0.997},
-        "hts": {"pps": 0.441, "ups": 0.317, "nll": 1.976, "ece": 0.048, "sharpness": 0.296},
-        "hts_mcd": {"pps": 0.448, "ups": 0.340, "nll": 1.485, "ece": 0.039, "sharpness": 0.414},
-        "kl": {"pps": 0.447, "ups": 0.282, "nll": 2.664, "ece": 0.042, "sharpness": 0.492},
-        "dup_hts": {"pps": 0.469, "ups": 0.317, "nll": 1.981, "ece": 0.032, "sharpness": 0.317},
-    },
-}
+#: The papers' averages, quoted beside ours in the findings (Better UQ Tables 2-3, AVG rows; paper_numbers.yaml).
+PAPER = {bench: paper_numbers.values("methods", bench) for bench in ("da", "mqm")}
 
 
 def _default_rows_per_lp() -> dict[str, int]:

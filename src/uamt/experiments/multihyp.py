@@ -38,7 +38,7 @@ import pandas as pd
 
 from uamt import lexical
 from uamt.errors import DataError
-from uamt.experiments import rendering
+from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     fmt,
     is_human_system,
@@ -66,70 +66,8 @@ ETEN_VARIANTS = ("mt-ref-1", "mt-ref-2", "mt-ref-multi")
 
 #: Published Pearson r of the paper's Table 4 (Estonian-English, 1K) and Table 5 (English-Czech),
 #: for comparison only (their pseudo-references are 3-5 online systems, ours the WMT21 systems).
-PAPER_ETEN = {
-    "bleu": {
-        "mt-ref-1": 0.417,
-        "mt-ref-2": 0.432,
-        "mt-ref-multi": 0.494,
-        "pseudo-mt-avg": 0.494,
-        "pseudo-mt-min": 0.363,
-        "pseudo-mt-max": 0.526,
-        "pseudo-mt-avg-ref": 0.508,
-        "pseudo-mt-min-ref": 0.445,
-        "pseudo-mt-max-ref": 0.539,
-    },
-    "ter": {
-        "mt-ref-1": -0.413,
-        "mt-ref-2": -0.436,
-        "mt-ref-multi": -0.497,
-        "pseudo-mt-avg": -0.485,
-        "pseudo-mt-min": -0.531,
-        "pseudo-mt-max": -0.350,
-        "pseudo-mt-avg-ref": -0.506,
-        "pseudo-mt-min-ref": -0.531,
-        "pseudo-mt-max-ref": -0.453,
-    },
-    "chrf": {
-        "mt-ref-1": 0.508,
-        "mt-ref-2": 0.521,
-        "mt-ref-multi": 0.554,
-        "pseudo-mt-avg": 0.541,
-        "pseudo-mt-min": 0.396,
-        "pseudo-mt-max": 0.589,
-        "pseudo-mt-avg-ref": 0.570,
-        "pseudo-mt-min-ref": 0.505,
-        "pseudo-mt-max-ref": 0.600,
-    },
-}
-PAPER_ENCS = {
-    "bleu": {
-        "mt-ref": 0.312,
-        "pseudo-mt-avg": 0.283,
-        "pseudo-mt-min": 0.214,
-        "pseudo-mt-max": 0.271,
-        "pseudo-mt-avg-ref": 0.356,
-        "pseudo-mt-min-ref": 0.325,
-        "pseudo-mt-max-ref": 0.352,
-    },
-    "ter": {
-        "mt-ref": -0.335,
-        "pseudo-mt-avg": -0.293,
-        "pseudo-mt-min": -0.272,
-        "pseudo-mt-max": -0.219,
-        "pseudo-mt-avg-ref": -0.385,
-        "pseudo-mt-min-ref": -0.382,
-        "pseudo-mt-max-ref": -0.346,
-    },
-    "chrf": {
-        "mt-ref": 0.346,
-        "pseudo-mt-avg": 0.304,
-        "pseudo-mt-min": 0.221,
-        "pseudo-mt-max": 0.285,
-        "pseudo-mt-avg-ref": 0.394,
-        "pseudo-mt-min-ref": 0.347,
-        "pseudo-mt-max-ref": 0.398,
-    },
-}
+PAPER_ETEN = paper_numbers.values("multihyp", "eten")
+PAPER_ENCS = paper_numbers.values("multihyp", "encs")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
-from uamt.experiments import rendering
+from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import fmt
 from uamt.experiments.references import (
     REFERENCE_SYSTEM,
@@ -54,9 +54,9 @@ NAME = "noisy_refs"
 
 #: §5.5 / Figure 4 of Zerva et al. (2022): share of pairs where the lower-uncertainty reference is
 #: the better one (HTS "> 82 %", MCD 38 %); our ``mcd_head`` is the MC-dropout method.
-PAPER = {"hts": 0.82, "mcd_head": 0.38}
-PAPER_TEXT = {"hts": "> 82 %", "mcd_head": "38 %"}
-PAPER_THRESHOLD = 10.0
+PAPER = paper_numbers.values("noisy_refs", "share_better_reference")
+PAPER_TEXT = paper_numbers.entry("noisy_refs", "share_better_reference")["text"]
+PAPER_THRESHOLD = paper_numbers.values("noisy_refs", "threshold")
 
 #: Methods without a sigma of their own, skipped with this reason.
 NO_SIGMA = {"point": "a point estimate has no sigma of its own; a fixed variance cannot prefer a reference"}

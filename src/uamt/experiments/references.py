@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError, UamtError
-from uamt.experiments import rendering
+from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import INDICATORS, calibrated_indicators, fmt, share_verdict
 
 log = logging.getLogger(__name__)
@@ -59,25 +59,7 @@ REFERENCE_SYSTEM = re.compile(r"^ref-([A-Za-z0-9]+)$")
 SAMPLES, HETEROSCEDASTIC_SAMPLES, MOMENTS = "samples", "heteroscedastic samples", "moments"
 
 #: Table 5 of the paper (WMT20 en-de, references A, B, P; MCD): the comparison printed beside ours.
-PAPER_TABLE5 = {
-    "AB": {
-        "S-1": {"pps": 0.452, "nll": 1.403, "sharpness": 0.746},
-        "Mul": {"pps": 0.471, "nll": 1.388, "sharpness": 0.718},
-    },
-    "BP": {
-        "S-1": {"pps": 0.391, "nll": 1.470, "sharpness": 0.837},
-        "Mul": {"pps": 0.441, "nll": 1.429, "sharpness": 0.753},
-    },
-    "AP": {
-        "S-1": {"pps": 0.406, "nll": 1.475, "sharpness": 0.852},
-        "Mul": {"pps": 0.433, "nll": 1.460, "sharpness": 0.719},
-    },
-    "ABP": {
-        "S-1": {"pps": 0.402, "nll": 1.473, "sharpness": 0.825},
-        "S-2": {"pps": 0.441, "nll": 1.424, "sharpness": 0.756},
-        "Mul": {"pps": 0.455, "nll": 1.417, "sharpness": 0.702},
-    },
-}
+PAPER_TABLE5 = paper_numbers.values("references", "table5")
 
 
 # --------------------------------------------------------------------------- references of a frame
