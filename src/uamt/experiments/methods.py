@@ -42,7 +42,7 @@ import pandas as pd
 
 from uamt.config import ConfigError
 from uamt.errors import DataError, UamtError
-from uamt.experiments import paper_numbers
+from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     FIGURES_DIR,
     HIGHER_IS_BETTER,
@@ -50,11 +50,11 @@ from uamt.experiments.common import (
     METRICS_DIR,
     calibrated_indicators,
     fmt,
-    markdown_table,
     pyplot,
     save_figure,
     share_verdict,
 )
+from uamt.experiments.rendering import section_number
 
 NAME = "methods"
 log = logging.getLogger(__name__)
@@ -1046,21 +1046,6 @@ def write_figures(result: dict[str, Any], figures_dir: str | Path) -> list[Path]
 # ----------------------------------------------------------------------------- report
 
 
-def _section_number() -> int:
-    from uamt.experiments import SECTIONS
-
-    return SECTIONS.index(NAME) + 1 if NAME in SECTIONS else 0
-
-
-def _cells(block: dict[str, dict], row: str, key: str, best: dict[str, str | None]) -> list[str]:
-    cells = []
-    for ind in INDICATORS:
-        value = (block.get(row, {}).get(key) or {}).get(ind)
-        text = fmt(value)
-        cells.append(f"**{text}**" if value is not None and best.get(ind) == row else text)
-    return cells
-
-
 def _best_per_key(block: dict[str, dict], rows, key: str) -> dict[str, str | None]:
     best = {}
     for ind in INDICATORS:
@@ -1070,24 +1055,6 @@ def _best_per_key(block: dict[str, dict], rows, key: str) -> dict[str, str | Non
         tied = len(scored) > 1 and max(v for _, v in scored) - min(v for _, v in scored) < 1e-9
         best[ind] = pick(scored, key=lambda rv: rv[1])[0] if scored and not tied else None
     return best
-
-
-def method_table(bench_result: dict[str, Any], rows, keys) -> str:
-    """Rows ``(key, method)`` x indicators; the best value per key and indicator in bold."""
-    block = bench_result["indicators"]
-    rows = [r for r in rows if r in block]
-    lines = []
-    for key in keys:
-        best = _best_per_key(block, rows, key)
-        name = key.upper() if key in (*GROUPS, "avg") else key
-        if key == "avg" and (covering := _group_covering_all(bench_result)):
-            name = f"{covering.upper()} = AVG"
-        lines.extend([name, label(row), *_cells(block, row, key, best)] for row in rows)
-        chrf = _chrf_at(bench_result, key)
-        if chrf is not None:
-            lines.append([name, "chrF (lexical, no σ)", fmt(chrf), *("–" for _ in INDICATORS[1:])])
-    header = ["LP", "method", *(INDICATOR_LABELS[i] for i in INDICATORS)]
-    return markdown_table(header, lines)
 
 
 def _chrf_at(bench_result: dict[str, Any], key: str) -> float | None:
@@ -1120,232 +1087,63 @@ def _table_rows(result: dict[str, Any]) -> list[str]:
     return [r for r in result["rows"] if not r.startswith("dup_") or r == keep]
 
 
-def _sizes_text(bench: dict[str, Any]) -> str:
-    sizes = bench["sizes"]
-    return ", ".join(f"{split} {sizes[split]['total']:,}" for split in SPLITS if split in sizes)
-
-
-def _timing_table(result: dict[str, Any]) -> str:
-    benches = [b for b in BENCHMARKS if b in result]
-    header = ["method"]
-    for bench in benches:
-        header += [f"{bench.upper()} train s", f"{bench.upper()} predict s (dev+test)"]
-    lines = []
-    for row in result["rows"]:
-        cells: list[Any] = [label(row)]
-        for bench in benches:
-            t = result[bench]["timings"].get(row)
-            if t is None:
-                cells += ["n/a", "n/a"]
-                continue
-            if t["origin"] == "reused":
-                train = "pipeline"
-            elif t["origin"] == "derived":
-                train = f"= {label(t['same_training_as'])}"
-            else:
-                train = fmt(t["train_s"], 1)
-            predict = fmt(t["predict_s"], 1) if t["predict_s"] is not None else "pipeline's"
-            cells += [train, predict]
-        lines.append(cells)
-    return markdown_table(header, lines)
-
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{value:.0%}"
-
-
-def _findings_text(result: dict[str, Any]) -> list[str]:
-    out = []
-    f = result["findings"]
-    for bench in BENCHMARKS:
-        if bench not in f:
-            continue
-        name = f"{bench.upper()} ({result[bench]['dataset']})"
-        fb = f[bench]
-        paper = PAPER.get(bench, {})
-        parts = []
-        sha = {
-            r: _avg(result, bench, r, "sharpness")
-            for r in ("mcd_head", "ensemble", "hts", DUP_REPRESENTATIVE)
-        }
-        ups = {
-            r: _avg(result, bench, r, "ups")
-            for r in ("mcd_head", "ensemble", "hts", "hts_mcd", DUP_REPRESENTATIVE)
-        }
-
-        def quoted(row, key, paper=paper):
-            value = paper.get(row, {}).get(key)
-            return "" if value is None else f" (paper {value:.3f})"
-
-        if "dup_hts_sharper_than_mcd" in fb:
-            both = fb["dup_hts_sharper_than_mcd"] and fb["hts_sharper_than_mcd"]
-            parts.append(
-                f"sharpness: DUP {fmt(sha[DUP_REPRESENTATIVE])}{quoted(DUP_REPRESENTATIVE, 'sharpness')} and HTS "
-                f"{fmt(sha['hts'])}{quoted('hts', 'sharpness')} vs MCD {fmt(sha['mcd_head'])}"
-                f"{quoted('mcd_head', 'sharpness')} and DE {fmt(sha['ensemble'])}{quoted('ensemble', 'sharpness')} — "
-                + (
-                    "DUP and HTS are sharper than MCD, as in the paper"
-                    if both
-                    else "unlike the paper, DUP and HTS are not both sharper than MCD"
-                )
-            )
-        if all(ups.get(r) is not None for r in ("mcd_head", "hts", DUP_REPRESENTATIVE)):
-            higher = ups["hts"] > ups["mcd_head"] and ups[DUP_REPRESENTATIVE] > ups["mcd_head"]
-            parts.append(
-                f"UPS: HTS {fmt(ups['hts'])}{quoted('hts', 'ups')}, DUP {fmt(ups[DUP_REPRESENTATIVE])}"
-                f"{quoted(DUP_REPRESENTATIVE, 'ups')}, HTS+MCD {fmt(ups.get('hts_mcd'))}{quoted('hts_mcd', 'ups')} "
-                f"vs MCD {fmt(ups['mcd_head'])}{quoted('mcd_head', 'ups')}, DE {fmt(ups.get('ensemble'))}"
-                f"{quoted('ensemble', 'ups')} — HTS and DUP "
-                + (
-                    "rank errors better than MCD, as in the paper"
-                    if higher
-                    else "do not both beat MCD, unlike the paper"
-                )
-            )
-        if "hts_mcd_minus_hts" in fb:
-            d = fb["hts_mcd_minus_hts"]
-            parts.append(
-                f"HTS+MCD − HTS: UPS {_signed(d['ups'])}, ECE {_signed(d['ece'])}, sharpness {_signed(d['sharpness'])} "
-                "(paper, DA: MC dropout on HTS raises UPS and lowers ECE but is less sharp; our dropout runs in "
-                "the head only)"
-            )
-        if "dup_losses" in fb:
-            d = fb["dup_losses"]
-            parts.append(
-                f"DUP losses: best UPS {label(d['best_ups'])}, best NLL {label(d['best_nll'])}, best ECE "
-                f"{label(d['best_ece'])}; UPS spans {_span(d['ups_range'])} and NLL {_span(d['nll_range'])} across "
-                "losses (paper, DA: all three within 0.008 UPS, L_HTS slightly best)"
-            )
-        if "kl_minus_hts" in fb:
-            d = fb["kl_minus_hts"]
-            kl = result[bench]["kl"]
-            parts.append(
-                f"KL − HTS: UPS {_signed(d['ups'])}, NLL {_signed(d['nll'])}, ECE {_signed(d['ece'])}, sharpness "
-                f"{_signed(d['sharpness'])} (only {_pct(kl['share_with_std'])} of training rows have an annotator "
-                f"std; the rest get the {kl['missing_std_rule']} rule; paper, MQM: KL close to DUP, UPS 0.282 vs "
-                "HTS 0.317, less sharp)"
-            )
-        elif "kl" in result[bench].get("unavailable", {}):
-            parts.append(f"KL not available: {result[bench]['unavailable']['kl']}")
-        pps = fb.get("pps_range")
-        if pps:
-            chrf = (result[bench].get("chrf_pps") or {}).get("avg")
-            parts.append(
-                f"PPS {pps[0]:.3f}–{pps[1]:.3f} across methods (best {label(fb['best']['pps'])}; paper: similar "
-                f"for all, DE best from the ensemble effect) vs sentence chrF {fmt(chrf)} on the same test rows"
-            )
-        shown = _table_rows(result)
-        wins = {r: w for r, w in fb.get("beats_baseline", {}).items() if r in shown}
-        beats = [
-            f"{label(r)} {w['ece'][0]}/{w['ece'][1]} (ECE), {w['nll'][0]}/{w['nll'][1]} (NLL)"
-            for r, w in wins.items()
-            if w.get("ece") and w.get("nll")
-        ]
-        if beats:
-            parts.append(
-                "LPs where a method beats the fixed-variance baseline: "
-                + "; ".join(beats)
-                + " (UA-MT Table 2: MCD and DE beat it on ECE in all 9 LPs, on NLL in 7 (MCD) and 6 (DE) of 9)"
-            )
-        out.append(f"- **{name}**: " + "; ".join(parts) + ".")
-    return out
-
-
-def _signed(value: float | None) -> str:
-    return "–" if value is None else f"{value:+.3f}"
-
-
 def _span(values: list[float] | None) -> str:
     return "–" if not values else f"{values[0]:.3f}–{values[1]:.3f}"
 
 
-def render(result: dict[str, Any]) -> str:
-    """The markdown section of reports/experiments.md (Tables 1–3, timings, findings)."""
-    number = _section_number()
-    train = result["settings"]["train"]
-    lines = [
-        f"## {number}. Comparison of uncertainty methods (Better UQ Tables 1–3, UA-MT Table 2 baseline)",
-        "",
-        "Every method is evaluated on its benchmark's `test` split with the standardisation and affine σ² "
-        "calibration fitted on `dev` (per LP, global fallback); indicators are PPS, UPS, NLL, ECE (100 levels) "
-        "and sharpness (mean calibrated σ², dev z-units). The fixed-variance baseline is the point model's μ "
-        "with the dev-fitted constant variance (UA-MT Eq. 6); its UPS is undefined. "
-        f"Heads on frozen MiniLM features: hidden {list(train['hidden_sizes'])}, dropout {train['dropout']}, "
-        f"≤ {train['max_epochs']} epochs with early stopping on dev, MC dropout {train['mc_samples']} passes in the "
-        f"head (the paper's MCD also drops out in the encoder), DE = {train['ensemble_size']} {train['ensemble_member']} "
-        "models, HTS+MCD uses the HTS weights, DUP's M_E sits on the point model M_Q and trains on `d_e`.",
-        "",
-    ]
-    if "da" in result:
-        da = result["da"]
-        groups = da["groups"]
-        kl = da["kl"]
-        lines += [
-            f"**DA** ({da['dataset']}, DA z-scores): one model per method on all {len(da['lps'])} LPs "
-            f"({', '.join(da['lps'])}), sampled per LP ({da['sampling']}): {_sizes_text(da)} rows. "
-            + (
-                f"All {len(groups['xx-en'])} LPs are into English, so the XX-EN group average equals AVG and "
-                "there is no EN-XX group. "
-                if groups["xx-en"] and not groups["en-xx"]
-                else ""
-            )
-            + f"KL: {kl['rows_with_std']:,} of {kl['rows']:,} training rows ({_pct(kl['share_with_std'])}) have ≥ 2 "
-            f"annotators with a std; the others get `kl_missing_std: {kl['missing_std_rule']}`"
-            + (f" (σ* = {kl['fill_std']:.3f} z)" if kl.get("fill_std") is not None else "")
-            + f". Texts: {da['encoding']['distinct_texts']:,} distinct, "
-            + (
-                "all already in the embedding cache."
-                if da["encoding"].get("newly_encoded") == 0
-                else f"{da['encoding']['newly_encoded'] or 0:,} newly encoded; reading and encoding took "
-                f"{da['encoding']['encode_s']:.0f} s."
-            ),
-            "",
-        ]
-    if "mqm" in result:
-        mqm = result["mqm"]
-        reused = [label(r) for r, t in mqm["timings"].items() if t["origin"] == "reused"]
-        lines += [
-            f"**MQM** ({mqm['dataset']}, {', '.join(mqm['lps'])}): {_sizes_text(mqm)} rows. "
-            + (f"Reused from the pipeline: {', '.join(reused)}. " if reused else "")
-            + (f"KL: not available — {mqm['unavailable']['kl']}. " if "kl" in mqm["unavailable"] else ""),
-            "",
-        ]
-    lines += ["![Sharpness vs UPS per method](figures/methods_sharpness_ups.png)", ""]
+def table_lines(bench_result: dict[str, Any], rows) -> list[dict[str, Any]]:
+    """Lines of Table 2/3: per key (LP, group, AVG) each row's ``{name, row, key, best}`` (``best``:
+    the row with the best value per indicator, None on ties), then ``{name, chrf}`` where chrF exists."""
+    block = bench_result["indicators"]
+    rows = [r for r in rows if r in block]
+    lines: list[dict[str, Any]] = []
+    for key in _table_keys(bench_result):
+        best = _best_per_key(block, rows, key)
+        name = key.upper() if key in (*GROUPS, "avg") else key
+        if key == "avg" and (covering := _group_covering_all(bench_result)):
+            name = f"{covering.upper()} = AVG"
+        lines.extend({"name": name, "row": row, "key": key, "best": best} for row in rows)
+        chrf = _chrf_at(bench_result, key)
+        if chrf is not None:
+            lines.append({"name": name, "chrf": chrf})
+    return lines
+
+
+def render_context(result: dict[str, Any]) -> dict[str, Any]:
+    """What ``templates/methods.md.j2`` needs beyond the result: constants, table selections, and
+    the per-benchmark averages, wins and best rows its findings quote."""
+    benches = [b for b in BENCHMARKS if b in result]
     dups = [r for r in result["rows"] if r.startswith("dup_")]
-    if dups:
-        lines += ["### Table 1: DUP losses (average over LPs)", ""]
-        rows = []
-        for bench in (b for b in BENCHMARKS if b in result):
-            block = result[bench]["indicators"]
-            best = _best_per_key(block, dups, "avg")
-            rows += [
-                [f"{bench.upper()} AVG", label(r), *_cells(block, r, "avg", best)] for r in dups if r in block
-            ]
-        lines += [markdown_table(["data", "loss", *(INDICATOR_LABELS[i] for i in INDICATORS)], rows), ""]
-    table_rows = _table_rows(result)
-    for number, bench in ((2, "da"), (3, "mqm")):
-        if bench in result:
-            block = result[bench]
-            lines += [
-                f"### Table {number}: {bench.upper()}, per LP (best per LP in bold)",
-                "",
-                method_table(block, table_rows, _table_keys(block)),
-                "",
-            ]
-    lines += [
-        "![ECE per method and LP](figures/methods_ece_by_lp.png)",
-        "",
-        "### Cost",
-        "",
-        "Wall-clock seconds on 2 CPU cores shared with other jobs (so they vary from run to run; compare "
-        "within a column). Training excludes encoding; prediction covers dev + test. Models reused from the "
-        "pipeline were trained and predicted there (`train_base` / `train_dup`, `calibrate` / `evaluate`).",
-        "",
-        _timing_table(result),
-        "",
-        "### What the data shows vs the papers",
-        "",
-        *_findings_text(result),
-        "",
-    ]
-    return "\n".join(lines)
+    shown = _table_rows(result)
+    beats = {}
+    for bench in BENCHMARKS:
+        wins = (result["findings"].get(bench) or {}).get("beats_baseline", {})
+        beats[bench] = [(r, w) for r, w in wins.items() if r in shown and w.get("ece") and w.get("nll")]
+    return {
+        "section": section_number(NAME),
+        "splits": SPLITS,
+        "benchmarks": BENCHMARKS,
+        "indicators": INDICATORS,
+        "indicator_labels": INDICATOR_LABELS,
+        "label": label,
+        "span": _span,
+        "dup": DUP_REPRESENTATIVE,
+        "dups": dups,
+        "dup_best": {b: _best_per_key(result[b]["indicators"], dups, "avg") for b in benches},
+        "method_tables": {b: table_lines(result[b], shown) for b in benches},
+        "papers": PAPER,
+        "sharpness_avg": {
+            b: {r: _avg(result, b, r, "sharpness") for r in ("mcd_head", "ensemble", "hts", DUP_REPRESENTATIVE)}
+            for b in BENCHMARKS
+        },
+        "ups_avg": {
+            b: {r: _avg(result, b, r, "ups") for r in ("mcd_head", "ensemble", "hts", "hts_mcd", DUP_REPRESENTATIVE)}
+            for b in BENCHMARKS
+        },
+        "beats": beats,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    """The markdown section of reports/experiments.md (Tables 1–3, timings, findings; ``templates/methods.md.j2``)."""
+    return rendering.render(NAME, result, **render_context(result))
