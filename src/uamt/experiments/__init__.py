@@ -2,8 +2,11 @@
 
 Each analysis ``<name>`` has
 
-* a library module ``uamt.experiments.<name>`` with the computation and ``render(result) -> str``
-  (the markdown section of ``reports/experiments.md``: tables from the JSON result, links to figures);
+* a library module ``uamt.experiments.<name>`` with the computation (a JSON-able findings dict) and
+  ``render(result) -> str``, which renders the Jinja2 template ``templates/<name>.md.j2`` from that
+  dict (:func:`uamt.experiments.rendering.render`; the markdown section of ``reports/experiments.md``:
+  tables, links to figures, the comparison with the paper) -- the module selects, the template writes;
+* the papers' numbers it quotes in ``paper_numbers.yaml`` (a source per group; :mod:`.paper_numbers`);
 * a pipeline stage ``uamt.stages.exp_<name>`` (dvc stage ``exp_<name>`` = Prefect task = MLflow run
   name) whose ``run(cfg)`` writes ``metrics/experiments/<name>.json`` (DVC metrics) and its PNG
   figures under ``reports/figures/`` (DVC plots);

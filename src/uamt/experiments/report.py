@@ -5,7 +5,8 @@ Contract of an analysis module ``uamt.experiments.<name>`` (one per entry of
 
 ``render(result: dict) -> str``  (required)
     The markdown section: a ``## N. Title`` heading, what was run, tables, figure links
-    ``![...](figures/<file>.png)`` (relative to ``reports/``) and a paragraph comparing with the paper.
+    ``![...](figures/<file>.png)`` (relative to ``reports/``) and a paragraph comparing with the paper;
+    written by the template ``templates/<name>.md.j2`` (:func:`uamt.experiments.rendering.render`).
 ``report_findings(result: dict) -> list[tuple[str, str, str]]``  (optional)
     The published findings the section tests, as ``(finding, what the paper reports, what we
     measured)``; the third string starts with the verdict ``held``, ``not held``, ``partly`` or
@@ -15,7 +16,7 @@ Contract of an analysis module ``uamt.experiments.<name>`` (one per entry of
 
 ``result`` is ``metrics/experiments/<name>.json`` (:func:`uamt.experiments.common.read_result`); a
 missing one is an error naming the stage to run (``dvc repro exp_<name>``), never a silent gap.
-The report is date-free, so the same results give the same bytes.
+The report is date-free, so the same results give the same bytes; its frame is ``templates/report.md.j2``.
 """
 
 from __future__ import annotations
