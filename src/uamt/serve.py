@@ -1,52 +1,55 @@
-"""``uamt serve``: :mod:`uamt.rest` on FastAPI + uvicorn (h11), with the endpoints of ``mlflow models serve``
-and ``/metadata``.  Not MLflow's server: it answers limits with 400 not 413, echoes the input in its
-errors, drops ``refs`` (outside the signature) and predicts concurrently.  h11 refuses conflicting
-``Content-Length`` / ``Transfer-Encoding`` and never reads a body as a second request; a body over the
-limit is refused unread; headers and body have deadlines (slow clients).
+"""``uamt serve``: :mod:`uamt.rest` on FastAPI + uvicorn (h11), the endpoints of ``mlflow models serve`` and
+``/metadata``.  Not MLflow's server: it answers limits with 400 not 413, echoes the input in its errors,
+drops ``refs`` (outside the signature), predicts concurrently.  h11 refuses conflicting lengths and never
+reads a body as a second request; a body over the limit is refused unread; headers and body have deadlines.
 """
-
-from __future__ import annotations
 
 import asyncio
 import socket
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from uamt.errors import UamtError
 from uamt.rest import RequestError, ScoringService, decode_body
 
+ENDPOINTS = "POST /invocations, GET /ping, /health, /version, /metadata"
 
-def _error(status: int, message: str) -> JSONResponse:
-    close = {"Connection": "close"} if status in (408, 413) else None  # the body is left unread
-    return JSONResponse({"error": message, "status": status}, status, close)
+
+def _error(request: Request, exc: Exception) -> JSONResponse:
+    """``{"error", "status"}`` for a RequestError, a routing error (404, 405) or a bug (500)."""
+    if isinstance(exc, HTTPException):
+        where = f"{request.method} {request.url.path}"
+        exc = RequestError(exc.status_code, f"{where}: {exc.detail}; use {ENDPOINTS}")
+    elif not isinstance(exc, RequestError):
+        exc = RequestError(500, "internal error; see the server log")
+    close = {"Connection": "close"} if exc.status in (408, 411, 413) else None  # the body is left unread
+    return JSONResponse({"error": exc.message, "status": exc.status}, exc.status, close)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    if int(request.headers.get("content-length") or 0) > limit:  # refused before reading a byte
-        raise RequestError(413, f"body of {request.headers['content-length']} bytes is over the limit of {limit} bytes")
-    body = bytearray()
-    async for chunk in request.stream():  # chunked: stop at the limit, not at the end
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"body of more than {limit} bytes is over the limit of {limit} bytes")
-    return bytes(body)
+    length = request.headers.get("content-length")
+    if length is None or "transfer-encoding" in request.headers:  # a proxy may read either one
+        raise RequestError(411, "send the body with a Content-Length and no Transfer-Encoding (no chunks)")
+    if int(length) > limit:  # refused before a byte of it is read
+        raise RequestError(413, f"body of {length} bytes is over the limit of {limit} bytes")
+    return await request.body()
 
 
 def make_app(service: ScoringService) -> FastAPI:
     """The FastAPI app of ``service``; calls into the model go one at a time (torch is not thread-safe)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    settings, model_lock = service.settings, asyncio.Lock()
+    limits, model_lock = service.settings, asyncio.Lock()
     app.get("/ping")(lambda: PlainTextResponse("\n"))
     app.get("/health")(lambda: {"status": "ok", **service.describe()})
     app.get("/version")(service.version)
     app.get("/metadata")(service.metadata)
-    app.exception_handler(RequestError)(lambda _, exc: _error(exc.status, exc.message))
-    app.exception_handler(HTTPException)(
-        lambda req, exc: _error(exc.status_code, f"{req.method} {req.url.path}: {exc.detail}; use POST /invocations, GET /ping, /health, /version, /metadata")
-    )
+    for kind in (RequestError, HTTPException, Exception):
+        app.exception_handler(kind)(_error)
 
     @app.post("/invocations")
     async def invocations(request: Request):
@@ -54,9 +57,9 @@ def make_app(service: ScoringService) -> FastAPI:
         if content_type != "application/json":
             raise RequestError(415, f"Content-Type must be application/json, got {content_type or 'none'!r}")
         try:
-            body = await asyncio.wait_for(_read_body(request, settings.max_body_bytes), settings.body_timeout_s)
-        except TimeoutError:
-            raise RequestError(408, f"body not received within {settings.body_timeout_s:g} s") from None
+            body = await asyncio.wait_for(_read_body(request, limits.max_body_bytes), limits.body_timeout_s)
+        except (TimeoutError, ClientDisconnect):
+            raise RequestError(408, f"body not received within {limits.body_timeout_s:g} s") from None
         frame = await asyncio.to_thread(lambda: service.parse(decode_body(body)))
         async with model_lock:
             return {"predictions": await asyncio.to_thread(service.predict, frame)}
@@ -88,12 +91,9 @@ class HeaderDeadlineH11(H11Protocol):
 
 def make_server(service: ScoringService, host: str = "127.0.0.1", port: int = 5000):
     """``(server, sock)``: a uvicorn server for ``service``, to ``server.run(sockets=[sock])``; port 0: a free one."""
-    import uvicorn
-
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as exc:
         raise UamtError(f"cannot listen on {host}:{port}: {exc}") from None
     protocol = type("Protocol", (HeaderDeadlineH11,), {"header_timeout_s": service.settings.header_timeout_s})
     return uvicorn.Server(uvicorn.Config(make_app(service), http=protocol, log_level="info")), sock
-
