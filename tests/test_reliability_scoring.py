@@ -691,7 +691,8 @@ def test_metadata_says_what_the_model_was_trained_and_calibrated_on(uamt_model, 
     assert metadata["method"] == "hts" and metadata["datasets"] == ["wmt21_mqm"]
     assert metadata["domains"] == ["news"]
     assert metadata["language_pairs"] == {lp: "global" for lp in sorted(WMT21_MQM_LPS)}
-    assert metadata["scale"]["name"] == "MQM" and metadata["scale"]["bounds"] == [-25.0, 0.0]
+    assert metadata["scale"] == "MQM" and metadata["scale_range"] == [-25.0, 0.0]
+    assert metadata["risk_threshold"] == -5.0 and metadata["max_tokens"] == 12  # FakeEncoder.max_length
     assert metadata["calibration"] == {"variance": "affine", "conformal": False, "reference_factors": {}}
     assert json.loads(json.dumps(metadata)) == metadata  # JSON as it is
 

@@ -132,14 +132,15 @@ class CalibratedPredictor:
         calibrated on: it would silently get the global calibration."""
         known = self.language_pairs
         for i, lp in enumerate(lps):
-            if lp is not None and lp not in known:
+            if not pd.isna(lp) and lp not in known:  # None / NaN: no lp on this row
                 raise DataError(
                     f"{row_label} {i}: lp {lp!r} is not a language pair this model was trained or "
                     f"calibrated on; known: {sorted(known)}"
                 )
 
     def metadata(self) -> dict[str, Any]:
-        """What the model was trained and calibrated on, read from its artefacts (spec, calibration)."""
+        """What the model was trained and calibrated on, read from its artefacts (spec, calibration);
+        the scale is :attr:`scale`."""
         from uamt.data.datasets import DATASET_SPECS
 
         cal = self.calibration
@@ -149,7 +150,6 @@ class CalibratedPredictor:
             "datasets": list(self.datasets),
             "domains": sorted({DATASET_SPECS[d].domain for d in self.datasets if d in DATASET_SPECS}),
             "language_pairs": self.language_pairs,
-            "scale": {**asdict(self.scale), "bounds": list(self.scale.bounds) if self.scale.bounds else None},
             "calibration": {
                 "variance": "fixed" if cal.fixed else "affine",
                 "conformal": cal.conformal is not None,
@@ -308,7 +308,13 @@ class UamtPyfunc(mlflow.pyfunc.PythonModel):
         model = load(context.artifacts["model"])
         encoder = get_encoder(encoder_cfg)
         self.predictor = CalibratedPredictor(
-            model, calibration, encoder, scale, method, spec.get("encode_batch", 64), tuple(spec.get("datasets") or ())
+            model,
+            calibration,
+            encoder,
+            scale,
+            method,
+            spec.get("encode_batch", 64),
+            datasets=tuple(spec.get("datasets") or ()),
         )
 
     def predict(

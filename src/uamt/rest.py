@@ -311,7 +311,7 @@ class ScoringService:
         """What the model was trained and calibrated on, and the limits in force (``/metadata``)."""
         from dataclasses import asdict
 
-        own = getattr(self.predictor, "metadata", None)
+        own = getattr(self.predictor, "metadata", None)  # a uamt pyfunc's: datasets, LPs, calibration
         return {
             **self.version(),
             "registered_model": self.registered or None,
