@@ -543,3 +543,13 @@ def test_chunked_body_gets_411_without_being_read(ref_server):
     reply = _raw(ref_server, head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks)
     assert _status(reply) == 411 and b"send the body with a Content-Length and no Transfer-Encoding" in reply
     assert b"connection: close" in reply.lower()
+
+
+def test_uamt_serve_on_a_busy_port_is_a_clear_error(store, tmp_path, capsys):
+    from uamt.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        argv = ["serve", "--params", str(tmp_path / "none.yaml"), "--model", f"models:/{QE_MODEL}@champion"]
+        assert main([*argv, "--port", str(port)]) == 2
+    assert f"uamt serve: error: cannot listen on 127.0.0.1:{port}:" in capsys.readouterr().err
