@@ -21,7 +21,6 @@ import io
 import json
 import re
 import tarfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +29,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from test_scoring_support import REF_MODEL, build_store, write_lines
+from test_scoring_support import REF_MODEL, build_store, running_server, write_lines
 
 from uamt.data import loaders
 from uamt.errors import DataError
 from uamt.predictor import load_predictor
-from uamt.serve import ScoringService, ServeSettings, make_server
+from uamt.rest import ScoringService, ServeSettings
 
 TEN_MB = 10_000_000
 PREVIOUS = b"previous output: must survive a failed run byte for byte\n"
@@ -629,13 +628,8 @@ def server(store):
     os.environ["MLFLOW_TRACKING_URI"] = store
     uri = f"models:/{REF_MODEL}@champion"
     # Production limits (the `uamt serve` defaults): 2,000 characters per text, 16 MiB per body.
-    srv = make_server(ScoringService(load_predictor(uri), uri, ServeSettings()), "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(timeout=10)
+    with running_server(ScoringService(load_predictor(uri), uri, ServeSettings())) as srv:
+        yield srv
 
 
 def post(server, data: bytes, content_type: str = "application/json") -> tuple[int, dict]:

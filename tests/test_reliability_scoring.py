@@ -227,7 +227,7 @@ def test_raised_segment_limit_accepts_a_long_line(tmp_path, capsys, tracking):
 
 
 def test_serve_settings_refuse_a_non_finite_threshold():
-    from uamt.serve import ScoringService, ServeSettings
+    from uamt.rest import ScoringService, ServeSettings
 
     for bad in (math.nan, math.inf):
         with pytest.raises(UamtError, match="risk threshold must be a finite number"):
@@ -240,7 +240,7 @@ INVISIBLE = ["\x00", "\ufeff", "\u200b", "\u2060", "\u200b\ufeff \u2060"]
 
 @pytest.mark.parametrize("text", INVISIBLE, ids=["nul", "bom", "zwsp", "word-joiner", "mixed"])
 def test_rest_refuses_invisible_only_text_with_400(text):
-    from uamt.serve import RequestError, ScoringService
+    from uamt.rest import RequestError, ScoringService
 
     service = ScoringService(FakePredictor(), "fake")
     record = {"src": "Der Hund schläft.", "mt": text, "ref": "The dog is sleeping."}
@@ -676,3 +676,45 @@ def test_progress_bar_counts_segments(uamt_model, fake_encoder, monkeypatch):
     shown = predictor.predict_frame(frame, risk_threshold=-5.0, batch_size=4, progress=True)
     pd.testing.assert_frame_equal(quiet, shown)  # chunking does not change a score
     assert updates == [4] * 5  # 20 segments, one update per batch of 4
+
+
+# ============================================================================ G. REST metadata and LPs (item 17)
+def test_metadata_says_what_the_model_was_trained_and_calibrated_on(uamt_model, fake_encoder):
+    """/metadata is read from the pyfunc's artefacts: datasets, domains, LPs with their calibration,
+    the scale and its range, the calibration in force."""
+    from uamt.data.loaders import WMT21_MQM_LPS
+    from uamt.predictor import load_predictor
+    from uamt.rest import ScoringService
+
+    predictor = load_predictor(str(uamt_model))
+    metadata = ScoringService(predictor, str(uamt_model)).metadata()
+    assert metadata["method"] == "hts" and metadata["datasets"] == ["wmt21_mqm"]
+    assert metadata["domains"] == ["news"]
+    assert metadata["language_pairs"] == {lp: "global" for lp in sorted(WMT21_MQM_LPS)}
+    assert metadata["scale"] == "MQM" and metadata["scale_range"] == [-25.0, 0.0]
+    assert metadata["risk_threshold"] == -5.0 and metadata["max_tokens"] == 12  # FakeEncoder.max_length
+    assert metadata["calibration"] == {"variance": "affine", "conformal": False, "reference_factors": {}}
+    assert json.loads(json.dumps(metadata)) == metadata  # JSON as it is
+
+    lp = sorted(WMT21_MQM_LPS)[0]
+    predictor.calibration.standardizer.lp_params[lp] = dict(predictor.calibration.standardizer.global_params)
+    assert ScoringService(predictor, "m").metadata()["language_pairs"][lp] == "per-lp"
+
+
+def test_unknown_language_pair_is_refused_over_rest_and_through_mlflow(uamt_model, fake_encoder):
+    """An lp the model never saw used to get the global calibration silently."""
+    from uamt.data.loaders import WMT21_MQM_LPS
+    from uamt.predictor import load_predictor
+    from uamt.rest import RequestError, ScoringService
+
+    lp = sorted(WMT21_MQM_LPS)[0]
+    service = ScoringService(load_predictor(str(uamt_model)), str(uamt_model))
+    record = {"src": SRC[0], "mt": MT[0], "ref": REF[0]}
+    answer = service.invocations(json.dumps({"dataframe_records": [{**record, "lp": lp}]}).encode())
+    assert answer["predictions"][0]["calibration"] == "global"
+    with pytest.raises(RequestError, match=r"record 0\.lp 'xx-yy' is not a language pair this model was trained"):
+        service.invocations(json.dumps({"dataframe_records": [{**record, "lp": "xx-yy"}]}).encode())
+    model = mlflow.pyfunc.load_model(str(uamt_model))  # MLflow's own path (mlflow models serve)
+    assert len(model.predict(pd.DataFrame([{**record, "lp": lp}]))) == 1
+    with pytest.raises(Exception, match=r"row 0: lp 'xx-yy' is not a language pair this model was trained"):
+        model.predict(pd.DataFrame([{**record, "lp": "xx-yy"}]))

@@ -8,6 +8,9 @@ character-length ratio of mt and src (reference-free); sigma = 0.05 + 1 / (10 + 
 
 from __future__ import annotations
 
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -111,3 +114,26 @@ def build_store(root: Path) -> str:
 def write_lines(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
     return path
+
+
+@contextmanager
+def running_server(service):
+    """``uamt.serve`` of ``service`` on a free port of 127.0.0.1 in a thread, shut down on exit.
+
+    Yields the uvicorn server with ``server_address`` (host, port) and ``service`` set."""
+    from uamt.serve import make_server
+
+    server, sock = make_server(service, "127.0.0.1", 0)
+    server.server_address, server.service = sock.getsockname()[:2], service
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the test server did not start"
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()

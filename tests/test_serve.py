@@ -1,4 +1,6 @@
-"""The REST server on loopback, for real: good requests, every bad request, concurrency."""
+"""The REST server (FastAPI on uvicorn) on loopback, for real: good requests, every bad request,
+concurrency, and the HTTP attacks of the round-2 reliability issue (item 16: slow clients, request
+smuggling, conflicting or lying ``Content-Length``, oversized bodies)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -15,12 +18,29 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_scoring_support import QE_MODEL, REF_MODEL, build_store, fake_mu_ref, fake_sigma
+from test_scoring_support import (
+    QE_MODEL,
+    REF_MODEL,
+    FakePredictor,
+    build_store,
+    fake_mu_ref,
+    fake_sigma,
+    running_server,
+)
 
 from uamt.predictor import load_predictor
-from uamt.serve import ScoringService, ServeSettings, make_server
+from uamt.rest import ScoringService, ServeSettings
 
-SETTINGS = ServeSettings(max_batch=8, max_chars=200, max_body_bytes=20_000, max_refs=4, max_pairs=12)
+# Short deadlines, so that the slow-client cases take a second, not the production 10 s / 30 s.
+SETTINGS = ServeSettings(
+    max_batch=8,
+    max_chars=200,
+    max_body_bytes=20_000,
+    max_refs=4,
+    max_pairs=12,
+    header_timeout_s=1.0,
+    body_timeout_s=1.0,
+)
 RECORDS = [
     {"src": "Der Hund schläft.", "mt": "The dog sleeps.", "ref": "The dog is sleeping."},
     {"src": "Das Wetter ist schön.", "mt": "The weather is nice.", "ref": "The weather is beautiful."},
@@ -37,34 +57,32 @@ def _tracking(store, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
 
 
-def _start(service: ScoringService):
-    server = make_server(service, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    return server, thread
-
-
 @pytest.fixture(scope="module")
 def ref_server(store):
     os.environ["MLFLOW_TRACKING_URI"] = store  # module scope: monkeypatch is per test
     uri = f"models:/{REF_MODEL}@champion"
-    service = ScoringService(load_predictor(uri), uri, SETTINGS)
-    server, thread = _start(service)
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with running_server(ScoringService(load_predictor(uri), uri, SETTINGS, {"name": REF_MODEL})) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def qe_server(store):
     os.environ["MLFLOW_TRACKING_URI"] = store
     uri = f"models:/{QE_MODEL}@champion"
-    server, thread = _start(ScoringService(load_predictor(uri), uri, SETTINGS))
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with running_server(ScoringService(load_predictor(uri), uri, SETTINGS)) as server:
+        yield server
+
+
+class FakeLpPredictor(FakePredictor):
+    """The fake, declaring the language pairs it knows as a uamt pyfunc does."""
+
+    language_pairs = {"de-en": "per-lp", "en-de": "global"}
+
+
+@pytest.fixture(scope="module")
+def lp_server():
+    with running_server(ScoringService(FakeLpPredictor(), "fake-lp", SETTINGS)) as server:
+        yield server
 
 
 def request(server, method, path, body=None, headers=None):
@@ -116,8 +134,25 @@ def test_language_pair_is_passed_through(ref_server):
     status, data = request(ref_server, "POST", "/invocations", {"dataframe_records": records})
     assert status == 200
     _check_predictions(data, RECORDS)
-    frame = ref_server.RequestHandlerClass.service.parse({"dataframe_records": records})
+    frame = ref_server.service.parse({"dataframe_records": records})
     assert frame["lp"].tolist() == ["de-en", "de-en"]
+
+
+def test_language_pair_picks_and_names_the_calibration(lp_server):
+    """Item 17: a known lp says which calibration it got; an unknown one is refused, never silently global."""
+    records = [{**RECORDS[0], "lp": "de-en"}, {**RECORDS[1], "lp": "en-de"}]
+    status, data = request(lp_server, "POST", "/invocations", {"dataframe_records": records})
+    assert status == 200, data
+    assert [p["calibration"] for p in json.loads(data)["predictions"]] == ["per-lp", "global"]
+    records[1]["lp"] = "xx-yy"
+    status, data = request(lp_server, "POST", "/invocations", {"dataframe_records": records})
+    assert status == 400
+    assert json.loads(data)["error"] == (
+        "record 1.lp 'xx-yy' is not a language pair this model was trained or calibrated on; "
+        "known: ['de-en', 'en-de'] (leave lp out for the global calibration)"
+    )
+    status, data = request(lp_server, "POST", "/invocations", {"dataframe_records": RECORDS})
+    assert status == 200 and "calibration" not in json.loads(data)["predictions"][0]
 
 
 def test_several_references_are_averaged(ref_server):
@@ -130,7 +165,7 @@ def test_several_references_are_averaged(ref_server):
     _check_predictions(data, records)
 
 
-def test_health_ping_version(ref_server):
+def test_health_ping_version_metadata(ref_server):
     status, data = request(ref_server, "GET", "/health")
     health = json.loads(data)
     assert status == 200 and health["status"] == "ok"
@@ -140,6 +175,22 @@ def test_health_ping_version(ref_server):
     status, data = request(ref_server, "GET", "/version")
     version = json.loads(data)
     assert status == 200 and version["uamt"] and version["mlflow"] and version["method"] == "fake-chrf"
+    status, data = request(ref_server, "GET", "/metadata")
+    metadata = json.loads(data)
+    assert status == 200 and metadata["registered_model"] == {"name": REF_MODEL}
+    assert metadata["limits"]["max_refs"] == 4 and metadata["limits"]["max_body_bytes"] == 20_000
+
+
+def test_registered_version_names_version_and_alias(store):
+    from uamt.rest import registered_version
+
+    assert registered_version(f"models:/{REF_MODEL}@champion") == {
+        "name": REF_MODEL,
+        "version": "1",
+        "alias": "champion",
+    }
+    assert registered_version(f"models:/{REF_MODEL}/1") == {"name": REF_MODEL, "version": "1"}
+    assert registered_version("/some/folder") == {}
 
 
 def _big(n):
@@ -241,6 +292,15 @@ BAD_REQUESTS = {
         415,
         "application/json",
     ),
+    # Item 16: each used to be a 500.
+    "nested 10k deep": (b"[" * 10_000 + b"]" * 10_000, {}, 400, "nested too deeply"),
+    "5000-digit integer": (b'{"inputs": [' + b"9" * 5000 + b"]}", {}, 400, "4300 digits"),
+    "lone surrogate": (
+        b'{"dataframe_records": [{"src": "a", "mt": "b\\ud800", "ref": "c"}]}',
+        {},
+        400,
+        "record 0.mt is not valid Unicode (lone surrogate U+D800)",
+    ),
 }
 
 
@@ -258,9 +318,10 @@ def test_bad_request_gets_4xx_and_server_stays_up(ref_server, case):
 
 
 def test_wrong_paths_and_methods(ref_server):
-    assert request(ref_server, "GET", "/nope")[0] == 404
+    status, data = request(ref_server, "GET", "/nope")
+    assert status == 404 and "GET /nope: Not Found; use POST /invocations" in json.loads(data)["error"]
     assert request(ref_server, "GET", "/invocations")[0] == 405
-    assert request(ref_server, "POST", "/health", {"inputs": RECORDS})[0] == 404
+    assert request(ref_server, "POST", "/health", {"inputs": RECORDS})[0] == 405
     assert request(ref_server, "DELETE", "/invocations")[0] == 405
     assert request(ref_server, "GET", "/ping")[0] == 200
 
@@ -309,16 +370,11 @@ def test_model_calls_are_serialised(store):
         return inner(frame, **kwargs)
 
     predictor.predict_frame = slow_predict
-    server, thread = _start(ScoringService(predictor, uri, SETTINGS))
-    try:
+    with running_server(ScoringService(predictor, uri, SETTINGS)) as server:
         with ThreadPoolExecutor(max_workers=8) as pool:
             statuses = list(
                 pool.map(lambda _: request(server, "POST", "/invocations", {"inputs": RECORDS})[0], range(8))
             )
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
     assert statuses == [200] * 8
     assert peak[0] == 1
 
@@ -372,3 +428,128 @@ def test_uamt_serve_missing_model_is_a_clear_error(store, tmp_path, capsys):
     params.write_text("register:\n  model_name: uamt-absent\n", encoding="utf-8")
     assert main(["serve", "--params", str(params), "--port", "0"]) == 2
     assert "could not load model 'models:/uamt-absent@champion'" in capsys.readouterr().err
+
+
+# ============================================================================ item 16: HTTP attacks
+def _raw(server, data: bytes, *, wait: float = 5.0, linger: float | None = None) -> bytes:
+    """Send ``data`` on a fresh connection; return every byte the server sends until it closes the
+    connection, ``wait`` seconds pass without a byte, or (``linger`` given) ``linger`` seconds after
+    the first byte."""
+    sock = socket.create_connection(server.server_address, timeout=wait)
+    try:
+        sock.sendall(data)
+        received, end = b"", None
+        while end is None or time.monotonic() < end:
+            sock.settimeout(wait if end is None else max(end - time.monotonic(), 0.01))
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            received += chunk
+            if end is None and linger is not None:
+                end = time.monotonic() + linger
+        return received
+    finally:
+        sock.close()
+
+
+def _status(reply: bytes) -> int:
+    return int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
+
+
+def _post_head(length: int, extra: str = "") -> bytes:
+    return (
+        "POST /invocations HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n{extra}\r\n"
+    ).encode()
+
+
+def test_slow_clients_do_not_block_others_and_are_dropped(ref_server):
+    """400 half-sent requests used to hold 400 threads: now they hold no thread, others are served at
+    once, and each slow connection is closed when its header (or body) deadline passes."""
+    slow = []
+    for k in range(100):
+        sock = socket.create_connection(ref_server.server_address, timeout=10)
+        # half the clients stop inside their headers, half inside their body
+        sock.sendall(b"POST /invocations HTTP/1.1\r\nHost: t\r\n" if k % 2 else _post_head(500) + b'{"inp')
+        slow.append(sock)
+    try:
+        start = time.monotonic()
+        status, data = request(ref_server, "POST", "/invocations", {"dataframe_records": RECORDS})
+        assert status == 200 and time.monotonic() - start < 5
+        _check_predictions(data, RECORDS)
+        replies = []
+        for sock in slow:
+            received = b""
+            while chunk := sock.recv(65536):  # until the server closes (timeout 10 s: a test failure)
+                received += chunk
+            replies.append(received)
+    finally:
+        for sock in slow:
+            sock.close()
+    assert all(r == b"" for r in replies[1::2])  # headers late: closed without a reply
+    assert all(_status(r) == 408 and b"body not received within 1 s" in r for r in replies[::2])
+
+
+def test_content_length_larger_than_the_body_gets_408_not_a_hang(ref_server):
+    start = time.monotonic()
+    reply = _raw(ref_server, _post_head(1000) + b'{"inputs": []}', wait=10)
+    assert _status(reply) == 408 and time.monotonic() - start < 5
+
+
+CONFLICTING_HEADERS = {
+    "two content-lengths": _post_head(5, "Content-Length: 50\r\n") + b'{"a":1}',
+    "content-length and chunked": _post_head(7, "Transfer-Encoding: chunked\r\n") + b"7\r\n{\"a\":1}\r\n0\r\n\r\n",
+    "bad content-length": b"POST /invocations HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n",
+    "unknown transfer-encoding": _post_head(7, "Transfer-Encoding: gzip, chunked\r\n") + b'{"a":1}',
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFLICTING_HEADERS))
+def test_conflicting_length_headers_are_refused(ref_server, case):
+    reply = _raw(ref_server, CONFLICTING_HEADERS[case])
+    # h11 refuses (400, empty body) all but Content-Length + chunked, which it would read as chunked,
+    # and a proxy in front might read by its length: refused before the body is read.
+    expected = 411 if case == "content-length and chunked" else 400
+    assert _status(reply) == expected and b"top-level" not in reply, reply
+    assert reply.count(b"HTTP/1.1 ") == 1  # one answer, and the connection is closed after it
+    assert request(ref_server, "GET", "/ping")[0] == 200
+
+
+def test_a_body_is_never_read_as_a_second_request(ref_server):
+    """Request smuggling: a GET whose body is a POST used to get two answers (the POST executed)."""
+    inner = json.dumps({"dataframe_records": RECORDS}).encode()
+    smuggled = _post_head(len(inner)) + inner
+    head = f"GET /ping HTTP/1.1\r\nHost: t\r\nContent-Length: {len(smuggled)}\r\n\r\n".encode()
+    reply = _raw(ref_server, head + smuggled, linger=1.5)
+    assert reply.count(b"HTTP/1.1 ") == 1 and _status(reply) == 200 and b"predictions" not in reply
+
+
+def test_oversized_body_gets_413_without_being_sent(ref_server):
+    """Content-Length of 1 GB and no body at all: the 413 comes at once (nothing read or awaited)."""
+    start = time.monotonic()
+    reply = _raw(ref_server, _post_head(10**9))
+    assert _status(reply) == 413 and b"body of 1000000000 bytes is over the limit of 20000 bytes" in reply
+    assert b"connection: close" in reply.lower() and time.monotonic() - start < 2
+
+
+def test_chunked_body_gets_411_without_being_read(ref_server):
+    """A chunked body (no Content-Length) could be of any size: refused before a byte of it is read."""
+    chunk = b"x" * 8192
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(4))  # no final chunk
+    head = b"POST /invocations HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    reply = _raw(ref_server, head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks)
+    assert _status(reply) == 411 and b"send the body with a Content-Length and no Transfer-Encoding" in reply
+    assert b"connection: close" in reply.lower()
+
+
+def test_uamt_serve_on_a_busy_port_is_a_clear_error(store, tmp_path, capsys):
+    from uamt.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        argv = ["serve", "--params", str(tmp_path / "none.yaml"), "--model", f"models:/{QE_MODEL}@champion"]
+        assert main([*argv, "--port", str(port)]) == 2
+    assert f"uamt serve: error: cannot listen on 127.0.0.1:{port}:" in capsys.readouterr().err

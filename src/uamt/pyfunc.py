@@ -5,7 +5,9 @@ self-contained): ``model`` (the model folder of :mod:`uamt.models.api`), ``calib
 :class:`uamt.calibrated.Calibration`), ``spec`` (JSON: encoder config, score scale, method).
 
 ``predict`` takes a DataFrame with ``src``, ``mt`` and, for reference-based models, ``ref`` (str)
-or ``refs`` (list of str); optional ``lp`` selects per-LP calibration. It returns ``mu, sigma,
+or ``refs`` (list of str); optional ``lp`` selects per-LP calibration (through MLflow's
+``predict`` an ``lp`` the model was neither trained nor calibrated on is refused, see
+:meth:`CalibratedPredictor.check_lps`). It returns ``mu, sigma,
 lower, upper, risk`` (+ ``epistemic_var``, ``aleatoric_var`` where the method gives them) on the
 human scale of the calibration data.  MLflow params: ``confidence`` (default 0.9),
 ``risk_threshold`` (default: the scale's), ``interval`` (``gaussian`` | ``conformal``).
@@ -94,7 +96,14 @@ class CalibratedPredictor:
     """A trained model + its dev calibration + an encoder: the :class:`uamt.predictor.Predictor`."""
 
     def __init__(
-        self, model, calibration, encoder, scale: ScoreScale, method: str, encode_batch: int = 64
+        self,
+        model,
+        calibration,
+        encoder,
+        scale: ScoreScale,
+        method: str,
+        encode_batch: int = 64,
+        datasets: tuple[str, ...] = (),
     ) -> None:
         from uamt.models.data import features_from_encoder
 
@@ -105,6 +114,49 @@ class CalibratedPredictor:
         self.scale = scale
         self.method = method
         self.uses_references = not model.cfg.reference_free
+        #: the datasets the model was trained and calibrated on (the spec's ``datasets``)
+        self.datasets = tuple(datasets)
+
+    @property
+    def language_pairs(self) -> dict[str, str]:
+        """Every language pair the model knows -> ``"per-lp"`` (its own calibration, fitted on its dev
+        rows) or ``"global"`` (trained on, but calibrated with the global fit: too few dev rows)."""
+        from uamt.data.datasets import DATASET_SPECS
+
+        trained = {lp for d in self.datasets if d in DATASET_SPECS for lp in DATASET_SPECS[d].lps}
+        own = set(self.calibration.standardizer.lp_params)
+        return {lp: "per-lp" if lp in own else "global" for lp in sorted(trained | own)}
+
+    def check_lps(self, lps, row_label: str = "row") -> None:
+        """Refuse (DataError naming the first row) an ``lp`` the model was neither trained nor
+        calibrated on: it would silently get the global calibration."""
+        known = self.language_pairs
+        for i, lp in enumerate(lps):
+            if not pd.isna(lp) and lp not in known:  # None / NaN: no lp on this row
+                raise DataError(
+                    f"{row_label} {i}: lp {lp!r} is not a language pair this model was trained or "
+                    f"calibrated on; known: {sorted(known)}"
+                )
+
+    def metadata(self) -> dict[str, Any]:
+        """What the model was trained and calibrated on, read from its artefacts (spec, calibration);
+        the scale is :attr:`scale`."""
+        from uamt.data.datasets import DATASET_SPECS
+
+        cal = self.calibration
+        return {
+            "method": self.method,
+            "uses_references": bool(self.uses_references),
+            "datasets": list(self.datasets),
+            "domains": sorted({DATASET_SPECS[d].domain for d in self.datasets if d in DATASET_SPECS}),
+            "language_pairs": self.language_pairs,
+            "calibration": {
+                "variance": "fixed" if cal.fixed else "affine",
+                "conformal": cal.conformal is not None,
+                "reference_factors": {str(k): dict(f) for k, f in sorted(cal.reference_factors.items())},
+            },
+            "max_tokens": self.max_tokens,
+        }
 
     @property
     def max_tokens(self) -> int | None:
@@ -256,15 +308,24 @@ class UamtPyfunc(mlflow.pyfunc.PythonModel):
         model = load(context.artifacts["model"])
         encoder = get_encoder(encoder_cfg)
         self.predictor = CalibratedPredictor(
-            model, calibration, encoder, scale, method, spec.get("encode_batch", 64)
+            model,
+            calibration,
+            encoder,
+            scale,
+            method,
+            spec.get("encode_batch", 64),
+            datasets=tuple(spec.get("datasets") or ()),
         )
 
     def predict(
         self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> pd.DataFrame:
         params = params or {}
+        frame = pd.DataFrame(model_input)
+        if "lp" in frame.columns:
+            self.predictor.check_lps(frame["lp"].tolist())
         return self.predictor.predict_frame(
-            pd.DataFrame(model_input),
+            frame,
             confidence=float(params.get("confidence", 0.9)),
             risk_threshold=params.get("risk_threshold"),
             interval=str(params.get("interval", "gaussian")),

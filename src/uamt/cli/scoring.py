@@ -195,7 +195,8 @@ def register(subparsers) -> None:
         help="REST server: POST /invocations (MLflow JSON) -> mu, sigma, interval, risk",
         description=(
             "Serve the calibrated model over HTTP. POST /invocations takes MLflow's dataframe_records, "
-            "dataframe_split or inputs JSON of {src, mt, ref?|refs?}; GET /health, /ping, /version. "
+            "dataframe_split or inputs JSON of {src, mt, ref?|refs?, lp?}; GET /health, /ping, /version, "
+            "/metadata (what the model was trained and calibrated on). "
             "The model is loaded once at startup; clients can never choose a model or a file."
         ),
     )
@@ -438,9 +439,14 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
     from uamt.errors import UamtError
+    from uamt.predictor import load_predictor
+    from uamt.rest import ScoringService, ServeSettings, registered_version
     from uamt.scoring.score import default_model_uri
-    from uamt.serve import ServeSettings, run_server
+    from uamt.serve import make_server
 
     _check_common(args)
     for option, value in (
@@ -465,5 +471,15 @@ def run_serve(args: argparse.Namespace) -> int:
         max_refs=args.max_refs,
         max_pairs=args.max_pairs,
     )
-    run_server(model, settings, host=args.host, port=args.port)
+    service = ScoringService(load_predictor(model), model, settings, registered_version(model))
+    server, sock = make_server(service, args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    predictor = service.predictor
+    print(
+        f"uamt serve: {model} ({predictor.method}, scale {predictor.scale.name}) on http://{host}:{port} "
+        f"[{json.dumps(asdict(settings))}]",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run(sockets=[sock])  # until Ctrl-C / SIGTERM (uvicorn's graceful shutdown)
     return 0

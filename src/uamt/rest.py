@@ -1,0 +1,335 @@
+"""The REST contract of ``uamt serve``: request bodies -> the predictor's frame, predictions -> JSON.
+
+Kept apart from the HTTP transport (:mod:`uamt.serve`), so that every rule below is tested without
+a socket.
+
+Request (``POST /invocations``), one of MLflow's JSON formats
+    ``{"dataframe_records": [{"src": .., "mt": .., "ref": ..}, ...]}``,
+    ``{"dataframe_split": {"columns": [...], "data": [[...], ...]}}``,
+    ``{"inputs": [records] | {column: [values]}}`` (``instances`` is an alias of ``inputs``).
+    Each record has ``src``, ``mt`` (strings), for a reference-based model ``ref`` (string) or
+    ``refs`` (list of strings, combined by averaging), and optionally ``lp`` (on all records or
+    none; it selects the per-LP calibration, and a pair the model was neither trained nor calibrated
+    on is refused).
+Answer
+    ``{"predictions": [{"mu", "sigma", "lower", "upper", "risk"[, "epistemic_var",
+    "aleatoric_var"][, "clipped"][, "calibration"]}, ...]}`` in request order; ``clipped``: mu or
+    the interval was clipped to the scale's range; ``calibration`` (when ``lp`` is given):
+    ``"per-lp"`` or ``"global"`` (an LP the model was trained on without a calibration of its own).
+
+Every malformed request raises :class:`RequestError` (HTTP 400, or 413 for a limit) with a message
+naming the record and field.  Calls into the model are serialised by the caller (torch modules
+are not safe to run concurrently).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from uamt.errors import UamtError
+from uamt.predictor import OUTPUT_COLUMNS, Predictor
+from uamt.textcheck import blank_detail, is_blank
+
+FORMAT_KEYS = ("dataframe_records", "dataframe_split", "inputs", "instances")
+RECORD_FIELDS = ("src", "mt", "ref", "refs", "lp")
+MAX_LP_CHARS = 32
+OPTIONAL_COLUMNS = ("epistemic_var", "aleatoric_var")
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Limits and prediction settings of the server (all fixed at startup)."""
+
+    confidence: float = 0.9
+    risk_threshold: float | None = None
+    batch_size: int = 64
+    max_batch: int = 256
+    max_chars: int = 2000
+    max_body_bytes: int = 16 * 1024 * 1024
+    #: References per record, and (segment, reference) pairs per request: each pair is one scoring
+    #: pass under the model lock, so these bound how long one request can stall the others.
+    max_refs: int = 8
+    max_pairs: int = 1024
+    #: Seconds a client may take to send a request's headers, and then its body (slow clients).
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+
+
+class RequestError(Exception):
+    """A client error: HTTP ``status`` and a message saying what to change."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def decode_body(body: bytes) -> Any:
+    """The JSON value of ``body``; RequestError 400 for anything Python's json cannot hold."""
+    try:
+        return json.loads(body.decode("utf-8-sig"))  # a leading BOM is dropped (RFC 8259 §8.1)
+    except UnicodeDecodeError as exc:
+        raise RequestError(400, f"body is not UTF-8: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise RequestError(400, f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(400, "body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        raise RequestError(400, f"body is not valid JSON: {exc}") from None
+
+
+def records_from_payload(payload: Any) -> list[Any]:
+    """The list of records of an MLflow-style JSON body (see module docstring)."""
+    if not isinstance(payload, dict):
+        raise RequestError(400, f"body must be a JSON object with one of {list(FORMAT_KEYS)}")
+    unknown = sorted(set(payload) - set(FORMAT_KEYS))
+    if unknown:
+        raise RequestError(400, f"unknown top-level key(s) {unknown}; use exactly one of {list(FORMAT_KEYS)}")
+    present = [k for k in FORMAT_KEYS if k in payload]
+    if len(present) != 1:
+        raise RequestError(400, f"use exactly one of {list(FORMAT_KEYS)}, got {present or 'none'}")
+    key = present[0]
+    value = payload[key]
+    if key == "dataframe_split":
+        if not isinstance(value, dict) or not isinstance(value.get("columns"), list) or "data" not in value:
+            raise RequestError(400, 'dataframe_split must be {"columns": [...], "data": [[...], ...]}')
+        columns, data = value["columns"], value["data"]
+        if not all(isinstance(c, str) for c in columns) or len(set(columns)) != len(columns):
+            raise RequestError(400, "dataframe_split.columns must be distinct strings")
+        if not isinstance(data, list):
+            raise RequestError(400, "dataframe_split.data must be a list of rows")
+        rows = []
+        for i, row in enumerate(data):
+            if not isinstance(row, list) or len(row) != len(columns):
+                raise RequestError(400, f"dataframe_split.data[{i}] must be a list of {len(columns)} values")
+            rows.append(dict(zip(columns, row, strict=True)))
+        return rows
+    if isinstance(value, dict) and key in ("inputs", "instances"):
+        lengths = {c: len(v) if isinstance(v, list) else None for c, v in value.items()}
+        if any(n is None for n in lengths.values()) or len(set(lengths.values())) > 1:
+            raise RequestError(400, f"{key} as columns must map each field to a list of one common length")
+        n = next(iter(lengths.values()), 0)
+        return [{c: value[c][i] for c in value} for i in range(n)]
+    if not isinstance(value, list):
+        raise RequestError(400, f"{key} must be a list of records")
+    return value
+
+
+class ScoringService:
+    """Validates requests and scores them with one shared predictor (the caller serialises calls).
+
+    ``registered``: what the registry says about the model (name, version, alias), for /metadata.
+    """
+
+    def __init__(
+        self,
+        predictor: Predictor,
+        model_uri: str,
+        settings: ServeSettings = ServeSettings(),
+        registered: dict[str, Any] | None = None,
+    ):
+        if not 0.0 < settings.confidence < 1.0:
+            raise UamtError(f"confidence must be in (0, 1), got {settings.confidence}")
+        if settings.risk_threshold is not None and not math.isfinite(settings.risk_threshold):
+            raise UamtError(f"risk threshold must be a finite number, got {settings.risk_threshold}")
+        self.predictor = predictor
+        self.model_uri = model_uri
+        self.settings = settings
+        self.registered = registered or {}
+        self.risk_threshold = (
+            settings.risk_threshold
+            if settings.risk_threshold is not None
+            else predictor.scale.default_risk_threshold
+        )
+        #: lp -> "per-lp" | "global" for a uamt pyfunc; None: the predictor does not say (any lp passes)
+        self.language_pairs: dict[str, str] | None = getattr(predictor, "language_pairs", None)
+
+    # ------------------------------------------------------------------ request -> frame
+    def _check_text(self, value: Any, where: str) -> str:
+        if not isinstance(value, str):
+            raise RequestError(400, f"{where} must be a string, got {type(value).__name__}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON allows "\ud800"; no tokenizer can read it
+            bad = value[exc.start]
+            raise RequestError(
+                400, f"{where} is not valid Unicode (lone surrogate U+{ord(bad):04X})"
+            ) from None
+        if is_blank(value):
+            detail = blank_detail(value)
+            raise RequestError(400, f"{where} is empty" + (f" ({detail})" if detail else ""))
+        if len(value) > self.settings.max_chars:
+            raise RequestError(
+                413, f"{where} has {len(value)} characters, over the limit of {self.settings.max_chars}"
+            )
+        return value
+
+    def _check_lp(self, lp: Any, where: str) -> str:
+        if not isinstance(lp, str) or not lp.strip() or len(lp) > MAX_LP_CHARS:
+            raise RequestError(400, f"{where} must be a language pair string like 'en-de'")
+        if self.language_pairs is not None and lp not in self.language_pairs:
+            raise RequestError(
+                400,
+                f"{where} {lp!r} is not a language pair this model was trained or calibrated on; "
+                f"known: {sorted(self.language_pairs)} (leave lp out for the global calibration)",
+            )
+        return lp
+
+    def _references(self, record: dict, where: str) -> list[str]:
+        ref, ref_list = record.get("ref"), record.get("refs")
+        if ref is not None and ref_list is not None:
+            raise RequestError(400, f"{where}: give either ref or refs, not both")
+        if ref_list is not None:
+            if not isinstance(ref_list, list) or not ref_list:
+                raise RequestError(400, f"{where}.refs must be a non-empty list of strings")
+            if len(ref_list) > self.settings.max_refs:
+                raise RequestError(
+                    413,
+                    f"{where}.refs has {len(ref_list)} references, over the limit of "
+                    f"{self.settings.max_refs} per record",
+                )
+            options = [self._check_text(r, f"{where}.refs[{k}]") for k, r in enumerate(ref_list)]
+        else:
+            options = [self._check_text(ref, f"{where}.ref")] if ref is not None else []
+        kind = "reference-free" if not self.predictor.uses_references else "reference-based"
+        if bool(options) != bool(self.predictor.uses_references):
+            action = "drop ref/refs" if options else "give ref or refs"
+            raise RequestError(400, f"{where}: this model is {kind} ({self.predictor.method}); {action}")
+        return options
+
+    def parse(self, payload: Any) -> pd.DataFrame:
+        """Validate a decoded JSON body and build the predictor's input frame."""
+        records = records_from_payload(payload)
+        if not records:
+            raise RequestError(400, "empty batch: send at least one record")
+        if len(records) > self.settings.max_batch:
+            raise RequestError(
+                413,
+                f"batch of {len(records)} records is over the limit of {self.settings.max_batch}; split it",
+            )
+        src, mt, refs, lps = [], [], [], []
+        for i, record in enumerate(records):
+            where = f"record {i}"
+            if not isinstance(record, dict):
+                raise RequestError(
+                    400, f"{where} must be an object with src, mt[, ref], got {type(record).__name__}"
+                )
+            unknown = sorted(set(record) - set(RECORD_FIELDS))
+            if unknown:
+                raise RequestError(
+                    400, f"{where}: unknown field(s) {unknown}; fields are {list(RECORD_FIELDS)}"
+                )
+            for field in ("src", "mt"):
+                if field not in record:
+                    raise RequestError(400, f"{where}: missing field {field!r}")
+            src.append(self._check_text(record["src"], f"{where}.src"))
+            mt.append(self._check_text(record["mt"], f"{where}.mt"))
+            refs.append(self._references(record, where))
+            pairs = sum(max(len(o), 1) for o in refs)
+            if pairs > self.settings.max_pairs:
+                raise RequestError(
+                    413,
+                    f"request needs {pairs}+ (segment, reference) scoring passes by {where}, over the limit "
+                    f"of {self.settings.max_pairs}; send fewer records or references",
+                )
+            lp = record.get("lp")
+            lps.append(None if lp is None else self._check_lp(lp, f"{where}.lp"))
+        frame = pd.DataFrame({"src": src, "mt": mt})
+        if any(lp is not None for lp in lps):
+            missing = [i for i, lp in enumerate(lps) if lp is None]
+            if missing:
+                raise RequestError(
+                    400, f"lp given on some records but not on records {missing[:10]}; give it on all"
+                )
+            frame["lp"] = lps
+        if self.predictor.uses_references:
+            if all(len(options) == 1 for options in refs):
+                frame["ref"] = [options[0] for options in refs]
+            else:
+                frame["refs"] = refs
+        return frame
+
+    # ------------------------------------------------------------------ scoring
+    def predict(self, frame: pd.DataFrame) -> list[dict[str, Any]]:
+        """JSON-ready prediction rows of ``frame`` (a model refusal of the inputs -> RequestError 422)."""
+        try:
+            out = self.predictor.predict_frame(
+                frame,
+                confidence=self.settings.confidence,
+                risk_threshold=self.risk_threshold,
+                batch_size=self.settings.batch_size,
+                progress=False,
+            )
+        except UamtError as exc:  # the model refused these inputs (e.g. text it cannot encode)
+            raise RequestError(422, str(exc)) from None
+        if len(out) != len(frame) or any(c not in out.columns for c in OUTPUT_COLUMNS):
+            raise RuntimeError(f"model returned {len(out)} rows with columns {list(out.columns)}")
+        columns = [*OUTPUT_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in out.columns]]
+        rows = out[columns].astype(float).to_dict(orient="records")
+        rows = [{k: (v if math.isfinite(v) else None) for k, v in row.items()} for row in rows]
+        if "clipped" in out.columns:
+            for row, clipped in zip(rows, out["clipped"].astype(bool).tolist(), strict=True):
+                row["clipped"] = clipped
+        if "lp" in frame.columns and self.language_pairs is not None:
+            for row, lp in zip(rows, frame["lp"].tolist(), strict=True):
+                row["calibration"] = self.language_pairs[lp]
+        return rows
+
+    def invocations(self, body: bytes) -> dict[str, Any]:
+        """Parse, validate and score one request body (RequestError for a client error)."""
+        return {"predictions": self.predict(self.parse(decode_body(body)))}
+
+    # ------------------------------------------------------------------ what the server says about itself
+    def describe(self) -> dict[str, Any]:
+        """The model and the settings in force (``/health``)."""
+        scale = self.predictor.scale
+        return {
+            "model": self.model_uri,
+            **{k: v for k, v in self.registered.items() if k in ("version", "alias")},
+            "method": self.predictor.method,
+            "uses_references": bool(self.predictor.uses_references),
+            "scale": scale.name,
+            "scale_description": scale.description,
+            "scale_range": list(getattr(scale, "bounds", None) or []) or None,
+            "confidence": self.settings.confidence,
+            "risk_threshold": self.risk_threshold,
+        }
+
+    def version(self) -> dict[str, Any]:
+        """uamt and MLflow versions and the model (``/version``)."""
+        import mlflow
+        from uamt import __version__
+
+        return {"uamt": __version__, "mlflow": mlflow.__version__, **self.describe()}
+
+    def metadata(self) -> dict[str, Any]:
+        """What the model was trained and calibrated on, and the limits in force (``/metadata``)."""
+        from dataclasses import asdict
+
+        own = getattr(self.predictor, "metadata", None)  # a uamt pyfunc's: datasets, LPs, calibration
+        return {
+            **self.version(),
+            "registered_model": self.registered or None,
+            **(own() if callable(own) else {}),
+            "limits": asdict(self.settings),
+        }
+
+
+def registered_version(model_uri: str) -> dict[str, Any]:
+    """Name, version and alias of a ``models:/NAME@ALIAS`` or ``models:/NAME/N`` URI (read-only);
+    empty for a run or a folder."""
+    if not model_uri.startswith("models:/"):
+        return {}
+    from mlflow import MlflowClient
+
+    name, _, rest = model_uri[len("models:/") :].partition("@")
+    if rest:
+        version = MlflowClient().get_model_version_by_alias(name, rest)
+        return {"name": name, "version": str(version.version), "alias": rest}
+    name, _, number = name.partition("/")
+    return {"name": name, "version": number or None}
