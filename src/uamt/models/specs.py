@@ -109,7 +109,7 @@ class MethodSpec:
 
 _MC = CostClass(passes="mc_samples")
 
-#: Every method ``uamt train --method`` accepts, in the order the CLI lists them.
+#: Every method ``uamt train --method`` accepts (the order analyses and listings follow).
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
