@@ -99,7 +99,7 @@ def test_ensemble_spread_positive_and_members_differ(models):
 
 def test_mcd_passes_differ_and_are_one_batched_forward(models):
     model = load(models["mcd_head"])
-    rows = model._encode(TEST, FEATURES)
+    rows = model.encode(TEST, FEATURES)
     batch = rows.batch(range(10))
     calls = []
     hook = model.module.head.register_forward_hook(lambda *a: calls.append(1))
@@ -125,10 +125,10 @@ def test_dup_uses_q_hat(models):
     pred = model.predict(TEST, FEATURES)
     np.testing.assert_allclose(pred["mu"], base_pred["mu"], rtol=1e-9)
     np.testing.assert_allclose(pred["q_hat"], base_pred["mu"], rtol=1e-9)
-    rows = model._encode(TEST, FEATURES)
-    q = model.base._standardised(rows)["mu"]
-    eps = model._standardised(rows.with_columns(q_hat=q))["var"]
-    eps_shifted = model._standardised(rows.with_columns(q_hat=q + 3.0))["var"]
+    rows = model.encode(TEST, FEATURES)
+    q = model.base.predict_standardised(rows)["mu"]
+    eps = model.predict_standardised(rows.with_columns(q_hat=q))["var"]
+    eps_shifted = model.predict_standardised(rows.with_columns(q_hat=q + 3.0))["var"]
     assert not np.allclose(eps, eps_shifted)
     assert model.meta["target_std"] == model.base.meta["target_std"]
 
@@ -177,6 +177,44 @@ def test_unknown_method_and_loss(tmp_path):
             "dup", CFG.replace(dup_loss="l1"), TRAIN, DEV, FEATURES, tmp_path / "l", base_model_dir=tmp_path
         )
     assert sorted(METHODS) == ["dup", "ensemble", "hts", "hts_mcd", "kl", "mcd_full", "mcd_head", "point"]
+
+
+def test_method_specs_are_the_one_table(capsys):
+    from uamt.cli import main
+    from uamt.models.specs import SAME_TRAINING, get_spec, row_spec, training_order
+
+    with pytest.raises(ValueError, match=r"method='nope' not supported; choose from \['dup', 'ensemble'"):
+        get_spec("nope")
+    assert SAME_TRAINING == {"mcd_head": "point", "mcd_full": "point", "hts_mcd": "hts"}
+    assert training_order(("hts_mcd", "mcd_head", "point", "kl")) == ["hts_mcd", "point", "kl", "mcd_head"]
+    assert training_order(("hts", "hts_mcd", "mcd_head")) == ["hts", "mcd_head", "hts_mcd"]
+    assert row_spec("dup_hts") == (METHODS["dup"], "hts") and row_spec("hts_mcd") == (METHODS["hts_mcd"], None)
+    assert METHODS["dup"].row_label("abs") == "DUP L_ABS" and METHODS["point"].row_label() == "Baseline (fixed σ²)"
+    for bad in ("dup_l1", "hts_abs", "nope"):
+        with pytest.raises(ValueError, match=f"row={bad!r} not supported"):
+            row_spec(bad)
+    # `uamt train` refuses an unknown method naming every spec
+    assert main(["train", "--method", "nope"]) == 2
+    assert f"choose from {sorted(METHODS)}" in capsys.readouterr().err
+
+
+def test_models_answer_what_references_ask(models):
+    """The public sample interface: aligned samples where MC dropout runs in the head or members vote."""
+    expected = {"point": False, "mcd_head": True, "hts": False, "kl": False, "hts_mcd": True, "ensemble": True}
+    expected["dup"] = False
+    for method, path in models.items():
+        assert load(path).aligned_samples is expected[method], method
+    ensemble = load(models["ensemble"])
+    mu, var = ensemble.sample_outputs(ensemble.encode(TEST, FEATURES))
+    assert mu.shape == (len(TEST), 2) and var is None  # point members predict no variance
+    hts_mcd = load(models["hts_mcd"])
+    mu, var = hts_mcd.sample_outputs(hts_mcd.encode(TEST, FEATURES), n_samples=5)
+    assert mu.shape == var.shape == (len(TEST), 5) and (var > 0).all()
+    with pytest.raises(UamtError, match="gives no aligned samples"):
+        load(models["hts"]).sample_outputs(hts_mcd.encode(TEST, FEATURES))
+    full = load(models["hts_mcd"])
+    full.cfg = full.cfg.replace(mcd_scope="full")  # dropout through the encoder: masks not alignable
+    assert not full.aligned_samples
 
 
 def test_too_few_rows_for_batch(tmp_path):

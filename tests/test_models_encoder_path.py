@@ -204,7 +204,7 @@ def test_finetuned_model_loads_back_and_predicts_deterministically(finetuned, ti
     frozen.load_state_dict(
         {k: v for k, v in state.items() if not k.startswith("comet_encoder.")}, strict=False
     )
-    rows = model._encode(splits["test"], features_from_encoder(fresh))
+    rows = model.encode(splits["test"], features_from_encoder(fresh))
     frozen_mu = model.scaler.inverse(frozen.predict_rows(rows)["mu"].numpy())
     assert not np.allclose(frozen_mu, pred["mu"].to_numpy())
 
@@ -261,8 +261,8 @@ def test_mcd_full_passes_differ_through_the_encoder(mc_models, splits):
     model = load(mc_models["mcd_full"])
     features = mc_models["features"]
     assert not model.cfg.finetune and model.module.comet_encoder is None  # weights: head + layer mix only
-    model._attach(features.encoder)
-    rows = model._encode(splits["test"], features)
+    model.attach_encoder(features.encoder)
+    rows = model.encode(splits["test"], features)
     batch = rows.batch(range(8), with_texts=True)
     calls = []
     hook = features.encoder.comet_encoder.register_forward_hook(lambda *a: calls.append(1))

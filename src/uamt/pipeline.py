@@ -70,7 +70,7 @@ class PipelineConfig:
     plots_dir: str = "plots"
 
     def __post_init__(self) -> None:
-        from uamt.models.registry import METHODS
+        from uamt.models.specs import METHODS
 
         for name in (*self.methods, *self.qe_methods, self.dup_base, self.register_method):
             if name not in METHODS:

@@ -88,7 +88,7 @@ class CostSettings:
     torch_threads: int | None = 1
 
     def __post_init__(self) -> None:
-        from uamt.models.registry import LOSSES
+        from uamt.models.losses import LOSSES
 
         for name in ("rows", "dev_rows", "test_rows", "repeats"):
             if getattr(self, name) < 1:
@@ -167,35 +167,35 @@ def distinct_texts(frame: pd.DataFrame) -> list[str]:
 # ----------------------------------------------------------------------------- measurement
 
 
-#: Per method: label, forward passes per segment at inference, and what it is trained as.
+#: Methods timed, in this order (a ``per_loss`` method once per DUP loss, as ``<method>_<loss>``).
+TIMED_METHODS = ("point", "mcd_head", "mcd_full", "ensemble", "hts", "hts_mcd", "kl", "dup")
+
+
 def method_plan(mc_samples: int, ensemble_size: int, dup_losses: tuple[str, ...]) -> dict[str, dict]:
-    plan = {
-        "point": {"label": "point", "passes": 1, "models": 1},
-        "mcd_head": {
-            "label": f"MCD-{mc_samples} (head)",
-            "passes": mc_samples,
-            "models": 1,
-            "derived": "point",
-        },
-        "mcd_full": {
-            "label": f"MCD-{mc_samples} (full, paper's)",
-            "passes": mc_samples,
-            "models": 1,
-            "derived": "point",
-            "through_encoder": True,
-        },
-        "ensemble": {"label": f"DE-{ensemble_size}", "passes": ensemble_size, "models": ensemble_size},
-        "hts": {"label": "HTS", "passes": 1, "models": 1},
-        "hts_mcd": {
-            "label": f"HTS+MCD-{mc_samples} (head)",
-            "passes": mc_samples,
-            "models": 1,
-            "derived": "hts",
-        },
-        "kl": {"label": "KL", "passes": 1, "models": 1},
-    }
-    for loss in dup_losses:
-        plan[f"dup_{loss}"] = {"label": f"DUP ({loss})", "passes": 2, "models": 2, "dup_loss": loss}
+    """Per timed row: ``method``, ``label``, forward ``passes`` per segment at inference, trained
+    ``models``, and what it is trained as (``derived``: the method whose weights it copies,
+    ``dup_loss``; ``through_encoder``: MC dropout inside the encoder), all from the method specs."""
+    from uamt.models.specs import METHODS
+
+    sizes = {"mc_samples": mc_samples, "ensemble_size": ensemble_size}
+    plan: dict[str, dict] = {}
+    for name in TIMED_METHODS:
+        spec = METHODS[name]
+        variants = [(f"{name}_{loss}", loss) for loss in dup_losses] if spec.per_loss else [(name, None)]
+        for row, loss in variants:
+            info: dict[str, Any] = {
+                "method": name,
+                "label": spec.cost_label.format(**sizes, loss=loss),
+                "passes": spec.cost.count("passes", **sizes),
+                "models": spec.cost.count("networks", **sizes),
+            }
+            if spec.same_training_as:
+                info["derived"] = spec.same_training_as
+            if spec.cost.through_encoder:
+                info["through_encoder"] = True
+            if loss is not None:
+                info["dup_loss"] = loss
+            plan[row] = info
     return plan
 
 
@@ -327,8 +327,8 @@ def _measure(settings, train_cfg, dup_cfg, tables, features, encoder, workdir: P
         elif "dup_loss" in info:
             cfg = dup_cfg.replace(dup_loss=info["dup_loss"])
             paths[method], *train_s[method] = timed(
-                lambda cfg=cfg, out=out: train(
-                    "dup",
+                lambda cfg=cfg, out=out, info=info: train(
+                    info["method"],
                     cfg,
                     tables["dup_train"],
                     tables["dev"],

@@ -19,7 +19,7 @@ passes through the head on frozen features; the paper's MCD also drops out insid
 ``ensemble`` (DE), ``hts`` (Eq. 2), ``hts_mcd`` (Eq. 4; same weights as ``hts``), ``kl`` (Eq. 3,
 only where annotator disagreement exists) and ``dup_<loss>`` (Eqs. 5–7).  ``mcd_head`` and
 ``hts_mcd`` reuse the weights of ``point`` / ``hts`` (identical training, only inference differs:
-:data:`uamt.stages.train_base.SAME_TRAINING`).
+:data:`uamt.models.specs.SAME_TRAINING`).
 
 Indicators (App. D): PPS = r(mu, q*), UPS = r(|q* - mu|, sigma), NLL, ECE (100 levels), sharpness =
 mean calibrated sigma^2, all on dev-standardised scores.  Averages are macro over LPs, per group
@@ -63,24 +63,11 @@ log = logging.getLogger(__name__)
 SUPPORTED_METHODS = ("point", "mcd_head", "ensemble", "hts", "hts_mcd", "kl", "dup")
 #: Prepared splits a benchmark reads: training pools, calibration / early stopping, evaluation.
 SPLITS = ("d_q", "d_e", "dev", "test")
-#: Methods whose weights are another method's (identical training): train once, copy.
-SAME_TRAINING = {"mcd_head": "point", "hts_mcd": "hts"}
 #: The DUP row that represents DUP in Tables 2–3 (the paper picks L_HTS^E after Table 1).
 DUP_REPRESENTATIVE = "dup_hts"
 BENCHMARKS = ("da", "mqm")
 GROUPS = ("xx-en", "en-xx")
 
-LABELS = {
-    "point": "Baseline (fixed σ²)",
-    "mcd_head": "MCD (head)",
-    "ensemble": "DE",
-    "hts": "HTS",
-    "hts_mcd": "HTS+MCD",
-    "kl": "KL",
-    "dup_abs": "DUP L_ABS",
-    "dup_sq": "DUP L_SQ",
-    "dup_hts": "DUP L_HTS",
-}
 INDICATOR_LABELS = {"pps": "PPS ↑", "ups": "UPS ↑", "nll": "NLL ↓", "ece": "ECE ↓", "sharpness": "Sha. ↓"}
 
 #: The papers' averages, quoted beside ours in the findings (Better UQ Tables 2-3, AVG rows; paper_numbers.yaml).
@@ -132,7 +119,7 @@ class MethodsSettings:
     mqm_reuse_predictions_dir: str | None = "predictions"
 
     def __post_init__(self) -> None:
-        from uamt.models.registry import LOSSES
+        from uamt.models.losses import LOSSES
 
         where = "exp_methods"
         for name in self.methods:
@@ -166,18 +153,28 @@ class MethodsSettings:
 
 
 def row_keys(methods: tuple[str, ...], dup_losses: tuple[str, ...]) -> tuple[str, ...]:
-    """``methods`` with ``dup`` replaced by ``dup_<loss>`` for each loss (table order)."""
+    """``methods`` with each ``per_loss`` method (``dup``) replaced by ``<method>_<loss>`` for each
+    loss (table order)."""
+    from uamt.models.specs import METHODS
+
     out: list[str] = []
     for name in methods:
-        if name == "dup":
-            out.extend(f"dup_{loss}" for loss in dup_losses)
+        if METHODS[name].per_loss:
+            out.extend(f"{name}_{loss}" for loss in dup_losses)
         else:
             out.append(name)
     return tuple(out)
 
 
 def label(row: str) -> str:
-    return LABELS.get(row, row)
+    """The table label of a row (:attr:`uamt.models.specs.MethodSpec.label`); unknown rows as is."""
+    from uamt.models.specs import row_spec
+
+    try:
+        spec, loss = row_spec(row)
+    except ValueError:
+        return row
+    return spec.row_label(loss)
 
 
 # ----------------------------------------------------------------------------- data
@@ -372,7 +369,8 @@ def train_rows(
     """Train (or reuse) the model of every row on ``frames`` (``d_q``, ``d_e``, ``dev``).
 
     Single-stage methods train on ``d_q``; ``dup_<loss>`` trains M_E on ``d_e`` over the ``point``
-    row's model; methods of :data:`SAME_TRAINING` copy their source's weights when it is a row.
+    row's model; methods of :data:`uamt.models.specs.SAME_TRAINING` copy their source's weights when
+    it is a row.
     A model in ``reuse_dir/<method>`` (``reuse_dir/dup`` for the DUP loss it was trained with) is
     used as is when it was trained with the same settings on as many rows as ``d_q`` (``d_e`` for
     DUP) holds (:func:`_reusable`).
@@ -382,15 +380,13 @@ def train_rows(
     dict row -> :class:`ModelRun`, in ``rows`` order.
     """
     from uamt.models.api import train
+    from uamt.models.specs import SAME_TRAINING, row_spec, training_order
     from uamt.stages.train_base import derive
 
     runs: dict[str, ModelRun] = {}
     d_q, d_e, dev = frames["d_q"], frames["d_e"], frames["dev"]
-    singles = [r for r in rows if not r.startswith("dup_")]
-    order = [r for r in singles if SAME_TRAINING.get(r) not in singles] + [
-        r for r in singles if SAME_TRAINING.get(r) in singles
-    ]
-    for row in order:
+    per_loss = {row: row_spec(row) for row in rows if row_spec(row)[0].per_loss}
+    for row in training_order([r for r in rows if r not in per_loss]):
         reused = None if reuse_dir is None else reuse_dir / row
         if _reusable(reused, row, len(d_q), base_cfg.replace(method=row)):
             runs[row] = ModelRun(reused, "reused", n_train=len(d_q))
@@ -408,10 +404,9 @@ def train_rows(
         path = train(row, cfg, d_q, dev, features, out_root / row)
         runs[row] = ModelRun(path, "trained", time.perf_counter() - started, n_train=len(d_q))
         log.info("%s: trained on %d rows in %.1f s", row, len(d_q), runs[row].train_s)
-    for row in (r for r in rows if r.startswith("dup_")):
-        loss = row.removeprefix("dup_")
-        reused = None if reuse_dir is None else reuse_dir / "dup"
-        if _reusable(reused, "dup", len(d_e), dup_cfg.replace(dup_loss=loss)):
+    for row, (spec, loss) in per_loss.items():
+        reused = None if reuse_dir is None else reuse_dir / spec.name
+        if _reusable(reused, spec.name, len(d_e), dup_cfg.replace(dup_loss=loss)):
             runs[row] = ModelRun(reused, "reused", n_train=len(d_e))
             log.info("%s: reusing %s", row, reused)
             continue
@@ -419,7 +414,7 @@ def train_rows(
             raise UamtError(f"{row}: DUP needs the 'point' model as its base M_Q")
         started = time.perf_counter()
         path = train(
-            "dup",
+            spec.name,
             dup_cfg.replace(dup_loss=loss),
             d_e,
             dev,
@@ -542,9 +537,12 @@ def indicators(
     ``point`` is evaluated as the fixed-variance baseline.  A group's value is the mean over its
     LPs (None when the group is empty); ``avg`` the mean over all LPs (the papers' balanced AVG).
     """
+    from uamt.models.specs import row_spec
+
     out = {}
     for row, split in tables.items():
-        metrics = calibrated_indicators(split["test"], split["dev"], settings, fixed_variance=row == "point")
+        fixed_variance = row_spec(row)[0].fixed_variance
+        metrics = calibrated_indicators(split["test"], split["dev"], settings, fixed_variance=fixed_variance)
         block = {key: _keep(value) for key, value in metrics.items()}
         lps = [k for k in block if k != "avg"]
         for group, members in groups.items():
@@ -629,8 +627,10 @@ def compare_benchmark(
         result["encoding"]["distinct_texts"],
         result["encoding"]["encode_s"],
     )
+    from uamt.models.specs import row_spec
+
     runs = train_rows(rows, frames, features, out_root, base_cfg, dup_cfg, reuse_models)
-    reuse_names = {r: "dup" for r in rows if r.startswith("dup_")}
+    reuse_names = {r: row_spec(r)[0].name for r in rows if row_spec(r)[1] is not None}
     tables, predict_timings = predict_rows(runs, frames, features, reuse_predictions, reuse_names)
     if "kl" in runs and "kl_fill_std" in runs["kl"].extra:
         result["kl"]["fill_std"] = runs["kl"].extra["kl_fill_std"]

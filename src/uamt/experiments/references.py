@@ -9,7 +9,8 @@ against the rated ``ref-X`` rows (whose ``mt`` *is* reference X).
 Each model scores every ``<src, mt>`` once per reference (:func:`score_references`), keeping what
 the §3.4 combination needs:
 
-* sample-based methods (``mcd_head``, ``hts_mcd`` with ``mcd_scope='head'``, ``ensemble``): the K
+* models with aligned samples (``TrainedModel.aligned_samples``: ``mcd_head``, ``hts_mcd`` with
+  ``mcd_scope='head'``, ``ensemble``; drawn by ``TrainedModel.sample_outputs``): the K
   aligned stochastic outputs per reference -- the same K dropout masks for every reference (the
   passes are seeded from the model's seed and the batches have the same shape for every reference)
   or the same K ensemble members;
@@ -191,45 +192,6 @@ class ReferenceScores:
         return SAMPLES if self.var_samples is None else HETEROSCEDASTIC_SAMPLES
 
 
-def has_aligned_samples(model) -> bool:
-    """Whether ``model`` gives stochastic outputs that can be aligned across references: ensemble
-    members, or MC dropout in the head on cached embeddings (``mcd_head``, ``hts_mcd`` with
-    ``mcd_scope='head'``).  Dropout through the encoder is not alignable (masks depend on length)."""
-    method = model.method
-    return method in ("ensemble", "mcd_head") or (method == "hts_mcd" and model.cfg.mcd_scope == "head")
-
-
-def _sample_outputs(model, rows, n_samples: int | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Standardised aligned samples ``(mu [n, K], var [n, K] or None)`` of one encoded reference
-    (``has_aligned_samples(model)`` must hold).  MC-dropout batches are those of
-    ``Estimator.predict_rows`` (same size and order for every reference) and every batch's passes are
-    seeded from the model's seed (:func:`uamt.models.mcd.seeded_passes`), so pass k applies the same
-    dropout masks with every reference."""
-    import torch
-
-    from uamt.models.data import make_loader
-    from uamt.models.hts import LOG_VAR_RANGE
-    from uamt.models.mcd import head_mc_outputs, n_passes
-
-    if model.method == "ensemble":
-        outs = [member._standardised(rows) for member in model.members]
-        mus = np.stack([np.asarray(o["mu"], dtype=float) for o in outs], axis=1)
-        variances = np.stack([np.asarray(o["var"], dtype=float) for o in outs], axis=1)
-        return mus, (variances if np.isfinite(variances).all() else None)
-    module = model.module
-    module.eval()
-    n = n_passes(module, n_samples)
-    heteroscedastic = model.method == "hts_mcd"
-    mus, variances = [], []
-    with torch.no_grad():
-        for batch in make_loader(rows, module.cfg.predict_batch_size, shuffle=False):
-            out = head_mc_outputs(module, batch, n).double()  # [K, B, out_dim]
-            mus.append(out[..., 0].T.numpy())
-            if heteroscedastic:
-                variances.append(torch.exp(out[..., 1].clamp(*LOG_VAR_RANGE)).T.numpy())
-    return np.concatenate(mus), (np.concatenate(variances) if heteroscedastic else None)
-
-
 def score_references(
     model, frame: pd.DataFrame, references: pd.DataFrame, features, n_samples: int | None = None
 ) -> ReferenceScores:
@@ -264,12 +226,12 @@ def score_references(
         scored = pd.DataFrame({"src": frame["src"].to_numpy(), "mt": frame["mt"].to_numpy()})
         scored["ref"] = references[name].to_numpy()
         where = f"{model.method} with reference {name}"
-        if not has_aligned_samples(model):  # moments only: the model's own prediction
+        if not model.aligned_samples:  # moments only: the model's own prediction
             pred = model.predict(scored, features, n_samples)
             mu[:, j] = pred["mu"].to_numpy(dtype=float)
             sigma[:, j] = pred["sigma"].to_numpy(dtype=float)
             continue
-        samples = _sample_outputs(model, model._encode(scored, features, where), n_samples)
+        samples = model.sample_outputs(model.encode(scored, features, where), n_samples)
         std, mean = model.scaler.std, model.scaler.mean
         q = samples[0] * std + mean
         mu_samples.append(q)

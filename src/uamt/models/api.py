@@ -44,7 +44,8 @@ from uamt.models.data import (
     targets_of,
 )
 from uamt.models.ensemble import combine_members, run_members
-from uamt.models.registry import ENSEMBLE_MEMBERS, SINGLE_METHODS, get_loss, get_method
+from uamt.models.mcd import head_samples
+from uamt.models.specs import ENSEMBLE_MEMBERS, MethodSpec, get_loss, get_method, get_spec
 
 MANIFEST = "model.json"
 WEIGHTS = "weights.pt"
@@ -122,6 +123,26 @@ def _config_dict(cfg: TrainConfig) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
 
 
+def manifest(cfg: TrainConfig, encoder_id: str | None, rows: EncodedRows, scaler: TargetScaler, **extra) -> dict:
+    """The ``model.json`` of a model trained with ``cfg`` on ``rows``: what every method stores
+    (method, config, encoder, embedding shape, target scaling, library versions) plus ``extra``."""
+    return {
+        "method": cfg.method,
+        "config": _config_dict(cfg),
+        "encoder_id": encoder_id,
+        "num_layers": rows.num_layers,
+        "dim": rows.dim,
+        "target_mean": scaler.mean,
+        "target_std": scaler.std,
+        "versions": _versions(),
+        **extra,
+    }
+
+
+def _fit_facts(module: Estimator, train_rows: EncodedRows, dev_rows: EncodedRows) -> dict:
+    return {"best_val_loss": module.best_val_loss, "n_train": len(train_rows), "n_dev": len(dev_rows)}
+
+
 def write_manifest(folder: Path, meta: dict) -> None:
     """Write ``model.json`` (temp file + os.replace); call it last, it marks the folder complete."""
     meta = {"format": FORMAT, **meta, "complete": True}
@@ -178,7 +199,7 @@ def _train_single(
     encoder=None,
 ) -> dict:
     """Train one single-network model into ``folder`` (already a temp location); returns its manifest."""
-    cls = SINGLE_METHODS[cfg.method]
+    cls = get_method(cfg.method)
     state: dict = {}
     train_cols, train_keep = cls.target_columns(train_df, scaler, cfg, "training split", state)
     dev_cols, dev_keep = cls.target_columns(dev_df, scaler, cfg, "dev split", state)
@@ -188,20 +209,7 @@ def _train_single(
     module = cls(cfg, train_rows.num_layers, train_rows.dim, encoder=encoder)
     fit(module, train_rows, dev_rows, folder)
     save_weights(module, folder / WEIGHTS)
-    meta = {
-        "method": cfg.method,
-        "config": _config_dict(cfg),
-        "encoder_id": encoder_id,
-        "num_layers": train_rows.num_layers,
-        "dim": train_rows.dim,
-        "target_mean": scaler.mean,
-        "target_std": scaler.std,
-        "state": state,
-        "best_val_loss": module.best_val_loss,
-        "n_train": len(train_rows),
-        "n_dev": len(dev_rows),
-        "versions": _versions(),
-    }
+    meta = manifest(cfg, encoder_id, train_rows, scaler, state=state, **_fit_facts(module, train_rows, dev_rows))
     write_manifest(folder, meta)
     return meta
 
@@ -239,7 +247,7 @@ def train(
     Parameters
     ----------
     method : str
-        A key of :data:`uamt.models.registry.METHODS`.
+        A key of :data:`uamt.models.specs.METHODS`.
     cfg : TrainConfig
         Hyper-parameters (``cfg.method`` is overridden by ``method``).
     train_df, dev_df : DataFrame
@@ -260,26 +268,28 @@ def train(
     Path
         ``out_dir``.
     """
-    get_method(method)
+    spec = get_spec(method)
     cfg = cfg.replace(method=method)
     if cfg.finetune and encoder is None:
         encoder = encoder_of(features)
-    encoder_id = encoder_id_of(features)
-    out_dir = Path(out_dir)
-    if method == "dup":
-        return _train_dup(
-            cfg, train_df, dev_df, features, out_dir, base_model_dir or cfg.base_model_dir, encoder
-        )
+    trainer = _TRAINERS[spec.layout]
+    return trainer(cfg, train_df, dev_df, features, Path(out_dir), base_model_dir or cfg.base_model_dir, encoder)
+
+
+def _train_network(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, encoder) -> Path:
     scaler = TargetScaler.fit(targets_of(train_df, "training split"), "training split")
     train_rows, dev_rows = _encode_pair(cfg, train_df, dev_df, features)
-    if method == "ensemble":
-        return _train_ensemble(cfg, train_rows, dev_rows, train_df, dev_df, scaler, out_dir, encoder_id)
     with atomic_dir(out_dir) as tmp:
-        _train_single(cfg, train_rows, dev_rows, train_df, dev_df, scaler, tmp, encoder_id, encoder)
+        _train_single(
+            cfg, train_rows, dev_rows, train_df, dev_df, scaler, tmp, encoder_id_of(features), encoder
+        )
     return out_dir
 
 
-def _train_ensemble(cfg, train_rows, dev_rows, train_df, dev_df, scaler, out_dir, encoder_id) -> Path:
+def _train_ensemble(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, encoder) -> Path:
+    scaler = TargetScaler.fit(targets_of(train_df, "training split"), "training split")
+    train_rows, dev_rows = _encode_pair(cfg, train_df, dev_df, features)
+    encoder_id = encoder_id_of(features)
     if cfg.ensemble_member not in ENSEMBLE_MEMBERS:
         raise ValueError(
             f"ensemble_member={cfg.ensemble_member!r} not supported; choose from {sorted(ENSEMBLE_MEMBERS)}"
@@ -305,18 +315,8 @@ def _train_ensemble(cfg, train_rows, dev_rows, train_df, dev_df, scaler, out_dir
             for k in range(cfg.ensemble_size)
         ]
         losses = run_members(_train_member, jobs, cfg.n_jobs)
-        meta = {
-            "method": "ensemble",
-            "config": _config_dict(cfg),
-            "encoder_id": encoder_id,
-            "num_layers": train_rows.num_layers,
-            "dim": train_rows.dim,
-            "target_mean": scaler.mean,
-            "target_std": scaler.std,
-            "members": [f"members/{k}" for k in range(cfg.ensemble_size)],
-            "member_val_losses": losses,
-            "versions": _versions(),
-        }
+        members = [f"members/{k}" for k in range(cfg.ensemble_size)]
+        meta = manifest(cfg, encoder_id, train_rows, scaler, members=members, member_val_losses=losses)
         write_manifest(tmp, meta)
     return out_dir
 
@@ -335,44 +335,38 @@ def _train_dup(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, e
             "train it first (e.g. `uamt train --method point`)"
         )
     base = load(base_dir)
-    if base.method in ("dup", "ensemble"):
+    if base.spec.layout != "network":
         raise UamtError(f"{base_dir}: DUP's base model must be a single network, not {base.method!r}")
     encoder_id = encoder_id_of(features)
-    base._check_encoder(features)
-    base._attach(encoder if encoder is not None else encoder_of(features))
+    base.check_features(features)
+    base.attach_encoder(encoder if encoder is not None else encoder_of(features))
     train_rows, dev_rows = _encode_pair(cfg, train_df, dev_df, features)
     columns = {}
     for name, df, rows in (("training split", train_df, train_rows), ("dev split", dev_df, dev_rows)):
         base_rows = (
-            rows if base.cfg.reference_free == cfg.reference_free else base._encode(df, features, name)
+            rows if base.cfg.reference_free == cfg.reference_free else base.encode(df, features, name)
         )
-        q_hat = base._standardised(base_rows)["mu"]
+        q_hat = base.predict_standardised(base_rows)["mu"]
         z = base.scaler.transform(targets_of(df, name))
         columns[name] = {"q_hat": q_hat, "y": np.abs(q_hat - z)}
     train_rows = train_rows.with_columns(**columns["training split"])
     dev_rows = dev_rows.with_columns(**columns["dev split"])
-    cls = get_method("dup")
+    cls = get_method(cfg.method)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     module = cls(cfg, train_rows.num_layers, train_rows.dim, encoder=encoder)
     with atomic_dir(out_dir) as tmp:
         fit(module, train_rows, dev_rows, tmp)
         save_weights(module, tmp / WEIGHTS)
         shutil.copytree(base_dir, tmp / "base")
-        meta = {
-            "method": "dup",
-            "config": _config_dict(cfg),
-            "encoder_id": encoder_id,
-            "num_layers": train_rows.num_layers,
-            "dim": train_rows.dim,
-            "target_mean": base.scaler.mean,
-            "target_std": base.scaler.std,
-            "base": "base",
-            "base_source": str(base_dir),
-            "best_val_loss": module.best_val_loss,
-            "n_train": len(train_rows),
-            "n_dev": len(dev_rows),
-            "versions": _versions(),
-        }
+        meta = manifest(
+            cfg,
+            encoder_id,
+            train_rows,
+            base.scaler,
+            base="base",
+            base_source=str(base_dir),
+            **_fit_facts(module, train_rows, dev_rows),
+        )
         write_manifest(tmp, meta)
     return out_dir
 
@@ -381,26 +375,32 @@ def _train_dup(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, e
 class TrainedModel:
     """A loaded model: ``predict(df, features)`` -> DataFrame[mu, sigma, ...] on the ``score`` scale.
 
+    Every layout's class takes ``(model_dir, meta, encoder=None)``; ``encoder`` is used by a fine-tuned
+    single network (:class:`SingleModel`), the others build their networks from the features.
+
     Attributes
     ----------
     method : str
+    spec : MethodSpec
+        The method's specification (:data:`uamt.models.specs.METHODS`).
     cfg : TrainConfig
     meta : dict
         The manifest (encoder_id, num_layers, dim, target_mean, target_std, ...).
     scaler : TargetScaler
     """
 
-    def __init__(self, model_dir: Path, meta: dict) -> None:
+    def __init__(self, model_dir: Path, meta: dict, encoder=None) -> None:
         self.model_dir = Path(model_dir)
         self.meta = meta
         self.method = meta["method"]
+        self.spec: MethodSpec = get_spec(self.method)
         self.cfg = from_dict(TrainConfig, meta["config"], where=f"{model_dir}/{MANIFEST}:config")
         self.scaler = TargetScaler(meta["target_mean"], meta["target_std"])
         self.encoder_id = meta.get("encoder_id")
         self.shape = (int(meta["num_layers"]), int(meta["dim"]))
 
-    # -- helpers shared by the subclasses
-    def _check_encoder(self, features) -> None:
+    def check_features(self, features) -> None:
+        """DataError when ``features`` come from another encoder than the one the model was trained on."""
         found = encoder_id_of(features)
         if self.encoder_id is not None and found is not None and found != self.encoder_id:
             raise DataError(
@@ -408,16 +408,30 @@ class TrainedModel:
                 f"features come from {found!r}; use the cache of the training encoder"
             )
 
-    def _encode(self, df: pd.DataFrame, features, where: str = "table") -> EncodedRows:
-        self._check_encoder(features)
+    def encode(self, df: pd.DataFrame, features, where: str = "table") -> EncodedRows:
+        """The model's input rows for ``df`` (``where`` names the table in errors)."""
+        self.check_features(features)
         return encode_rows(df, features, self.cfg.reference_free, where=where, expected_shape=self.shape)
 
-    def _standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+    def predict_standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+        """``{"mu", "var"[, "epistemic", "aleatoric", "q_hat"]}`` [n] on the standardised scale."""
         raise NotImplementedError  # pragma: no cover - abstract
+
+    @property
+    def aligned_samples(self) -> bool:
+        """Whether :meth:`sample_outputs` gives stochastic outputs aligned across inputs that differ in
+        one text (e.g. the reference): ensemble members, or MC dropout in the head on cached embeddings.
+        Dropout through the encoder is not alignable (its masks depend on the texts' lengths)."""
+        return False
+
+    def sample_outputs(self, rows: EncodedRows, n_samples: int | None = None):
+        """Standardised aligned samples ``(mu [n, K], var [n, K] or None)`` (``var``: per-sample
+        predicted variances of heteroscedastic samples); only where :attr:`aligned_samples`."""
+        raise UamtError(f"{self.model_dir}: method {self.method!r} gives no aligned samples")
 
     def predict_rows(self, rows: EncodedRows, n_samples: int | None = None) -> pd.DataFrame:
         """Predictions for pre-encoded rows, on the human ``score`` scale."""
-        out = self._standardised(rows, n_samples)
+        out = self.predict_standardised(rows, n_samples)
         std = self.scaler.std
         frame = {"mu": self.scaler.inverse(out["mu"]), "sigma": np.sqrt(np.asarray(out["var"])) * std}
         for name in ("epistemic", "aleatoric"):
@@ -436,11 +450,12 @@ class TrainedModel:
         deviation; NaN for ``point``) and, per method, ``epistemic``, ``aleatoric`` (variances) and
         ``q_hat`` (DUP's base prediction), all on the ``score`` scale.
         """
-        self._attach(encoder if encoder is not None else encoder_of(features))
-        return self.predict_rows(self._encode(df, features), n_samples)
+        self.attach_encoder(encoder if encoder is not None else encoder_of(features))
+        return self.predict_rows(self.encode(df, features), n_samples)
 
-    def _attach(self, encoder) -> None:
-        pass
+    def attach_encoder(self, encoder) -> None:
+        """Give the networks that run the encoder at inference (fine-tuned, MC dropout through the
+        encoder) the encoder object; a no-op for the others."""
 
     def predictions_table(
         self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None
@@ -465,7 +480,6 @@ class SingleModel(TrainedModel):
 
     def __init__(self, model_dir: Path, meta: dict, encoder=None) -> None:
         super().__init__(model_dir, meta)
-        get_method(self.method)
         self.module: Estimator | None = None
         if not self.cfg.finetune or encoder is not None:
             self._build(encoder)
@@ -473,7 +487,7 @@ class SingleModel(TrainedModel):
 
     def _build(self, encoder) -> None:
         """Instantiate the network and load its weights (``encoder``: the fine-tuned model's base)."""
-        cls = get_method(self.method)
+        cls = self.spec.estimator
         if self.cfg.finetune:
             # The checkpoint holds the fine-tuned weights; the tokenizer comes from this encoder.
             self._check_encoder_object(encoder)
@@ -494,7 +508,7 @@ class SingleModel(TrainedModel):
                 f"{self.model_dir}: model trained with encoder {self.encoder_id!r}, got encoder {found!r}"
             )
 
-    def _attach(self, encoder) -> None:
+    def attach_encoder(self, encoder) -> None:
         if encoder is None:
             return
         if self.module is None:
@@ -503,7 +517,7 @@ class SingleModel(TrainedModel):
             self._check_encoder_object(encoder)
             self.module.attach_encoder(encoder)
 
-    def _standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+    def predict_standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
         if self.module is None:
             raise UamtError(
                 f"{self.model_dir}: a fine-tuned model runs its encoder: load(model_dir, encoder=...), or "
@@ -512,53 +526,78 @@ class SingleModel(TrainedModel):
         out = self.module.predict_rows(rows, n_samples)
         return {k: v.numpy() for k, v in out.items()}
 
+    @property
+    def aligned_samples(self) -> bool:
+        return self.spec.yields_samples and self.spec.estimator.dropout_scope(self.cfg) == "head"
+
+    def sample_outputs(self, rows: EncodedRows, n_samples: int | None = None):
+        if not self.aligned_samples:
+            return super().sample_outputs(rows, n_samples)
+        return head_samples(self.module, rows, n_samples)
+
 
 class EnsembleModel(TrainedModel):
     """K members; mu = mean, epistemic = spread, aleatoric = mean member variance (hts/kl members)."""
 
-    def __init__(self, model_dir: Path, meta: dict) -> None:
+    def __init__(self, model_dir: Path, meta: dict, encoder=None) -> None:
         super().__init__(model_dir, meta)
         self.members = [
             SingleModel(self.model_dir / sub, read_manifest(self.model_dir / sub)) for sub in meta["members"]
         ]
 
-    def _standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
-        return combine_members([member._standardised(rows) for member in self.members])
+    def predict_standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+        return combine_members([member.predict_standardised(rows) for member in self.members])
+
+    @property
+    def aligned_samples(self) -> bool:
+        return True
+
+    def sample_outputs(self, rows: EncodedRows, n_samples: int | None = None):
+        """Member k is sample k; ``var`` only where every member predicts a variance (hts / kl)."""
+        outs = [member.predict_standardised(rows) for member in self.members]
+        mus = np.stack([np.asarray(o["mu"], dtype=float) for o in outs], axis=1)
+        variances = np.stack([np.asarray(o["var"], dtype=float) for o in outs], axis=1)
+        return mus, (variances if np.isfinite(variances).all() else None)
 
 
 class DUPModel(TrainedModel):
     """Base model M_Q (mu = q_hat) + error model M_E (sigma = eps_hat)."""
 
-    def __init__(self, model_dir: Path, meta: dict) -> None:
+    def __init__(self, model_dir: Path, meta: dict, encoder=None) -> None:
         super().__init__(model_dir, meta)
         self.base = load(self.model_dir / meta["base"])
         self.error_model = SingleModel(self.model_dir, meta)
 
     def predict(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
-        rows = self._encode(df, features)
+        rows = self.encode(df, features)
         base_rows = (
             rows
             if self.base.cfg.reference_free == self.cfg.reference_free
-            else self.base._encode(df, features)
+            else self.base.encode(df, features)
         )
-        self.base._attach(encoder if encoder is not None else encoder_of(features))
-        q_hat = self.base._standardised(base_rows)["mu"]
+        self.base.attach_encoder(encoder if encoder is not None else encoder_of(features))
+        q_hat = self.base.predict_standardised(base_rows)["mu"]
         return self.predict_rows(rows.with_columns(q_hat=q_hat), n_samples)
 
-    def _standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
+    def predict_standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
         if "q_hat" not in rows.columns:
             raise UamtError("DUP rows need the base model's q_hat column; use DUPModel.predict")
-        return self.error_model._standardised(rows)
+        return self.error_model.predict_standardised(rows)
 
 
 def load(model_dir: str | Path, encoder=None) -> TrainedModel:
     """Load a complete model folder written by :func:`train` (UamtError when incomplete or missing)."""
     model_dir = Path(model_dir)
     meta = read_manifest(model_dir)
-    method = meta.get("method")
-    get_method(method)
-    if method == "ensemble":
-        return EnsembleModel(model_dir, meta)
-    if method == "dup":
-        return DUPModel(model_dir, meta)
-    return SingleModel(model_dir, meta, encoder=encoder)
+    spec = get_spec(meta.get("method"))
+    return _MODELS[spec.layout](model_dir, meta, encoder=encoder)
+
+
+#: How a model of each :data:`uamt.models.specs.Layout` is trained and loaded.  Trainers take
+#: ``(cfg, train_df, dev_df, features, out_dir, base_model_dir, encoder)`` and return ``out_dir``.
+_TRAINERS = {"network": _train_network, "ensemble": _train_ensemble, "second_stage": _train_dup}
+_MODELS: dict[str, type[TrainedModel]] = {
+    "network": SingleModel,
+    "ensemble": EnsembleModel,
+    "second_stage": DUPModel,
+}

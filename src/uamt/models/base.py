@@ -159,6 +159,12 @@ class Estimator(pl.LightningModule):
         """
         return {"y": scaler.transform(targets_of(df, where))}, None
 
+    @classmethod
+    def dropout_scope(cls, cfg: TrainConfig) -> str | None:
+        """Where inference applies MC dropout: None (a single deterministic pass), ``"head"`` (the
+        head on cached embeddings) or ``"full"`` (through the encoder, which then needs the texts)."""
+        return None
+
     # ----------------------------------------------------------- the network
     @property
     def needs_texts(self) -> bool:
@@ -270,14 +276,11 @@ class Estimator(pl.LightningModule):
             rows,
             self.cfg.predict_batch_size,
             shuffle=False,
-            with_texts=self.needs_texts or self._wants_texts(),
+            with_texts=self.needs_texts or self.dropout_scope(self.cfg) == "full",
         ):
             for key, value in self.predict_distribution(batch, n_samples).items():
                 parts.setdefault(key, []).append(value.detach().cpu().double())
         return {key: torch.cat(values) for key, values in parts.items()}
-
-    def _wants_texts(self) -> bool:
-        return False
 
 
 def fit(module: Estimator, train_rows: EncodedRows, dev_rows: EncodedRows, workdir: Path) -> Estimator:

@@ -28,7 +28,7 @@ class TrainConfig:
     Attributes
     ----------
     method : str
-        Key of :data:`uamt.models.registry.METHODS`.
+        Key of :data:`uamt.models.specs.METHODS`.
     reference_free : bool
         QE variant on <src, mt> (features [mt, src, mt*src, |mt-src|]) instead of <src, mt, ref>.
     hidden_sizes, activations, dropout, layer_transformation

@@ -16,12 +16,13 @@ from uamt.models.mcd import full_mc_outputs, head_mc_outputs, n_passes, sample_m
 class HTSMCDEstimator(HTSEstimator):
     """Heteroscedastic model with MC dropout at inference; reports epistemic and aleatoric parts."""
 
-    def _wants_texts(self) -> bool:
-        return self.cfg.mcd_scope == "full"
+    @classmethod
+    def dropout_scope(cls, cfg) -> str:
+        return cfg.mcd_scope
 
     def predict_distribution(self, batch: dict, n_samples: int | None = None) -> dict[str, torch.Tensor]:
         n = n_passes(self, n_samples)
-        runner = full_mc_outputs if self.cfg.mcd_scope == "full" else head_mc_outputs
+        runner = full_mc_outputs if self.dropout_scope(self.cfg) == "full" else head_mc_outputs
         mu_samples, log_var_samples = self.split(runner(self, batch, n))
         mu, epistemic = sample_moments(mu_samples)
         aleatoric = torch.exp(log_var_samples.clamp(*LOG_VAR_RANGE)).mean(dim=0)

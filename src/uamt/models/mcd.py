@@ -11,10 +11,13 @@ mu = mean of the samples, var = their population variance (1/N, as Eq. 4), repor
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from uamt.errors import UamtError
 from uamt.models.base import Estimator
+from uamt.models.data import make_loader
+from uamt.models.hts import LOG_VAR_RANGE
 from uamt.models.point import PointEstimator
 
 #: Upper bound on rows x passes per head forward (memory of the repeated batch).
@@ -85,8 +88,32 @@ def sample_moments(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return samples.mean(dim=0), samples.var(dim=0, unbiased=False)
 
 
+@torch.no_grad()
+def head_samples(model: Estimator, rows, n_samples: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Standardised per-pass outputs of head MC dropout over all ``rows``: ``(mu [n, K], var [n, K])``,
+    ``var`` None unless the head predicts a variance.
+
+    The batches are those of :meth:`Estimator.predict_rows` and each batch's passes are seeded from the
+    model's seed (:func:`seeded_passes`), so pass k applies the same dropout masks to rows that differ
+    only in one input (e.g. the reference): the samples are aligned across such inputs.
+    """
+    model.eval()
+    n = n_passes(model, n_samples)
+    mus, variances = [], []
+    for batch in make_loader(rows, model.cfg.predict_batch_size, shuffle=False):
+        out = head_mc_outputs(model, batch, n).double()  # [K, B, out_dim]
+        mus.append(out[..., 0].T.numpy())
+        if model.has_variance_output:
+            variances.append(torch.exp(out[..., 1].clamp(*LOG_VAR_RANGE)).T.numpy())
+    return np.concatenate(mus), (np.concatenate(variances) if model.has_variance_output else None)
+
+
 class MCDHeadEstimator(PointEstimator):
     """Point model trained with MSE; inference = N dropout passes of the head (one batched forward)."""
+
+    @classmethod
+    def dropout_scope(cls, cfg) -> str:
+        return "head"
 
     def predict_distribution(self, batch: dict, n_samples: int | None = None) -> dict[str, torch.Tensor]:
         samples = head_mc_outputs(self, batch, n_passes(self, n_samples))[..., 0]
@@ -97,8 +124,9 @@ class MCDHeadEstimator(PointEstimator):
 class MCDFullEstimator(PointEstimator):
     """Point model; inference = N dropout passes through encoder + layer mix + head (paper's MCD)."""
 
-    def _wants_texts(self) -> bool:
-        return True
+    @classmethod
+    def dropout_scope(cls, cfg) -> str:
+        return "full"
 
     def predict_distribution(self, batch: dict, n_samples: int | None = None) -> dict[str, torch.Tensor]:
         samples = full_mc_outputs(self, batch, n_passes(self, n_samples))[..., 0]

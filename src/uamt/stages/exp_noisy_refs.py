@@ -69,7 +69,7 @@ class ExpNoisyRefsSettings:
     seed: int = 13
 
     def __post_init__(self) -> None:
-        from uamt.models.registry import METHODS
+        from uamt.models.specs import METHODS
 
         for method in self.methods:
             if method not in METHODS:

@@ -58,7 +58,7 @@ class ExpReferencesSettings:
     mc_samples: int | None = None
 
     def __post_init__(self) -> None:
-        from uamt.models.registry import METHODS
+        from uamt.models.specs import METHODS
 
         for method in self.methods:
             if method not in METHODS:
