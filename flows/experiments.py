@@ -1,15 +1,14 @@
 """Prefect flow ``uamt-experiments``: the ``exp_*`` stages and ``report`` of dvc.yaml, as Prefect tasks.
 
-Every task is ``task(name=<stage name>)(uamt.stages.<name>.run)`` built by
-:func:`flows.pipeline.stage_task` (same retries / caching machinery as ``uamt-pipeline``), in dvc.yaml
-order: ``exp_<name>`` for each of :data:`uamt.experiments.SECTIONS`, then ``report``.  This module holds
-wiring only.
+The stages are read from dvc.yaml by :mod:`flows.dvc_stages`, as for ``uamt-pipeline``: every task is
+``task(name=<stage name>)(uamt.stages.<name>.run)`` with the same retries and caching, in dvc.yaml
+order: ``exp_<name>`` for each of :data:`uamt.experiments.SECTIONS`, then ``report``.  This module
+holds wiring only.
 
-* Cache keys (:func:`flows.pipeline.stage_cache_key` over :data:`STAGE_BY_NAME`): stage name, project,
-  config, the source of the code the stage runs and the content of its inputs.  Code and inputs are
-  read from the stage's ``deps`` in dvc.yaml (``src/uamt/...`` entries are code, the others inputs),
-  and its outputs from ``outs`` / ``metrics`` / ``plots``, so the flow and ``dvc repro`` agree on
-  what a stage depends on.  A stage whose outputs are missing runs with ``refresh_cache``.
+* Caching: Prefect's ``INPUTS + TASK_SOURCE`` + the DVC md5 of each of the stage's dvc.yaml deps
+  (:class:`flows.dvc_stages.DvcDeps`), so the flow and ``dvc repro`` agree on what a stage depends
+  on.  A stage with a dvc.yaml out (``outs`` / ``metrics`` / ``plots``) missing runs with
+  ``refresh_cache``.
 * Report: the assembled ``reports/experiments.md`` becomes the markdown artifact ``uamt-experiments``.
 
 Run: ``python -m flows.experiments [--params params.yaml] [--only exp_ood report] [--refresh-cache]``
@@ -18,65 +17,22 @@ Run: ``python -m flows.experiments [--params params.yaml] [--only exp_ood report
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 import uamt.experiments
-from flows.pipeline import Stage, outputs_missing, stage_cache_key, stage_task
+from flows.dvc_stages import Stage, read_stages, stage_task
 from uamt.config import DEFAULT_PARAMS
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DVC_FILE = REPO_ROOT / "dvc.yaml"
-CODE_PREFIX = "src/uamt/"
 REPORT = "report"
 
-
-def _entry_path(entry: str | dict) -> str:
-    """A dvc.yaml deps/outs entry: a path, or ``{path: {options}}``."""
-    return entry if isinstance(entry, str) else next(iter(entry))
-
-
-def stage_from_dvc(name: str, spec: dict[str, Any]) -> Stage:
-    """The :class:`flows.pipeline.Stage` of dvc.yaml stage ``name`` (its module ``uamt.stages.<name>``)."""
-    module = importlib.import_module(f"uamt.stages.{name}")
-    deps = [_entry_path(d) for d in spec.get("deps", [])]
-    code = tuple(d[len(CODE_PREFIX) :] for d in deps if d.startswith(CODE_PREFIX))
-    inputs = [Path(d) for d in deps if not d.startswith(CODE_PREFIX)]
-    outputs = [Path(_entry_path(o)) for key in ("outs", "metrics", "plots") for o in spec.get(key, [])]
-    return Stage(
-        name,
-        module.run,
-        module.load_config,
-        inputs=lambda cfg, inputs=inputs: list(inputs),
-        outputs=lambda cfg, outputs=outputs: list(outputs),
-        code=code,
-    )
-
-
-def experiment_stages(dvc_file: str | Path = DVC_FILE) -> tuple[Stage, ...]:
-    """``exp_<name>`` for each of :data:`uamt.experiments.SECTIONS`, then ``report``."""
-    spec = yaml.safe_load(Path(dvc_file).read_text(encoding="utf-8"))["stages"]
-    names = [f"exp_{name}" for name in uamt.experiments.SECTIONS] + [REPORT]
-    missing = [name for name in names if name not in spec]
-    if missing:
-        raise ValueError(f"{dvc_file}: stage(s) {missing} missing; every experiment needs its dvc stage")
-    return tuple(stage_from_dvc(name, spec[name]) for name in names)
-
-
-STAGES: tuple[Stage, ...] = experiment_stages()
+STAGES: tuple[Stage, ...] = read_stages([f"exp_{name}" for name in uamt.experiments.SECTIONS] + [REPORT])
 STAGE_BY_NAME = {stage.name: stage for stage in STAGES}
 STAGE_NAMES = tuple(STAGE_BY_NAME)
-
-
-def experiment_cache_key(context, parameters: dict[str, Any]) -> str | None:
-    """Prefect ``cache_key_fn`` of an experiment task (:func:`flows.pipeline.stage_cache_key`)."""
-    return stage_cache_key(context, parameters, stages=STAGE_BY_NAME)
 
 
 @flow(name="uamt-experiments", flow_run_name="uamt-experiments", log_prints=True)
@@ -95,8 +51,9 @@ def uamt_experiments(
     for stage in STAGES:
         if stage.name not in chosen:
             continue
+        stage.check_params(params)
         cfg = stage.load_config(params)
-        run_task = stage_task(stage, refresh_cache or outputs_missing(stage, cfg), experiment_cache_key)
+        run_task = stage_task(stage, refresh_cache or stage.outputs_missing())
         outputs[stage.name] = run_task(cfg)
         if stage.name == REPORT:
             report_path = Path(cfg.report.out)

@@ -1,16 +1,17 @@
-"""Prefect flow ``uamt-pipeline``: the dvc.yaml stages, chained as Prefect tasks.
+"""Prefect flow ``uamt-pipeline``: the dvc.yaml stages ``fetch`` .. ``register``, chained as Prefect tasks.
 
-Every task is ``task(name=<stage name>)(uamt.stages.<name>.run)``: the same function ``dvc repro``
-runs, so this module holds wiring only (order, retries, caching, names, reports).
+The stages, their order, deps and outs are read from dvc.yaml (:mod:`flows.dvc_stages`); every task
+is ``task(name=<stage name>)(uamt.stages.<name>.run)``: the same function ``dvc repro`` runs, so this
+module holds wiring only (order, retries, caching, names, reports).
 
 * Retries: ``fetch`` (network) and ``register`` (MLflow database) retry 3 times, 10/30/60 s apart.
-* Caching: :func:`stage_cache_key` = sha256 of the stage name, the project folder, the stage's
-  config (the frozen dataclass of params.yaml), the source of the code the stage runs and the
-  content (sha256 of every file) of its input paths (:data:`STAGES`): the prepared data for every
-  model stage, the embedding-cache manifest, the upstream models, calibration and metrics.  New
-  annotations change ``data/prepared`` and so every key downstream of ``prepare``.  A stage
-  whose outputs are missing runs with ``refresh_cache`` (so deleting ``models/`` re-trains and
-  the fresh result replaces the cached one).  ``refresh_cache=True`` forces every stage to run.
+* Caching: Prefect's ``INPUTS + TASK_SOURCE`` (the stage's config dataclass and the source of its
+  ``run``) + :class:`flows.dvc_stages.DvcDeps`: the DVC md5 of each of the stage's dvc.yaml deps
+  (the prepared data, the embedding-cache manifest, the upstream models, calibration and metrics,
+  and the library folders its code imports).  New annotations change ``data/prepared`` and so
+  every key downstream of ``prepare``.  A stage with a dvc.yaml out missing runs with
+  ``refresh_cache`` (so deleting ``models/`` re-trains and the fresh result replaces the cached
+  one).  ``refresh_cache=True`` forces every stage to run.
 * Flow run name: renamed to ``uamt-data-<data_version>`` once ``prepare`` has run (the content
   hash of the prepared splits, the ``data_version`` tag the registered model gets).
 * Report: a markdown artifact ``uamt-test-metrics`` with the average test metrics per method.
@@ -22,228 +23,34 @@ runs, so this module holds wiring only (order, retries, caching, names, reports)
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-import uamt
+from flows.dvc_stages import Stage, dvc_stage_names, read_stages, stage_task
 from uamt.config import DEFAULT_PARAMS
-from uamt.stages import (
-    calibrate,
-    encode,
-    evaluate,
-    fetch,
-    prepare,
-    register,
-    train_base,
-    train_dup,
-)
+from uamt.pipeline import load_pipeline
+from uamt.stages import register
 
 log = logging.getLogger(__name__)
-PACKAGE_DIR = Path(uamt.__file__).resolve().parent
 REPORTED_METRICS = ("pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
+FIRST, LAST = "fetch", "register"
 
 
-def _models(cfg) -> list[Path]:
-    return [cfg.pipeline.model_dir(m) for m in cfg.pipeline.all_methods]
+def _pipeline_stage_names() -> list[str]:
+    """dvc.yaml's stages from :data:`FIRST` to :data:`LAST` (the experiments follow them)."""
+    names = dvc_stage_names()
+    return names[names.index(FIRST) : names.index(LAST) + 1]
 
 
-@dataclass(frozen=True)
-class Stage:
-    """One dvc stage as the flow sees it.
-
-    ``inputs(cfg)``: paths whose content keys the task cache (dvc.yaml's deps, minus code);
-    ``outputs(cfg)``: paths that must exist for a cache hit; ``code``: package folders/files
-    (relative to ``src/uamt``) whose source keys the cache.
-    """
-
-    name: str
-    run: Callable
-    load_config: Callable[[str | Path], Any]
-    inputs: Callable[[Any], list[Path]]
-    outputs: Callable[[Any], list[Path]]
-    code: tuple[str, ...]
-    retries: int = 0
-
-
-STAGES: tuple[Stage, ...] = (
-    Stage(
-        "fetch",
-        fetch.run,
-        fetch.load_config,
-        inputs=lambda cfg: [],  # every file is pinned by sha256 in the config itself
-        outputs=lambda cfg: [Path(cfg.raw_dir)],
-        code=("data/fetch.py",),
-        retries=3,
-    ),
-    Stage(
-        "prepare",
-        prepare.run,
-        prepare.load_config,
-        inputs=lambda cfg: (
-            [Path(cfg.raw_dir)] + ([Path(cfg.annotations_pool)] if cfg.annotations_pool else [])
-        ),
-        outputs=lambda cfg: [Path(cfg.out_dir)],
-        code=("data",),
-    ),
-    Stage(
-        "encode",
-        encode.run,
-        encode.load_config,
-        inputs=lambda cfg: [Path(cfg.prepared_dir)],
-        outputs=lambda cfg: [Path(cfg.cache_dir) / "manifest.json"],
-        code=("encoders", "stages/encode.py"),
-    ),
-    Stage(
-        train_base.NAME,
-        train_base.run,
-        train_base.load_config,
-        inputs=lambda cfg: [Path(cfg.pipeline.prepared_dir), Path(cfg.encode.cache_dir) / "manifest.json"],
-        outputs=lambda cfg: [
-            cfg.pipeline.model_dir(m) for m in (*cfg.pipeline.methods, *cfg.pipeline.qe_models)
-        ],
-        code=("models", "pipeline.py", "stages/train_base.py"),
-    ),
-    Stage(
-        train_dup.NAME,
-        train_dup.run,
-        train_dup.load_config,
-        inputs=lambda cfg: [
-            Path(cfg.pipeline.prepared_dir),
-            Path(cfg.encode.cache_dir) / "manifest.json",
-            cfg.pipeline.model_dir(cfg.pipeline.dup_base),
-        ],
-        outputs=lambda cfg: [cfg.pipeline.model_dir("dup")],
-        code=("models", "pipeline.py", "stages/train_dup.py"),
-    ),
-    Stage(
-        calibrate.NAME,
-        calibrate.run,
-        calibrate.load_config,
-        inputs=lambda cfg: [Path(cfg.pipeline.prepared_dir), *_models(cfg)],
-        outputs=lambda cfg: [
-            Path(cfg.calibration_dir),
-            Path(cfg.pipeline.predictions_dir) / "dev",
-            Path(cfg.pipeline.metrics_dir) / "dev.json",
-        ],
-        code=("uncertainty", "calibrated.py", "pipeline.py", "stages/calibrate.py"),
-    ),
-    Stage(
-        evaluate.NAME,
-        evaluate.run,
-        evaluate.load_config,
-        inputs=lambda cfg: [
-            Path(cfg.pipeline.prepared_dir),
-            *_models(cfg),
-            Path(cfg.pipeline.predictions_dir) / "dev",
-        ],
-        outputs=lambda cfg: [
-            Path(cfg.pipeline.metrics_dir) / "test.json",
-            Path(cfg.pipeline.metrics_dir) / "ood.json",
-        ],
-        code=("uncertainty", "pipeline.py", "stages/evaluate.py", "stages/calibrate.py"),
-    ),
-    Stage(
-        register.NAME,
-        register.run,
-        register.load_config,
-        inputs=lambda cfg: [
-            cfg.pipeline.model_dir(cfg.pipeline.register_method),
-            Path(cfg.calibration_dir),
-            Path(cfg.pipeline.metrics_dir) / "test.json",
-            Path(cfg.pipeline.metrics_dir) / "ood.json",
-        ],
-        outputs=lambda cfg: [Path(cfg.pipeline.metrics_dir) / "registry.json"],
-        code=("registry.py", "pyfunc.py", "stages/register.py"),
-        retries=3,
-    ),
-)
+STAGES: tuple[Stage, ...] = read_stages(_pipeline_stage_names())
 STAGE_BY_NAME = {stage.name: stage for stage in STAGES}
 STAGE_NAMES = tuple(STAGE_BY_NAME)
-
-
-# ----------------------------------------------------------------------------- cache keys
-
-_FILE_HASHES: dict[tuple[str, int, int], str] = {}
-
-
-def _file_sha256(path: Path) -> str:
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _FILE_HASHES:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        _FILE_HASHES[key] = digest.hexdigest()
-    return _FILE_HASHES[key]
-
-
-def content_hash(path: str | Path, suffix: str | None = None) -> str:
-    """sha256 over the relative names and contents of a file or every file under a folder.
-
-    ``suffix`` restricts a folder to files ending with it (``.py`` for code).  A missing path
-    hashes to the marker ``missing``, so it appearing later changes the key.
-    """
-    path = Path(path)
-    digest = hashlib.sha256()
-    if path.is_file():
-        digest.update(_file_sha256(path).encode())
-    elif path.is_dir():
-        for item in sorted(p for p in path.rglob("*") if p.is_file()):
-            if suffix and not item.name.endswith(suffix):
-                continue
-            if "__pycache__" in item.parts:
-                continue
-            digest.update(str(item.relative_to(path)).encode())
-            digest.update(_file_sha256(item).encode())
-    else:
-        digest.update(b"missing")
-    return digest.hexdigest()
-
-
-def stage_cache_key(context, parameters: dict[str, Any], stages: dict[str, Stage] | None = None) -> str | None:
-    """Prefect ``cache_key_fn``: stage name + project + config + code + input content (see module doc).
-
-    ``stages``: the name -> :class:`Stage` table the task is looked up in (default :data:`STAGE_BY_NAME`;
-    flows/experiments.py passes its own).
-    """
-    stage = (STAGE_BY_NAME if stages is None else stages)[context.task.name]
-    cfg = parameters["cfg"]
-    digest = hashlib.sha256()
-    digest.update(stage.name.encode())
-    digest.update(str(Path.cwd().resolve()).encode())
-    digest.update(repr(cfg).encode())
-    for item in stage.code:
-        digest.update(content_hash(PACKAGE_DIR / item, ".py").encode())
-    for path in stage.inputs(cfg):
-        digest.update(str(path).encode())
-        digest.update(content_hash(path).encode())
-    return f"{stage.name}-{digest.hexdigest()}"
-
-
-def outputs_missing(stage: Stage, cfg) -> bool:
-    return not all(Path(p).exists() for p in stage.outputs(cfg))
-
-
-def stage_task(stage: Stage, refresh_cache: bool = False, cache_key_fn: Callable = stage_cache_key):
-    """The Prefect task of ``stage``: its ``run`` function, wrapped and nothing else."""
-    return task(
-        name=stage.name,
-        retries=stage.retries,
-        retry_delay_seconds=[10, 30, 60] if stage.retries else 0,
-        cache_key_fn=cache_key_fn,
-        persist_result=True,
-        refresh_cache=refresh_cache,
-    )(stage.run)
 
 
 # ----------------------------------------------------------------------------- reports
@@ -324,16 +131,14 @@ def uamt_pipeline(
     outputs: dict[str, Any] = {}
     version = None
     for stage in selected:
+        stage.check_params(params)
         cfg = stage.load_config(params)
-        run_task = stage_task(stage, refresh_cache or outputs_missing(stage, cfg))
+        run_task = stage_task(stage, refresh_cache or stage.outputs_missing())
         if stage.name == "train_base" and parallel:
             futures = {}
             for method in cfg.pipeline.methods:
                 one = per_method_config(cfg, method)
-                futures[method] = run_task.with_options(
-                    task_run_name=f"train_base[{method}]",
-                    refresh_cache=refresh_cache or outputs_missing(stage, one),
-                ).submit(one)
+                futures[method] = run_task.with_options(task_run_name=f"train_base[{method}]").submit(one)
             outputs[stage.name] = futures
             continue
         if stage.name == "train_dup" and parallel and isinstance(outputs.get("train_base"), dict):
@@ -355,7 +160,7 @@ def uamt_pipeline(
             trained.update(future.result())
         outputs["train_base"] = trained
     if "evaluate" in outputs or "register" in outputs:
-        pipe = evaluate.load_config(params).pipeline
+        pipe = load_pipeline(params)
         test_path = Path(pipe.metrics_dir) / "test.json"
         registry_path = Path(pipe.metrics_dir) / "registry.json"
         create_markdown_artifact(

@@ -1,18 +1,23 @@
-"""flows/: task names = dvc.yaml stages, cache keys, wiring with recorded stage runs, Dask runner."""
+"""flows/: task names = dvc.yaml stages, read from dvc.yaml; cache keys, wiring with recorded stage
+runs, Dask runner."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 import test_flows_harness as harness
 import yaml
-from test_flows_harness import REPO_ROOT, read_flow_run
+from test_flows_harness import REPO_ROOT, cache_key, read_flow_run
 
+from flows import dvc_stages
 from flows import pipeline as fp
+from uamt.config import ConfigError
 
 prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
 
@@ -31,6 +36,25 @@ def test_task_names_equal_dvc_stage_names():
         assert stage.run.__module__ == f"uamt.stages.{stage.name}"
 
 
+def test_stage_deps_outs_and_params_are_dvc_yaml_s():
+    dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    for stage in fp.STAGES:
+        spec = dvc[stage.name]
+        assert list(stage.deps) == spec["deps"] and list(stage.params) == spec["params"]
+        outs = [o if isinstance(o, str) else next(iter(o)) for k in ("outs", "metrics", "plots") for o in spec.get(k, [])]
+        assert list(stage.outs) == outs
+    train_base = fp.STAGE_BY_NAME["train_base"]
+    assert "src/uamt/models" in train_base.deps and "models/hts_qe" in train_base.outs
+    assert "metrics/test.json" in fp.STAGE_BY_NAME["evaluate"].outs  # a `metrics:` entry
+
+
+def test_a_stage_missing_from_dvc_yaml_is_refused(tmp_path):
+    dvc_file = tmp_path / "dvc.yaml"
+    dvc_file.write_text(yaml.safe_dump({"stages": {"fetch": {"cmd": "python -m uamt.stages.fetch"}}}))
+    with pytest.raises(ValueError, match=r"stage\(s\) \['register'\] missing"):
+        dvc_stages.read_stages(["fetch", "register"], dvc_file)
+
+
 def test_retries_only_on_transient_stages():
     retries = {stage.name: fp.stage_task(stage).retries for stage in fp.STAGES}
     assert retries.pop("fetch") == 3 and retries.pop("register") == 3
@@ -43,33 +67,71 @@ def test_every_stage_loads_its_config_from_the_repo_params():
         assert dataclasses.is_dataclass(cfg)
 
 
-class _Ctx:
-    def __init__(self, name):
-        self.task = type("T", (), {"name": name})()
-
-
 def test_cache_key_follows_config_content_and_outputs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     stage = fp.STAGE_BY_NAME["encode"]
     cfg = stage.load_config(REPO_ROOT / "params.yaml")
-    prepared = Path(cfg.prepared_dir)
+    prepared = Path("data/prepared")  # encode's dvc.yaml dep
     prepared.mkdir(parents=True)
     (prepared / "d_q.parquet").write_bytes(b"rows v1")
-    assert fp.outputs_missing(stage, cfg)  # -> the flow runs it with refresh_cache
-    manifest = Path(cfg.cache_dir) / "manifest.json"
-    manifest.parent.mkdir(parents=True)
-    manifest.write_text("{}")
-    assert not fp.outputs_missing(stage, cfg)
-    key = fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg})
-    assert key and key.startswith("encode-")
-    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg}) == key  # deterministic
+    assert stage.outputs_missing()  # -> the flow runs it with refresh_cache
+    Path("cache/embeddings").mkdir(parents=True)  # encode's dvc.yaml out
+    assert not stage.outputs_missing()
+    key = cache_key(stage, cfg)
+    assert key and cache_key(stage, cfg) == key  # deterministic
     (prepared / "d_q.parquet").write_bytes(b"rows v2 (new annotations)")
-    key2 = fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg})
+    key2 = cache_key(stage, cfg)
     assert key2 != key
     other = dataclasses.replace(cfg, shard_size=cfg.shard_size + 1)
-    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": other}) not in (key, key2)
+    assert cache_key(stage, other) not in (key, key2)
     (prepared / "d_q.parquet").write_bytes(b"rows v1")
-    assert fp.stage_cache_key(_Ctx("encode"), {"cfg": cfg}) == key  # content, not mtime
+    assert cache_key(stage, cfg) == key  # content, not mtime
+    renamed = dataclasses.replace(stage, name="encode_again")
+    assert cache_key(renamed, cfg) != key  # two stages never share a result
+
+
+def test_cache_key_follows_the_code_deps(tmp_path, monkeypatch):
+    """A changed file in a code dep folder changes the key; a new ``__pycache__`` (.dvcignore) does not."""
+    project = tmp_path / "project"
+    library = project / "src/uamt/encoders"
+    library.mkdir(parents=True)
+    (library / "cache.py").write_text("X = 1\n")
+    shutil.copy(REPO_ROOT / ".dvcignore", project / ".dvcignore")
+    monkeypatch.setattr(dvc_stages, "REPO_ROOT", project)
+    monkeypatch.chdir(tmp_path)
+    stage = dataclasses.replace(fp.STAGE_BY_NAME["encode"], deps=("src/uamt/encoders",))
+    cfg = stage.load_config(REPO_ROOT / "params.yaml")
+    key = cache_key(stage, cfg)
+    (library / "__pycache__").mkdir()
+    (library / "__pycache__/cache.cpython-311.pyc").write_bytes(b"bytecode")
+    assert cache_key(stage, cfg) == key
+    (library / "cache.py").write_text("X = 2\n")
+    assert cache_key(stage, cfg) != key
+
+
+def test_dvc_md5_is_what_dvc_lock_records(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("a.json").write_bytes(b'{"a": 1}')
+    assert dvc_stages.dvc_md5("a.json") == hashlib.md5(b'{"a": 1}').hexdigest()
+    Path("folder/sub").mkdir(parents=True)
+    Path("folder/sub/b.txt").write_text("b")
+    digest = dvc_stages.dvc_md5("folder")
+    assert digest.endswith(".dir") and dvc_stages.dvc_md5("folder") == digest
+    Path("folder/sub/b.txt").write_text("c")
+    assert dvc_stages.dvc_md5("folder") != digest
+    assert dvc_stages.dvc_md5("not/there") == "missing"
+    assert dvc_stages.dep_path("src/uamt/models") == REPO_ROOT / "src/uamt/models"
+    assert dvc_stages.dep_path("data/prepared") == Path("data/prepared")
+
+
+def test_a_params_file_without_a_key_dvc_reads_is_refused(tmp_path):
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    del params["pipeline"]["qe_methods"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    fp.STAGE_BY_NAME["encode"].check_params(path)  # encode does not read pipeline.*
+    with pytest.raises(ConfigError, match=r"stage train_base reads 'pipeline.qe_methods' \(dvc.yaml\)"):
+        fp.STAGE_BY_NAME["train_base"].check_params(path)
 
 
 def test_metrics_markdown_table():
@@ -107,8 +169,8 @@ def _fake_stages(calls: list, monkeypatch) -> None:
             calls.append((stage.name, methods))
             with open("calls.jsonl", "a") as log:  # survives Dask's pickled copy of the closure
                 log.write(json.dumps([stage.name, methods]) + "\n")
-            data = fp.content_hash("data/prepared")  # outputs depend on the data, as real ones do
-            for out in stage.outputs(cfg):
+            data = dvc_stages.dvc_md5("data/prepared")  # outputs depend on the data, as real ones do
+            for out in stage.outs:
                 out = Path(out)
                 if out.suffix:
                     out.parent.mkdir(parents=True, exist_ok=True)
@@ -172,8 +234,6 @@ def test_pipeline_flow_wiring_caching_and_name(prefect_api, tmp_path, monkeypatc
     fp.uamt_pipeline(str(params), start="encode")
     assert [c[0] for c in calls] == list(fp.STAGE_NAMES[2:])
     # A deleted output re-runs its stage even though the inputs did not change.
-    import shutil
-
     shutil.rmtree("models/hts")
     calls.clear()
     fp.uamt_pipeline(str(params), start="train_base", stop="train_base")

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import test_flows_harness as harness
 import yaml
-from test_flows_harness import REPO_ROOT
+from test_flows_harness import REPO_ROOT, cache_key
 
 from flows import experiments as fe
 from flows import pipeline as fp
+from flows.dvc_stages import dvc_md5, stage_task
 from uamt.experiments import SECTIONS
 
 prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
@@ -23,7 +24,7 @@ def test_pipeline_and_experiment_tasks_are_the_dvc_stages_in_order():
     names = [s.name for s in fp.STAGES] + [s.name for s in fe.STAGES]
     assert names == list(DVC["stages"])
     for stage in fe.STAGES:
-        wrapped = fp.stage_task(stage, cache_key_fn=fe.experiment_cache_key)
+        wrapped = stage_task(stage)
         assert wrapped.name == stage.name and wrapped.retries == 0
         assert wrapped.fn is stage.run  # the function dvc runs, no second copy
         assert stage.run.__module__ == f"uamt.stages.{stage.name}"
@@ -31,34 +32,32 @@ def test_pipeline_and_experiment_tasks_are_the_dvc_stages_in_order():
         assert dataclasses.is_dataclass(stage.load_config(REPO_ROOT / "params.yaml"))
 
 
-def test_code_inputs_and_outputs_come_from_dvc_yaml():
+def test_deps_and_outputs_come_from_dvc_yaml():
     stage = fe.STAGE_BY_NAME["exp_ood"]
-    assert {"stages/exp_ood.py", "experiments/ood.py", "experiments/common.py"} <= set(stage.code)
-    assert all(not str(p).startswith("src/") for p in stage.inputs(None))
-    assert Path("metrics/ood.json") in stage.inputs(None)
-    assert Path("metrics/experiments/ood.json") in stage.outputs(None)
-    assert Path("reports/figures/ood_sharpness.png") in stage.outputs(None)
+    code = {"src/uamt/stages/exp_ood.py", "src/uamt/experiments/ood.py", "src/uamt/experiments/common.py"}
+    assert code <= set(stage.deps) and "metrics/ood.json" in stage.deps
+    assert {"metrics/experiments/ood.json", "reports/figures/ood_sharpness.png"} <= set(stage.outs)
+    assert stage.params == tuple(DVC["stages"]["exp_ood"]["params"])
     report = fe.STAGE_BY_NAME["report"]
-    assert report.outputs(None) == [Path("reports/experiments.md")]
-    assert Path("metrics/experiments/cost.json") in report.inputs(None)
-
-
-class _Ctx:
-    def __init__(self, name):
-        self.task = type("T", (), {"name": name})()
+    assert report.outs == ("reports/experiments.md",)
+    assert "metrics/experiments/cost.json" in report.deps
 
 
 def test_cache_key_follows_inputs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     stage = fe.STAGE_BY_NAME["exp_ood"]
     cfg = stage.load_config(REPO_ROOT / "params.yaml")
-    key = fe.experiment_cache_key(_Ctx("exp_ood"), {"cfg": cfg})
-    assert key.startswith("exp_ood-") and fe.experiment_cache_key(_Ctx("exp_ood"), {"cfg": cfg}) == key
+    key = cache_key(stage, cfg)
+    assert cache_key(stage, cfg) == key
     Path("metrics").mkdir()
-    Path("metrics/ood.json").write_text("{}")
-    assert fe.experiment_cache_key(_Ctx("exp_ood"), {"cfg": cfg}) != key
-    with pytest.raises(KeyError):  # pipeline stages are not looked up in the experiments' table
-        fe.experiment_cache_key(_Ctx("evaluate"), {"cfg": cfg})
+    Path("metrics/ood.json").write_text("{}")  # a dvc.yaml dep of exp_ood appears
+    with_metrics = cache_key(stage, cfg)
+    assert with_metrics != key
+    Path("metrics/ood.json").write_text('{"hts": {}}')
+    assert cache_key(stage, cfg) not in (key, with_metrics)
+    changed = cache_key(stage, cfg)
+    Path("metrics/registry.json").write_text("{}")  # not a dep of exp_ood
+    assert cache_key(stage, cfg) == changed
 
 
 def _fake_stages(calls: list, monkeypatch) -> None:
@@ -67,11 +66,11 @@ def _fake_stages(calls: list, monkeypatch) -> None:
     def make(stage):
         def run(cfg):
             calls.append(stage.name)
-            inputs = "".join(fp.content_hash(p) for p in stage.inputs(cfg))
-            for out in stage.outputs(cfg):
+            inputs = "".join(dvc_md5(d) for d in stage.deps if not d.startswith("src/"))
+            for out in map(Path, stage.outs):
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(f"# {stage.name}\n{inputs}\n")
-            return {"outputs": [str(p) for p in stage.outputs(cfg)]}
+            return {"outputs": list(stage.outs)}
 
         run.__name__ = f"fake_{stage.name}"
         return run

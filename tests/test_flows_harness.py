@@ -124,6 +124,16 @@ def prefect_api(tmp_path_factory):
             os.environ[key] = value
 
 
+def cache_key(stage, cfg) -> str:
+    """The Prefect cache key the task of ``stage`` (a :class:`flows.dvc_stages.Stage`) gets for ``cfg``."""
+    from types import SimpleNamespace
+
+    from flows.dvc_stages import stage_task
+
+    context = SimpleNamespace(task=stage_task(stage))
+    return stage.cache_policy().compute_key(task_ctx=context, inputs={"cfg": cfg}, flow_parameters={})
+
+
 def read_flow_run(flow_run_id):
     from prefect.client.orchestration import get_client
 
