@@ -36,6 +36,7 @@ from prefect.artifacts import create_markdown_artifact
 
 import uamt
 from uamt.config import DEFAULT_PARAMS
+from uamt.fileio import sha256_file_cached
 from uamt.stages import (
     calibrate,
     encode,
@@ -172,21 +173,6 @@ STAGE_NAMES = tuple(STAGE_BY_NAME)
 
 # ----------------------------------------------------------------------------- cache keys
 
-_FILE_HASHES: dict[tuple[str, int, int], str] = {}
-
-
-def _file_sha256(path: Path) -> str:
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _FILE_HASHES:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        _FILE_HASHES[key] = digest.hexdigest()
-    return _FILE_HASHES[key]
-
-
 def content_hash(path: str | Path, suffix: str | None = None) -> str:
     """sha256 over the relative names and contents of a file or every file under a folder.
 
@@ -196,7 +182,7 @@ def content_hash(path: str | Path, suffix: str | None = None) -> str:
     path = Path(path)
     digest = hashlib.sha256()
     if path.is_file():
-        digest.update(_file_sha256(path).encode())
+        digest.update(sha256_file_cached(path).encode())
     elif path.is_dir():
         for item in sorted(p for p in path.rglob("*") if p.is_file()):
             if suffix and not item.name.endswith(suffix):
@@ -204,7 +190,7 @@ def content_hash(path: str | Path, suffix: str | None = None) -> str:
             if "__pycache__" in item.parts:
                 continue
             digest.update(str(item.relative_to(path)).encode())
-            digest.update(_file_sha256(item).encode())
+            digest.update(sha256_file_cached(item).encode())
     else:
         digest.update(b"missing")
     return digest.hexdigest()
