@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_scoring_support import QE_MODEL, REF_MODEL, build_store, fake_mu_ref, fake_sigma
+from test_scoring_support import QE_MODEL, REF_MODEL, fake_mu_ref, fake_sigma
 
 from uamt.predictor import load_predictor
 from uamt.serve import ScoringService, ServeSettings, make_server
@@ -27,14 +27,8 @@ RECORDS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return build_store(tmp_path_factory.mktemp("mlflow"))
-
-
-@pytest.fixture(autouse=True)
-def _tracking(store, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+# Every test runs against the fake scoring models' store (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("scoring_tracking")
 
 
 def _start(service: ScoringService):
@@ -45,8 +39,8 @@ def _start(service: ScoringService):
 
 
 @pytest.fixture(scope="module")
-def ref_server(store):
-    os.environ["MLFLOW_TRACKING_URI"] = store  # module scope: monkeypatch is per test
+def ref_server(scoring_store):
+    os.environ["MLFLOW_TRACKING_URI"] = scoring_store  # module scope: monkeypatch is per test
     uri = f"models:/{REF_MODEL}@champion"
     service = ScoringService(load_predictor(uri), uri, SETTINGS)
     server, thread = _start(service)
@@ -57,8 +51,8 @@ def ref_server(store):
 
 
 @pytest.fixture(scope="module")
-def qe_server(store):
-    os.environ["MLFLOW_TRACKING_URI"] = store
+def qe_server(scoring_store):
+    os.environ["MLFLOW_TRACKING_URI"] = scoring_store
     uri = f"models:/{QE_MODEL}@champion"
     server, thread = _start(ScoringService(load_predictor(uri), uri, SETTINGS))
     yield server
@@ -293,7 +287,7 @@ def test_twenty_concurrent_clients(ref_server):
         _check_predictions(data, records)
 
 
-def test_model_calls_are_serialised(store):
+def test_model_calls_are_serialised(scoring_store):
     uri = f"models:/{REF_MODEL}@champion"
     predictor = load_predictor(uri)
     inner = predictor.predict_frame
@@ -323,9 +317,9 @@ def test_model_calls_are_serialised(store):
     assert peak[0] == 1
 
 
-def test_uamt_serve_command(store, tmp_path):
+def test_uamt_serve_command(scoring_store, tmp_path):
     """`uamt serve --port 0` in a subprocess: loads the model once, binds loopback, answers."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": scoring_store, "PYTHONPATH": str(Path(__file__).parent)}
     script = Path(sys.executable).parent / "uamt"
     launcher = (
         [str(script)]
@@ -365,7 +359,7 @@ def test_uamt_serve_command(store, tmp_path):
         proc.stderr.close()
 
 
-def test_uamt_serve_missing_model_is_a_clear_error(store, tmp_path, capsys):
+def test_uamt_serve_missing_model_is_a_clear_error(scoring_store, tmp_path, capsys):
     from uamt.cli import main
 
     params = tmp_path / "params.yaml"
