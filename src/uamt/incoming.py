@@ -461,6 +461,14 @@ def _bounds(info: ValidationInfo) -> tuple[float, float] | tuple[None, None]:
     return info.context["cfg"].score_bounds.get(dataset, DEFAULT_BOUNDS[dataset])
 
 
+def _given_annotator_scores(info: ValidationInfo) -> list[float]:
+    """The row's annotator scores, parsed, also when outside the scale (``n_annotators`` is still
+    checked against their count); [] when malformed."""
+    if "annotator_scores" in info.data:
+        return info.data["annotator_scores"]
+    return _score_list(info.context["record"].get("annotator_scores")) or []
+
+
 def _text(limit: int) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if why := _text_problem(value, limit=limit):
@@ -512,7 +520,8 @@ class IncomingRow(BaseModel):
 
     Fields are validated in this order and every field's problem is reported, so one row may yield
     several; checks that depend on the dataset (language pair, score scale, reference required)
-    run only once ``dataset`` itself passed.  Validate with ``context={"cfg": IncomingConfig}``.
+    run only once ``dataset`` itself passed.  Validate with
+    ``context={"cfg": IncomingConfig, "record": the row as given}``.
     Defaults that depend on the row's position (``seg_id``, ``doc``) are left ``None`` here.
     """
 
@@ -601,7 +610,7 @@ class IncomingRow(BaseModel):
     @classmethod
     def _score_std(cls, value: Any, info: ValidationInfo) -> float:
         if _blank(value):  # a malformed annotator_scores counts as none given
-            return sample_std(info.data.get("annotator_scores", []))
+            return sample_std(_given_annotator_scores(info))
         std = _number(value)
         if std is None or std < 0:
             raise _reason(f"must be a finite number >= 0, {NUMBER_RULE}; got {show(value)}")
@@ -613,7 +622,7 @@ class IncomingRow(BaseModel):
     @field_validator("n_annotators", mode="plain")
     @classmethod
     def _n_annotators(cls, value: Any, info: ValidationInfo) -> int:
-        given = len(info.data.get("annotator_scores", []))
+        given = len(_given_annotator_scores(info))
         if _blank(value):
             return max(given, 1)
         number = _integer(value)
@@ -673,13 +682,12 @@ def validate_frame(
     def problem(i: int, column: str, message: str) -> None:
         result.row_problems.append(Problem(i + 1, column, message, result.line_of(i)))
 
-    context = {"cfg": cfg}
     default_doc = f"incoming/{path.stem}/{sha256[:8]}/{{}}"
     year = dt.datetime.now(dt.UTC).year
     rows: list[dict[str, Any] | None] = []
     for i, record in enumerate(frame.to_dict(orient="records")):
         try:
-            row = IncomingRow.model_validate(record, context=context)
+            row = IncomingRow.model_validate(record, context={"cfg": cfg, "record": record})
         except ValidationError as exc:
             for error in exc.errors(include_url=False):
                 problem(i, str(error["loc"][0]), error.get("ctx", {}).get("reason", error["msg"]))
