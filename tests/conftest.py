@@ -43,3 +43,39 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- MLflow stores
+
+
+@pytest.fixture(scope="module")
+def scoring_store(tmp_path_factory) -> str:
+    """Tracking URI of a sqlite MLflow store in a temp folder holding the fake scoring models.
+
+    One per test module (registering the models takes seconds): REF_MODEL and QE_MODEL with alias
+    ``champion``, NO_ALIAS_MODEL without (see ``test_scoring_support.build_store``).
+    """
+    from test_scoring_support import build_store
+
+    return build_store(tmp_path_factory.mktemp("mlflow"))
+
+
+@pytest.fixture
+def scoring_tracking(scoring_store, monkeypatch) -> str:
+    """``MLFLOW_TRACKING_URI`` pointed at :func:`scoring_store` for one test; returns the URI."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", scoring_store)
+    return scoring_store
+
+
+@pytest.fixture
+def project_store(tmp_path, monkeypatch) -> str:
+    """The project's default store of a run from ``tmp_path`` (``registry.tracking_uri``), empty.
+
+    The test runs in ``tmp_path`` with ``MLFLOW_TRACKING_URI`` unset, so nothing reaches the
+    user's own store.
+    """
+    from uamt import registry
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return registry.tracking_uri(root=tmp_path)

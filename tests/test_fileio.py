@@ -50,3 +50,68 @@ def test_return_inside_the_block_installs_the_file(tmp_path):
 def test_missing_folder_is_a_data_error_naming_the_path(tmp_path):
     with pytest.raises(DataError, match=r"out\.json: cannot write in"):
         atomic_write_text(tmp_path / "missing" / "out.json", "{}")
+
+
+def test_json_and_parquet_writers_write_the_bytes_of_the_plain_calls(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from uamt.fileio import atomic_write_json, atomic_write_parquet
+
+    data = {"b": [1.5, None], "a": "ü"}
+    atomic_write_json(tmp_path / "m.json", data, indent=2, sort_keys=True)
+    assert (tmp_path / "m.json").read_text(encoding="utf-8") == json.dumps(data, indent=2, sort_keys=True) + "\n"
+    with pytest.raises(ValueError, match="Out of range float"):
+        atomic_write_json(tmp_path / "m.json", {"x": float("nan")}, allow_nan=False)
+    assert json.loads((tmp_path / "m.json").read_text(encoding="utf-8")) == data  # the old file stays
+
+    frame = pd.DataFrame({"mu": [0.1, 0.2], "lp": ["en-de", "zh-en"]})
+    atomic_write_parquet(tmp_path / "p.parquet", frame, index=False)
+    frame.to_parquet(tmp_path / "plain.parquet", index=False)
+    assert (tmp_path / "p.parquet").read_bytes() == (tmp_path / "plain.parquet").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "p.parquet", "plain.parquet"]
+
+
+def test_figure_keeps_its_format_and_leaves_no_temp(tmp_path):
+    from uamt.plots import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    save_figure(fig, tmp_path / "figs" / "curve.png")
+    assert (tmp_path / "figs" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in (tmp_path / "figs").iterdir()] == ["curve.png"]
+
+
+def test_atomic_dir_replaces_the_folder_or_leaves_the_old_one(tmp_path):
+    from uamt.fileio import atomic_dir
+
+    out = tmp_path / "prepared"
+    old = os.umask(0o022)
+    try:
+        with atomic_dir(out) as tmp:
+            (tmp / "train.parquet").write_bytes(b"v1")
+    finally:
+        os.umask(old)
+    assert _mode(out) == 0o755  # not mkdtemp's 0700
+    with pytest.raises(RuntimeError, match="killed"), atomic_dir(out) as tmp:
+        (tmp / "train.parquet").write_bytes(b"half")
+        raise RuntimeError("killed mid-write")
+    assert (out / "train.parquet").read_bytes() == b"v1"
+    with atomic_dir(out) as tmp:
+        (tmp / "test.parquet").write_bytes(b"v2")
+    assert [p.name for p in out.iterdir()] == ["test.parquet"]
+    assert [p.name for p in tmp_path.iterdir()] == ["prepared"]  # no .tmp-/.old- folder left
+
+
+def test_sha256_helpers_agree_and_the_cache_sees_a_changed_file(tmp_path):
+    from uamt.fileio import sha256_bytes, sha256_file, sha256_file_cached, sha256_text
+
+    empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert sha256_bytes(b"") == sha256_text("") == empty
+    path = tmp_path / "w.bin"
+    path.write_bytes("größe".encode())
+    assert sha256_file(path, chunk=2) == sha256_text("größe") == sha256_file_cached(path)
+    path.write_bytes(b"other content")
+    assert sha256_file_cached(path) == sha256_bytes(b"other content")

@@ -181,6 +181,33 @@ def test_lock_lets_one_retrain_at_a_time(tmp_path):
     assert order == ["first done", "second"]
 
 
+def test_lock_of_a_killed_holder_is_free_at_once(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    lock = tmp_path / ".retrain.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from uamt.incoming import retrain_lock\nimport time\nwith retrain_lock({str(lock)!r}):\n"
+         "    print('held', flush=True)\n    time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert lock.read_text().startswith(f"pid {holder.pid} since ")
+        with pytest.raises(RetrainBusy, match="another retrain is running"), retrain_lock(lock):
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+    with retrain_lock(lock):  # the OS dropped the dead holder's lock: no stale lock to clear
+        assert lock.read_text().startswith(f"pid {os.getpid()} since ")
+    assert lock.is_file()  # kept, as before filelock
+
+
 def _table(rows):
     frame = pd.DataFrame(rows, columns=["dataset", "lp", "src", "doc", "split"])
     frame["group"] = ["g-" + d for d in frame["doc"]]

@@ -17,13 +17,6 @@ class ConstantModel(mlflow.pyfunc.PythonModel):
         return pd.DataFrame({"mu": [0.0] * len(model_input)})
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return registry.tracking_uri(root=tmp_path)
-
-
 def _register(uri, metrics):
     return registry.register_candidate(
         uri,
@@ -66,9 +59,9 @@ def test_within_tolerance_is_promoted():
     assert decision.promote
 
 
-def test_champion_moves_only_after_gate(store):
-    client = registry._client(store)
-    v1 = _register(store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
+def test_champion_moves_only_after_gate(project_store):
+    client = registry._client(project_store)
+    v1 = _register(project_store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
     assert client.get_model_version(name="uamt-test", version=v1).tags[registry.STATUS_TAG] == "pending"
     assert registry.gate_and_alias(
         client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates()
@@ -76,7 +69,7 @@ def test_champion_moves_only_after_gate(store):
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
 
     worse = {"ece": 0.01, "nll": 2.0, "pps": 0.10}
-    v2 = _register(store, worse)
+    v2 = _register(project_store, worse)
     decision = registry.gate_and_alias(client, "uamt-test", v2, worse, Gates())
     assert not decision.promote
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
@@ -85,16 +78,16 @@ def test_champion_moves_only_after_gate(store):
     assert tags[registry.STATUS_TAG] == "rejected" and "NLL" in tags[registry.REASON_TAG]
 
 
-def test_interrupted_registration_leaves_champion_and_marks_orphan(store):
-    client = registry._client(store)
-    v1 = _register(store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
+def test_interrupted_registration_leaves_champion_and_marks_orphan(project_store):
+    client = registry._client(project_store)
+    v1 = _register(project_store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
     registry.gate_and_alias(client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates())
-    v2 = _register(store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})  # "crash": the gate never runs
+    v2 = _register(project_store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})  # "crash": the gate never runs
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
-    v3 = _register(store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})
+    v3 = _register(project_store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})
     assert registry.mark_orphans(client, "uamt-test", keep_version=v3) == [v2]
     assert client.get_model_version(name="uamt-test", version=v2).tags[registry.STATUS_TAG] == "orphaned"
-    rows = registry.describe(store, "uamt-test")
+    rows = registry.describe(project_store, "uamt-test")
     assert [r["version"] for r in rows] == [v3, v2, v1]
     assert rows[-1]["aliases"] == "champion"
 

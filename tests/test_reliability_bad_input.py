@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from test_scoring_support import REF_MODEL, build_store, running_server, write_lines
+from test_scoring_support import REF_MODEL, running_server, write_lines
 
 from uamt.data import loaders
 from uamt.errors import DataError
@@ -611,21 +611,15 @@ CASES = [
 
 
 # ============================================================================ fixtures and runners
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return build_store(tmp_path_factory.mktemp("mlflow"))
-
-
-@pytest.fixture(autouse=True)
-def _tracking(store, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+# Every test runs against the fake scoring models' store (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("scoring_tracking")
 
 
 @pytest.fixture(scope="module")
-def server(store):
+def server(scoring_store):
     import os
 
-    os.environ["MLFLOW_TRACKING_URI"] = store
+    os.environ["MLFLOW_TRACKING_URI"] = scoring_store
     uri = f"models:/{REF_MODEL}@champion"
     # Production limits (the `uamt serve` defaults): 2,000 characters per text, 16 MiB per body.
     with running_server(ScoringService(load_predictor(uri), uri, ServeSettings())) as srv:

@@ -189,15 +189,14 @@ os.kill(os.getpid(), signal.SIGKILL)  # dies between logging the version and the
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
+def store(project_store, monkeypatch):
+    """The project's default store in tmp_path, models logged without resolving pip requirements."""
     import functools
 
     monkeypatch.setattr(
         mlflow.pyfunc, "log_model", functools.partial(mlflow.pyfunc.log_model, pip_requirements=["mlflow"])
     )
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return registry.tracking_uri(root=tmp_path)
+    return project_store
 
 
 def _status(client, version: str, name: str = "uamt-faults") -> str:

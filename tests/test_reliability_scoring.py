@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_scoring_support import REF_MODEL, FakePredictor, FakePyfunc, build_store, write_lines
+from test_scoring_support import REF_MODEL, FakePredictor, FakePyfunc, write_lines
 
 import mlflow
 from tests.fakes import FEATURES, WEIGHTS, embed
@@ -81,17 +81,6 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
         str(p.relative_to(folder)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"<link/dir>")
         for p in sorted(folder.rglob("*"))
     }
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return build_store(tmp_path_factory.mktemp("mlflow"))
-
-
-@pytest.fixture
-def tracking(store, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    return store
 
 
 # ============================================================================ A. refusals before loading
@@ -196,7 +185,7 @@ def test_refusal_table_covers_each_item():
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[c.id for c in REFUSALS])
-def test_scoring_refusal_before_loading_leaves_everything_as_it_was(case, tmp_path, capsys, monkeypatch, tracking):
+def test_scoring_refusal_before_loading_leaves_everything_as_it_was(case, tmp_path, capsys, monkeypatch, scoring_tracking):
     import uamt.predictor
 
     def no_loading(model):
@@ -219,7 +208,7 @@ def test_scoring_refusal_before_loading_leaves_everything_as_it_was(case, tmp_pa
     assert _snapshot(tmp_path) == before, "a refused run changed or left files"
 
 
-def test_raised_segment_limit_accepts_a_long_line(tmp_path, capsys, tracking):
+def test_raised_segment_limit_accepts_a_long_line(tmp_path, capsys, scoring_tracking):
     long_mt = [MT[0], "word " * 30_000, *MT[2:]]  # 150,000 characters: over the default
     assert main(_score_argv(tmp_path, mt=long_mt, out=None)) == 2
     assert "segment of 150000 characters is over the limit of 100000" in capsys.readouterr().err
@@ -287,8 +276,8 @@ def _store_state(root: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.mark.parametrize("model", [f"models:/{REF_MODEL}@champion", f"models:/{REF_MODEL}/1"])
-def test_scoring_writes_nothing_into_the_registry(model, tmp_path, capsys, tracking):
-    root = registry.sqlite_path(tracking).parent
+def test_scoring_writes_nothing_into_the_registry(model, tmp_path, capsys, scoring_tracking):
+    root = registry.sqlite_path(scoring_tracking).parent
     before = _store_state(root)
     argv = _score_argv(tmp_path, out="scores.jsonl")
     argv[argv.index("--model") + 1] = model
@@ -557,7 +546,7 @@ CORRUPT = {
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPT))
-def test_corrupt_model_file_is_named_exit_2(case, uamt_model, fake_encoder, tmp_path, capsys, tracking):
+def test_corrupt_model_file_is_named_exit_2(case, uamt_model, fake_encoder, tmp_path, capsys, scoring_tracking):
     folder = Path(shutil.copytree(uamt_model, tmp_path / "model"))
     corrupt, match = CORRUPT[case]
     corrupt(folder)
@@ -576,7 +565,7 @@ def _jsonl(text: str):
     return rows[:-1], rows[-1]["summary"]
 
 
-def test_scores_respect_the_scale_bounds(uamt_model, fake_encoder, tmp_path, capsys, tracking):
+def test_scores_respect_the_scale_bounds(uamt_model, fake_encoder, tmp_path, capsys, scoring_tracking):
     from uamt.predictor import load_predictor
 
     mt = [*MT[:19], REF[19]]  # the last translation is the reference itself
@@ -628,7 +617,7 @@ def test_pyfunc_refuses_invisible_only_text(uamt_model, fake_encoder):
         predictor.predict_frame(frame)
 
 
-def test_lines_the_encoder_truncates_are_named(uamt_model, fake_encoder, tmp_path, capsys, tracking):
+def test_lines_the_encoder_truncates_are_named(uamt_model, fake_encoder, tmp_path, capsys, scoring_tracking):
     long = "many words " * 20  # 40 words: over the fake encoder's 12 tokens
     argv = _score_argv(tmp_path, mt=[*MT[:3], long, *MT[4:]], ref=[long, *REF[1:]], out="out.jsonl")
     argv[argv.index("--model") + 1] = str(uamt_model)

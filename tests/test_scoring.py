@@ -16,7 +16,6 @@ from test_scoring_support import (
     NO_ALIAS_MODEL,
     QE_MODEL,
     REF_MODEL,
-    build_store,
     fake_mu_qe,
     fake_mu_ref,
     fake_sigma,
@@ -70,14 +69,8 @@ REF_B = [
 BAD_MT = ["Garden.", "Time no.", "Weather.", "Berlin go.", "Book.", "Roof cat."]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return build_store(tmp_path_factory.mktemp("mlflow"))
-
-
-@pytest.fixture(autouse=True)
-def _tracking(store, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+# Every test runs against the fake scoring models' store (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("scoring_tracking")
 
 
 @pytest.fixture
@@ -449,8 +442,8 @@ def test_read_lines_keeps_alignment(tmp_path):
     assert scoring_io.read_lines(path) == ["a", "b\u2028c", "d"]
 
 
-def test_cli_entry_point_in_subprocess(files, store):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store, "PYTHONPATH": str(Path(__file__).parent)}
+def test_cli_entry_point_in_subprocess(files, scoring_store):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": scoring_store, "PYTHONPATH": str(Path(__file__).parent)}
     script = Path(sys.executable).parent / "uamt"  # the installed console script
     launcher = (
         [str(script)]

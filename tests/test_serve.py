@@ -22,7 +22,6 @@ from test_scoring_support import (
     QE_MODEL,
     REF_MODEL,
     FakePredictor,
-    build_store,
     fake_mu_ref,
     fake_sigma,
     running_server,
@@ -47,27 +46,21 @@ RECORDS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return build_store(tmp_path_factory.mktemp("mlflow"))
-
-
-@pytest.fixture(autouse=True)
-def _tracking(store, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+# Every test runs against the fake scoring models' store (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("scoring_tracking")
 
 
 @pytest.fixture(scope="module")
-def ref_server(store):
-    os.environ["MLFLOW_TRACKING_URI"] = store  # module scope: monkeypatch is per test
+def ref_server(scoring_store):
+    os.environ["MLFLOW_TRACKING_URI"] = scoring_store  # module scope: monkeypatch is per test
     uri = f"models:/{REF_MODEL}@champion"
     with running_server(ScoringService(load_predictor(uri), uri, SETTINGS, {"name": REF_MODEL})) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def qe_server(store):
-    os.environ["MLFLOW_TRACKING_URI"] = store
+def qe_server(scoring_store):
+    os.environ["MLFLOW_TRACKING_URI"] = scoring_store
     uri = f"models:/{QE_MODEL}@champion"
     with running_server(ScoringService(load_predictor(uri), uri, SETTINGS)) as server:
         yield server
@@ -181,7 +174,7 @@ def test_health_ping_version_metadata(ref_server):
     assert metadata["limits"]["max_refs"] == 4 and metadata["limits"]["max_body_bytes"] == 20_000
 
 
-def test_registered_version_names_version_and_alias(store):
+def test_registered_version_names_version_and_alias():
     from uamt.rest import registered_version
 
     assert registered_version(f"models:/{REF_MODEL}@champion") == {
@@ -354,7 +347,7 @@ def test_twenty_concurrent_clients(ref_server):
         _check_predictions(data, records)
 
 
-def test_model_calls_are_serialised(store):
+def test_model_calls_are_serialised(scoring_store):
     uri = f"models:/{REF_MODEL}@champion"
     predictor = load_predictor(uri)
     inner = predictor.predict_frame
@@ -379,9 +372,9 @@ def test_model_calls_are_serialised(store):
     assert peak[0] == 1
 
 
-def test_uamt_serve_command(store, tmp_path):
+def test_uamt_serve_command(scoring_store, tmp_path):
     """`uamt serve --port 0` in a subprocess: loads the model once, binds loopback, answers."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": scoring_store, "PYTHONPATH": str(Path(__file__).parent)}
     script = Path(sys.executable).parent / "uamt"
     launcher = (
         [str(script)]
@@ -421,7 +414,7 @@ def test_uamt_serve_command(store, tmp_path):
         proc.stderr.close()
 
 
-def test_uamt_serve_missing_model_is_a_clear_error(store, tmp_path, capsys):
+def test_uamt_serve_missing_model_is_a_clear_error(scoring_store, tmp_path, capsys):
     from uamt.cli import main
 
     params = tmp_path / "params.yaml"

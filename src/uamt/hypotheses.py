@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from uamt.errors import DataError, UamtError
-from uamt.fileio import atomic_write_text
+from uamt.fileio import atomic_write_json, atomic_write_text
 
 METHODS = ("mc-dropout", "beam", "diverse-beam", "sample")
 DEVICES = ("cpu", "cuda")
@@ -484,5 +483,5 @@ def generate(
     for stale in out_dir.glob("hyp.*.txt"):  # a previous, larger run (only reached with overwrite)
         if stale.name not in wanted:
             stale.unlink()
-    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    atomic_write_json(out_dir / "manifest.json", manifest, indent=2)
     return manifest

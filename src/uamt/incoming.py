@@ -49,8 +49,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import decimal
-import fcntl
-import hashlib
 import io
 import json
 import logging
@@ -62,19 +60,22 @@ import shutil
 import stat
 import time
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import filelock
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
-from uamt.data.datasets import DATASET_SPECS, DATASETS
+from uamt.data.datasets import DATASET_SPECS, DATASETS, DatasetSpec
 from uamt.data.schema import COLUMNS, decode_text, sample_std, to_arrow
 from uamt.errors import DataError, UamtError
-from uamt.fileio import atomic_path, atomic_write_bytes, wide_encoding_hint
+from uamt.fileio import atomic_path, atomic_write_bytes, sha256_bytes, wide_encoding_hint
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class IncomingConfig:
     interval_minutes : int
         How often the deployment ``uamt-retrain`` runs.
     lock_path : str
-        ``fcntl`` lock held during ingestion + retrain: a second retrain waits ``lock_timeout_s``
+        OS file lock held during ingestion + retrain: a second retrain waits ``lock_timeout_s``
         seconds (0: at once) and then exits without touching anything.
     retrain_with : {"flow", "dvc"}
         ``flow``: run the stage tasks prepare -> register in-process (Prefect tasks, cached);
@@ -278,10 +279,6 @@ class Validation:
         return "\n".join(lines) + "\n"
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def read_table(path: Path, data: bytes) -> tuple[pd.DataFrame, list[int] | None]:
     """The rows of an incoming file as strings/objects, and the file line of each row (None: no lines).
 
@@ -442,6 +439,214 @@ def content_key(row: Any) -> tuple:
     return (*judgement_key(row), _norm_text(row.get("ref")), float(row["score"]))
 
 
+def _reason(message: str) -> PydanticCustomError:
+    """A schema error whose message is ``message`` verbatim (read back by :func:`validate_frame`)."""
+    return PydanticCustomError("incoming_row", "{reason}", {"reason": message})
+
+
+def _known_dataset(info: ValidationInfo) -> str | None:
+    """The row's dataset if it passed its own check (fields are validated in declaration order)."""
+    return info.data.get("dataset")
+
+
+def _known_spec(info: ValidationInfo) -> DatasetSpec | None:
+    dataset = _known_dataset(info)
+    return None if dataset is None else DATASET_SPECS[dataset]
+
+
+def _bounds(info: ValidationInfo) -> tuple[float, float] | tuple[None, None]:
+    dataset = _known_dataset(info)
+    if dataset is None:
+        return None, None
+    return info.context["cfg"].score_bounds.get(dataset, DEFAULT_BOUNDS[dataset])
+
+
+def _given_annotator_scores(info: ValidationInfo) -> list[float]:
+    """The row's annotator scores, parsed, also when outside the scale (``n_annotators`` is still
+    checked against their count); [] when malformed."""
+    if "annotator_scores" in info.data:
+        return info.data["annotator_scores"]
+    return _score_list(info.context["record"].get("annotator_scores")) or []
+
+
+def _text(limit: int) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if why := _text_problem(value, limit=limit):
+            raise _reason(why)
+        return value
+
+    return check
+
+
+def _optional_text(limit: int) -> Callable[[Any], str | None]:
+    """Blank -> None (the field's default is filled in by the row), else text as :func:`_text`."""
+    check = _text(limit)
+
+    def optional(value: Any) -> str | None:
+        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+            value = str(value)  # a numeric document id read from JSON or parquet
+        return None if _blank(value) else check(value).strip()
+
+    return optional
+
+
+def _optional_number(value: Any) -> float | None:
+    if _blank(value):
+        return None
+    number = _number(value)
+    if number is None:
+        raise _reason(f"must be a finite number, {NUMBER_RULE}; got {show(value)}")
+    return number
+
+
+def _optional_integer(low: int, high: int, shown_range: str) -> Callable[[Any], int | None]:
+    def check(value: Any) -> int | None:
+        if _blank(value):
+            return None
+        number = _integer(value)
+        if number is None or not low <= number <= high:
+            raise _reason(f"must be an integer in {shown_range}, got {show(value)}")
+        return number
+
+    return check
+
+
+#: Non-blank text of at most :data:`MAX_TEXT_CHARS` characters, valid Unicode.
+Text = Annotated[str, PlainValidator(_text(MAX_TEXT_CHARS))]
+
+
+class IncomingRow(BaseModel):
+    """The schema of one incoming row (see the module docstring's table).
+
+    Fields are validated in this order and every field's problem is reported, so one row may yield
+    several; checks that depend on the dataset (language pair, score scale, reference required)
+    run only once ``dataset`` itself passed.  Validate with
+    ``context={"cfg": IncomingConfig, "record": the row as given}``.
+    Defaults that depend on the row's position (``seg_id``, ``doc``) are left ``None`` here.
+    """
+
+    model_config = ConfigDict(validate_default=True, frozen=True)
+
+    # Every field defaults to None (column absent) and its validator turns that into its default
+    # or its "required" problem.
+    dataset: str = None  # type: ignore[assignment]
+    lp: Any = None
+    src: Text = None  # type: ignore[assignment]
+    mt: Text = None  # type: ignore[assignment]
+    system: Text = None  # type: ignore[assignment]
+    ref: str | None = None
+    score: float = None  # type: ignore[assignment]
+    annotator_scores: list[float] = None  # type: ignore[assignment]
+    score_std: float = None  # type: ignore[assignment]
+    n_annotators: int = None  # type: ignore[assignment]
+    seg_id: Annotated[int | None, PlainValidator(_optional_integer(*SEG_ID_RANGE, "[0, 2**63 - 1]"))] = None
+    score_raw: Annotated[float | None, PlainValidator(_optional_number)] = None
+    doc: Annotated[str | None, PlainValidator(_optional_text(1000))] = None
+    domain: str | None = None
+
+    @field_validator("dataset", mode="plain")
+    @classmethod
+    def _dataset(cls, value: Any) -> str:
+        value = value.strip() if isinstance(value, str) else value
+        if not (isinstance(value, str) and value in DATASET_SPECS):
+            raise _reason(f"unknown dataset {show(value)}; choose from {sorted(DATASETS)}")
+        return value
+
+    @field_validator("lp", mode="plain")
+    @classmethod
+    def _lp(cls, value: Any, info: ValidationInfo) -> Any:
+        value = value.strip() if isinstance(value, str) else value
+        dataset = _known_dataset(info)
+        if dataset is not None:
+            known = info.context["cfg"].lps.get(dataset, DEFAULT_LPS[dataset])
+            if value not in known:
+                raise _reason(f"unknown language pair {show(value)} for {dataset}; known: {list(known)}")
+        return value
+
+    @field_validator("ref", mode="plain")
+    @classmethod
+    def _ref(cls, value: Any, info: ValidationInfo) -> str | None:
+        if _blank(value):
+            spec = _known_spec(info)
+            if spec is not None and spec.reference_based:
+                raise _reason(f"empty, but {spec.name} is reference-based")
+            return None
+        if why := _text_problem(value):
+            raise _reason(why)
+        return value
+
+    @field_validator("score", mode="plain")
+    @classmethod
+    def _score(cls, value: Any, info: ValidationInfo) -> float:
+        score = _number(value)
+        if score is None:
+            raise _reason(f"must be a finite number, {NUMBER_RULE}; got {show(value)}")
+        low, high = _bounds(info)
+        if low is not None and not low <= score <= high:
+            raise _reason(f"{score} outside the {info.data['dataset']} scale [{low}, {high}]")
+        return score
+
+    @field_validator("annotator_scores", mode="plain")
+    @classmethod
+    def _annotator_scores(cls, value: Any, info: ValidationInfo) -> list[float]:
+        scores = _score_list(value)
+        if scores is None:
+            raise _reason(
+                f"must be a list of at most {MAX_ANNOTATORS} finite numbers, each {NUMBER_RULE}; "
+                f"got {show(value)}"
+            )
+        low, high = _bounds(info)
+        if low is not None:
+            outside = [(k, v) for k, v in enumerate(scores, start=1) if not low <= v <= high]
+            if outside:
+                k, v = outside[0]
+                raise _reason(
+                    f"{len(outside)} of {len(scores)} annotator scores outside the {info.data['dataset']} "
+                    f"scale [{low}, {high}] (score {k} is {v})"
+                )
+        return scores
+
+    @field_validator("score_std", mode="plain")
+    @classmethod
+    def _score_std(cls, value: Any, info: ValidationInfo) -> float:
+        if _blank(value):  # a malformed annotator_scores counts as none given
+            return sample_std(_given_annotator_scores(info))
+        std = _number(value)
+        if std is None or std < 0:
+            raise _reason(f"must be a finite number >= 0, {NUMBER_RULE}; got {show(value)}")
+        low, high = _bounds(info)
+        if low is not None and std > high - low:
+            raise _reason(f"{std} is wider than the whole {info.data['dataset']} scale [{low}, {high}]")
+        return std
+
+    @field_validator("n_annotators", mode="plain")
+    @classmethod
+    def _n_annotators(cls, value: Any, info: ValidationInfo) -> int:
+        given = len(_given_annotator_scores(info))
+        if _blank(value):
+            return max(given, 1)
+        number = _integer(value)
+        if number is None or not 1 <= number <= MAX_ANNOTATORS:
+            raise _reason(f"must be an integer in [1, {MAX_ANNOTATORS}], got {show(value)}")
+        if number < given:
+            raise _reason(f"{number}, but {given} annotator_scores are given")
+        return number
+
+    @field_validator("domain", mode="plain")
+    @classmethod
+    def _domain(cls, value: Any, info: ValidationInfo) -> str | None:
+        if not _blank(value):
+            if why := _text_problem(value, limit=100):
+                raise _reason(why)
+            return value.strip()
+        spec = _known_spec(info)
+        return None if spec is None else spec.domain
+
+
+#: The columns :class:`IncomingRow` reads, in its order.
+ROW_FIELDS = tuple(IncomingRow.model_fields)
+
+
 def validate_frame(
     frame: pd.DataFrame,
     path: Path,
@@ -449,7 +654,11 @@ def validate_frame(
     row_lines: list[int] | None,
     cfg: IncomingConfig,
 ) -> Validation:
-    """Check every row of an incoming table; see the module docstring for the rules."""
+    """Check every row of an incoming table against :class:`IncomingRow`; every bad row is reported.
+
+    Each problem names the row (1-based), the file line where there is one, the field and the reason
+    (:meth:`Validation.report` lists them all); rows that pass become canonical pool rows.
+    """
     result = Validation(path=path, sha256=sha256, n_rows=len(frame), row_lines=row_lines)
     frame = frame.rename(columns=lambda c: str(c).strip())
     missing = [c for c in REQUIRED if c not in frame.columns]
@@ -473,145 +682,36 @@ def validate_frame(
     def problem(i: int, column: str, message: str) -> None:
         result.row_problems.append(Problem(i + 1, column, message, result.line_of(i)))
 
-    stem = path.stem
+    default_doc = f"incoming/{path.stem}/{sha256[:8]}/{{}}"
+    year = dt.datetime.now(dt.UTC).year
     rows: list[dict[str, Any] | None] = []
     for i, record in enumerate(frame.to_dict(orient="records")):
-        before = len(result.row_problems)
-        dataset = record.get("dataset")
-        dataset = dataset.strip() if isinstance(dataset, str) else dataset
-        lp = record.get("lp")
-        lp = lp.strip() if isinstance(lp, str) else lp
-        known_dataset = isinstance(dataset, str) and dataset in DATASET_SPECS
-        if not known_dataset:
-            problem(i, "dataset", f"unknown dataset {show(dataset)}; choose from {sorted(DATASETS)}")
-        elif lp not in cfg.lps.get(dataset, DEFAULT_LPS[dataset]):
-            problem(
-                i,
-                "lp",
-                f"unknown language pair {show(lp)} for {dataset}; "
-                f"known: {list(cfg.lps.get(dataset, DEFAULT_LPS[dataset]))}",
-            )
-        texts = {}
-        for column in ("src", "mt", "system"):
-            value = record.get(column)
-            why = _text_problem(value)
-            if why:
-                problem(i, column, why)
-            texts[column] = value
-        ref = record.get("ref")
-        if _blank(ref):
-            ref = None
-            if known_dataset and DATASET_SPECS[dataset].reference_based:
-                problem(i, "ref", f"empty, but {dataset} is reference-based")
-        elif why := _text_problem(ref):
-            problem(i, "ref", why)
-        low, high = cfg.score_bounds.get(dataset, DEFAULT_BOUNDS[dataset]) if known_dataset else (None, None)
-        score = _number(record.get("score"))
-        if score is None:
-            problem(i, "score", f"must be a finite number, {NUMBER_RULE}; got {show(record.get('score'))}")
-        elif low is not None and not low <= score <= high:
-            problem(i, "score", f"{score} outside the {dataset} scale [{low}, {high}]")
-        annotator_scores = _score_list(record.get("annotator_scores"))
-        if annotator_scores is None:
-            problem(
-                i,
-                "annotator_scores",
-                f"must be a list of at most {MAX_ANNOTATORS} finite numbers, each {NUMBER_RULE}; "
-                f"got {show(record.get('annotator_scores'))}",
-            )
-            annotator_scores = []
-        elif low is not None:
-            outside = [(k, v) for k, v in enumerate(annotator_scores, start=1) if not low <= v <= high]
-            if outside:
-                k, v = outside[0]
-                problem(
-                    i,
-                    "annotator_scores",
-                    f"{len(outside)} of {len(annotator_scores)} annotator scores outside the {dataset} "
-                    f"scale [{low}, {high}] (score {k} is {v})",
-                )
-        score_std = math.nan
-        if not _blank(record.get("score_std")):
-            value = _number(record.get("score_std"))
-            if value is None or value < 0:
-                problem(
-                    i,
-                    "score_std",
-                    f"must be a finite number >= 0, {NUMBER_RULE}; got {show(record.get('score_std'))}",
-                )
-            elif low is not None and value > high - low:
-                problem(i, "score_std", f"{value} is wider than the whole {dataset} scale [{low}, {high}]")
-            else:
-                score_std = value
-        elif len(annotator_scores) >= 2:
-            score_std = sample_std(annotator_scores)
-        n_annotators = max(len(annotator_scores), 1)
-        if not _blank(record.get("n_annotators")):
-            value = _integer(record.get("n_annotators"))
-            if value is None or not 1 <= value <= MAX_ANNOTATORS:
-                problem(
-                    i,
-                    "n_annotators",
-                    f"must be an integer in [1, {MAX_ANNOTATORS}], got {show(record.get('n_annotators'))}",
-                )
-            elif value < len(annotator_scores):
-                problem(i, "n_annotators", f"{value}, but {len(annotator_scores)} annotator_scores are given")
-            else:
-                n_annotators = value
-        seg_id = i + 1
-        if not _blank(record.get("seg_id")):
-            value = _integer(record.get("seg_id"))
-            if value is None or not SEG_ID_RANGE[0] <= value <= SEG_ID_RANGE[1]:
-                problem(
-                    i,
-                    "seg_id",
-                    f"must be an integer in [{SEG_ID_RANGE[0]}, 2**63 - 1], got {show(record.get('seg_id'))}",
-                )
-            else:
-                seg_id = value
-        score_raw = score
-        if not _blank(record.get("score_raw")):
-            score_raw = _number(record.get("score_raw"))
-            if score_raw is None:
-                problem(
-                    i,
-                    "score_raw",
-                    f"must be a finite number, {NUMBER_RULE}; got {show(record.get('score_raw'))}",
-                )
-        doc = record.get("doc")
-        if isinstance(doc, (int, np.integer)) and not isinstance(doc, (bool, np.bool_)):
-            doc = str(doc)
-        if _blank(doc):
-            doc = f"incoming/{stem}/{sha256[:8]}/{i + 1}"
-        elif why := _text_problem(doc, limit=1000):
-            problem(i, "doc", why)
-        domain = record.get("domain")
-        if _blank(domain):
-            domain = DATASET_SPECS[dataset].domain if known_dataset else None
-        elif why := _text_problem(domain, limit=100):
-            problem(i, "domain", why)
-        if len(result.row_problems) > before:
+        try:
+            row = IncomingRow.model_validate(record, context={"cfg": cfg, "record": record})
+        except ValidationError as exc:
+            for error in exc.errors(include_url=False):
+                problem(i, str(error["loc"][0]), error.get("ctx", {}).get("reason", error["msg"]))
             rows.append(None)
             continue
         rows.append(
             {
-                "dataset": dataset,
+                "dataset": row.dataset,
                 "split": "",
-                "lp": lp,
-                "src": texts["src"],
-                "mt": texts["mt"],
-                "ref": ref,
-                "refs": [ref] if ref is not None else [],
-                "score": score,
-                "score_raw": score_raw,
-                "score_std": score_std,
-                "n_annotators": n_annotators,
-                "annotator_scores": annotator_scores or [score],
-                "doc": doc.strip(),
-                "system": texts["system"].strip(),
-                "seg_id": seg_id,
-                "domain": domain.strip(),
-                "year": dt.datetime.now(dt.UTC).year,
+                "lp": row.lp,
+                "src": row.src,
+                "mt": row.mt,
+                "ref": row.ref,
+                "refs": [row.ref] if row.ref is not None else [],
+                "score": row.score,
+                "score_raw": row.score if row.score_raw is None else row.score_raw,
+                "score_std": row.score_std,
+                "n_annotators": row.n_annotators,
+                "annotator_scores": row.annotator_scores or [row.score],
+                "doc": default_doc.format(i + 1) if row.doc is None else row.doc,
+                "system": row.system.strip(),
+                "seg_id": i + 1 if row.seg_id is None else row.seg_id,
+                "domain": row.domain,
+                "year": year,
                 "group": "",
             }
         )
@@ -1059,33 +1159,38 @@ class RetrainBusy(UamtError):
     """Another retrain holds the lock."""
 
 
+def _write_holder(fd: int) -> None:
+    """Record who holds the lock in the lock file (for a person wondering why a retrain waits)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} since {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}\n".encode(), 0)
+
+
 @contextlib.contextmanager
 def retrain_lock(path: str | Path, timeout_s: float = 0.0, poll_s: float = 0.2) -> Iterator[Path]:
-    """Hold an exclusive ``fcntl`` lock on ``path`` (created if needed) for the block.
+    """Hold an exclusive OS file lock (:class:`filelock.FileLock`, ``flock``) on ``path`` for the block.
 
-    Waits up to ``timeout_s`` seconds for another holder to finish, then raises
-    :class:`RetrainBusy`.  The lock is the OS's, so a crashed holder never leaves it stuck.
+    Waits up to ``timeout_s`` seconds (0 or less: not at all) for another holder to finish, then
+    raises :class:`RetrainBusy`.  The lock is the OS's (no fallback to a marker-file lock), so a
+    crashed holder never leaves it stuck; the file itself is kept and names the holder's pid.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + timeout_s
-    with open(path, "a+") as handle:
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise RetrainBusy(f"{path}: another retrain is running; try again later") from None
-                time.sleep(poll_s)
-        try:
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"pid {os.getpid()} since {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}\n")
-            handle.flush()
-            yield path
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    lock = filelock.FileLock(
+        path,
+        timeout=max(timeout_s, 0.0),
+        poll_interval=poll_s,
+        fallback_to_soft=False,
+        preserve_lock_file=True,
+        on_acquired=_write_holder,
+    )
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise RetrainBusy(f"{path}: another retrain is running; try again later") from None
+    try:
+        yield path
+    finally:
+        lock.release()
 
 
 # ----------------------------------------------------------------------------- command line

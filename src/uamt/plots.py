@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from uamt.fileio import atomic_save_figure
+
 
 def pyplot():
     """matplotlib.pyplot on the non-interactive Agg backend (stages run headless)."""
@@ -16,14 +18,12 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Save a matplotlib figure as PNG atomically (temp file + replace) and close it."""
+    """Save a matplotlib figure as PNG atomically (:func:`uamt.fileio.atomic_save_figure`) and close it."""
     import matplotlib.pyplot as plt
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(path)
+    atomic_save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError, UamtError
+from uamt.fileio import atomic_write_text
 from uamt.predictor import ScoreScale
 from uamt.references import N_REFS, distinct_references
 from uamt.textcheck import blank_detail, is_blank
@@ -339,7 +340,7 @@ def write_spec(path: Path, encoder_cfg, scale: ScoreScale, method: str, datasets
         "method": method,
         "datasets": list(datasets),
     }
-    path.write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    atomic_write_text(path, json.dumps(spec, indent=2))
     return path
 
 

@@ -420,11 +420,11 @@ def read_marker(uri: str) -> dict[str, Any] | None:
 
 
 def _write_marker(uri: str, data: dict[str, Any]) -> None:
-    from uamt.fileio import atomic_write_text
+    from uamt.fileio import atomic_write_json
 
     path = marker_path(uri)
     if path is not None:
-        atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        atomic_write_json(path, data, indent=2, sort_keys=True)
 
 
 def _forget_open_store(uri: str) -> None:

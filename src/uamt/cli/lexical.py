@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -53,10 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:
-    from uamt.fileio import atomic_write_text
+    from uamt.fileio import atomic_write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(payload, indent=2, allow_nan=True) + "\n")
+    atomic_write_json(path, payload, indent=2, allow_nan=True)
 
 
 def run_multihyp(args: argparse.Namespace) -> int:

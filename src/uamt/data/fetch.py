@@ -9,7 +9,6 @@ interrupted or corrupted fetch leaves no half-written file.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from uamt.errors import ChecksumError, DataError
-from uamt.fileio import atomic_path
+from uamt.fileio import atomic_path, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +60,6 @@ class FetchReport:
     @property
     def n_files(self) -> int:
         return len(self.copied) + len(self.downloaded) + len(self.skipped)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def resolve_mirror(cfg: FetchConfig) -> Path | None:

@@ -10,12 +10,8 @@ complete, so a failure leaves the previous outputs untouched):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +27,7 @@ from uamt.data.datasets import DATASET_SPECS, DATASETS, LoadOptions, dataset_spe
 from uamt.data.guard import GuardConfig, check_signal, chrf_signal, format_signal
 from uamt.data.schema import COLUMNS, SPLITS, to_arrow
 from uamt.data.splits import DEFAULT_FRACTIONS, assign_splits, check_disjoint, check_fractions
+from uamt.fileio import atomic_dir, sha256_text
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +122,7 @@ def limit_rows(df: pd.DataFrame, max_rows_per_lp: int | Mapping[str, int] | None
             keep.append(part)
             continue
         sizes = part.groupby("doc").size()
-        order = sorted(sizes.index, key=lambda d: hashlib.sha256(f"{seed}:{d}".encode()).hexdigest())
+        order = sorted(sizes.index, key=lambda d: sha256_text(f"{seed}:{d}"))
         total, chosen = 0, []
         for doc in order:
             if total >= cap:
@@ -225,7 +222,7 @@ def place_pool_rows(base: pd.DataFrame, pool: pd.DataFrame) -> tuple[pd.DataFram
     stats : dict
         ``rows`` (pool size), ``placed`` per split, ``dropped`` per blocking split set.
     """
-    from uamt.data.splits import _stable_hash, components
+    from uamt.data.splits import components
 
     pool = pool.copy()
     pool["split"] = ""
@@ -255,7 +252,7 @@ def place_pool_rows(base: pd.DataFrame, pool: pd.DataFrame) -> tuple[pd.DataFram
             key = "+".join(found)
             dropped[key] = dropped.get(key, 0) + 1
         splits.append(split)
-        groups.append(base_group.get(label) or "g-" + _stable_hash(min_doc[label])[:16])
+        groups.append(base_group.get(label) or "g-" + sha256_text(min_doc[label])[:16])
     pool["split"] = splits
     pool["group"] = groups
     kept = pool[pool["split"].notna()]
@@ -292,29 +289,13 @@ def write_prepared(
 ) -> dict[str, Path]:
     """Write every split and ``summary.json`` into a temporary folder, then swap it in for ``out_dir``."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the final folder gets normal permissions
-    try:
+    with atomic_dir(out_dir) as tmp:
         for split in splits:
             pq.write_table(to_arrow(df[df["split"] == split]), tmp / f"{split}.parquet")
         summary = {**summarise(df), **extra}
         (tmp / "summary.json").write_text(
             json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8"
         )
-        old = None
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.rmdir(old)
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
     paths = {split: out_dir / f"{split}.parquet" for split in splits}
     paths["summary"] = out_dir / "summary.json"
     return paths

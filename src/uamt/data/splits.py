@@ -16,7 +16,6 @@ key is the smallest ``doc`` in it, so the result depends on the set of rows, nev
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Mapping
 
@@ -27,6 +26,7 @@ from scipy.sparse.csgraph import connected_components
 
 from uamt.data.schema import SPLITS, normalise_source
 from uamt.errors import DataError
+from uamt.fileio import sha256_text
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,6 @@ def check_fractions(fractions: Mapping[str, float], forced: Mapping[str, str]) -
         raise ValueError("fractions must name at least one split")
     if any(f < 0 for f in fractions.values()) or not np.isclose(sum(fractions.values()), 1.0):
         raise ValueError(f"split fractions must be >= 0 and sum to 1, got {dict(fractions)}")
-
-
-def _stable_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def components(df: pd.DataFrame) -> np.ndarray:
@@ -86,7 +82,7 @@ def assign_splits(
         }
     )
     keys = comp.groupby("label")["doc"].min()
-    group_of_label = {lab: "g-" + _stable_hash(key)[:16] for lab, key in keys.items()}
+    group_of_label = {lab: "g-" + sha256_text(key)[:16] for lab, key in keys.items()}
     out["group"] = [group_of_label[lab] for lab in labels]
 
     split_of_label: dict[int, str] = {}
@@ -111,7 +107,7 @@ def assign_splits(
     order_names = list(fractions)
     for stratum in sorted(set(home)):
         labs = home.index[home == stratum]
-        ranked = sorted(labs, key=lambda lab: _stable_hash(f"{seed}:{keys[lab]}"))
+        ranked = sorted(labs, key=lambda lab: sha256_text(f"{seed}:{keys[lab]}"))
         total = float(comp_size[labs].sum())
         assigned = dict.fromkeys(order_names, 0.0)
         for lab in ranked:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import time
@@ -36,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from uamt.errors import UamtError
-from uamt.fileio import atomic_path, atomic_write_bytes
+from uamt.fileio import atomic_path, atomic_write_bytes, sha256_text
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ DTYPES = ("float32", "float16")
 
 def text_key(text: str) -> str:
     """sha256 hex digest of the UTF-8 text: the cache key within one encoder."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return sha256_text(text)
 
 
 class EmbeddingCache:

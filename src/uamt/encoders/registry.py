@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from uamt.errors import UamtError
+from uamt.fileio import sha256_file_cached
 
 #: Files whose bytes decide the weights, in the order transformers prefers them.
 _WEIGHT_FILES = (
@@ -121,26 +122,6 @@ def _check_texts(texts: Sequence[str]) -> list[str]:
     return texts
 
 
-def _sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-_FILE_HASHES: dict[tuple[str, int, int], str] = {}
-
-
-def _cached_file_hash(path: Path) -> str:
-    # Hashing XLM-R large (2 GB) takes seconds; do it once per process and file version.
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _FILE_HASHES:
-        _FILE_HASHES[key] = _sha256_file(path)
-    return _FILE_HASHES[key]
-
-
 def _identity_files(model_dir: Path) -> list[Path]:
     """The weight file(s) transformers would load from ``model_dir`` plus the tokenizer vocabulary."""
     files: list[Path] = []
@@ -164,7 +145,7 @@ def _fingerprint(files: Sequence[Path], *extra: str) -> str:
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode())
-        digest.update(_cached_file_hash(path).encode())
+        digest.update(sha256_file_cached(path).encode())
     for item in extra:
         digest.update(item.encode())
     return digest.hexdigest()[:12]

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ import torch
 
 from uamt.config import from_dict
 from uamt.errors import DataError, UamtError
+from uamt.fileio import atomic_dir as fileio_atomic_dir
 from uamt.fileio import atomic_write_text
 from uamt.models.base import Estimator, fit, save_weights
 from uamt.models.config import TrainConfig
@@ -103,20 +103,8 @@ def atomic_dir(out_dir: Path):
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     recover_stale(out_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
-    try:
+    with fileio_atomic_dir(out_dir) as tmp:
         yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _config_dict(cfg: TrainConfig) -> dict:

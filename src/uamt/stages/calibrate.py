@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.fileio import atomic_write_parquet
 from uamt.pipeline import PipelineConfig, base_method, load_pipeline, open_features, read_split
 from uamt.stages._cli import stage_main
 from uamt.stages.encode import EncodeConfig
@@ -63,9 +64,7 @@ def predict_split(model_dir: Path, frame: pd.DataFrame, features, out_path: Path
 
     table = load(model_dir).predictions_table(frame, features)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    table.to_parquet(tmp, index=False)
-    tmp.replace(out_path)
+    atomic_write_parquet(out_path, table, index=False)
     return table
 
 

@@ -14,7 +14,6 @@ Run it with ``python -m uamt.stages.encode [--params params.yaml]``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import sys
@@ -27,7 +26,7 @@ from typing import Literal
 from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
 from uamt.encoders.cache import text_key
 from uamt.errors import DataError
-from uamt.fileio import atomic_write_bytes
+from uamt.fileio import atomic_write_bytes, sha256_text
 
 #: Counters and timings of the last encode run (not a pipeline dependency; see run()).
 RUN_STATS = "encode_run.json"
@@ -167,7 +166,7 @@ def run(cfg: EncodeConfig, splits: Sequence[str | Path] | None = None) -> Path:
         "tables": rows,
         "texts_occurrences": n_occurrences,
         "texts_distinct": len(texts),
-        "texts_sha256": hashlib.sha256("\n".join(sorted(map(text_key, texts))).encode()).hexdigest(),
+        "texts_sha256": sha256_text("\n".join(sorted(map(text_key, texts)))),
     }
     run_stats = {
         "encoder_id": encoder.encoder_id,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.fileio import sha256_file
 from uamt.pipeline import QE_SUFFIX, PipelineConfig, load_pipeline
 from uamt.registry import Gates
 from uamt.stages._cli import stage_main
@@ -64,7 +65,7 @@ def data_version(prepared_dir: str | Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(Path(prepared_dir).glob("*.parquet")):
         digest.update(path.name.encode())
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        digest.update(bytes.fromhex(sha256_file(path)))
     return digest.hexdigest()[:12]
 
 

@@ -20,7 +20,6 @@ and pooled.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
-from uamt.fileio import atomic_write_text
+from uamt.fileio import atomic_write_json
 from uamt.uncertainty.calibration import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 from uamt.uncertainty.conformal import REPORT_GAMMAS, ConformalCalibrator, interval_report
 from uamt.uncertainty.metrics import N_CONFIDENCE_LEVELS, reliability_curve, uncertainty_metrics
@@ -436,7 +435,7 @@ def write_json_atomic(data: Any, path: str | Path) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise DataError(f"{path}: output folder {folder} does not exist")
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
+    atomic_write_json(path, data, indent=2, sort_keys=False, allow_nan=False)
 
 
 def evaluate_prediction_files(
