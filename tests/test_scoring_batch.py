@@ -7,12 +7,15 @@ pyfunc, so loading and scoring run through the same path as `uamt score`.
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from test_scoring_support import QE_MODEL, REF_MODEL, build_store, write_lines
 
+import mlflow
 from uamt.cli import main
 from uamt.errors import DataError
 from uamt.scoring import batch
@@ -203,3 +206,45 @@ def test_batch_options_need_input(tmp_path, capsys):
     assert "required: -s/--src, -t/--mt" in capsys.readouterr().err
     with pytest.raises(Exception, match=r"--dask='local:0'"):
         batch.parse_dask("local:0")
+
+
+class _ConstantModel(mlflow.pyfunc.PythonModel):
+    def predict(self, context, model_input, params=None):
+        return pd.DataFrame({"mu": [0.0] * len(model_input)})
+
+
+def test_registered_model_lists_installed_requirements_and_loads_without_mismatch(tmp_path, monkeypatch):
+    from importlib.metadata import version
+
+    from uamt import registry
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
+    number = registry.register_candidate(
+        uri, "uamt-req", run_name="register", python_model=_ConstantModel(), artifacts={}, signature=None,
+        test_metrics={},
+    )
+    mlflow.set_tracking_uri(uri)
+    folder = Path(mlflow.artifacts.download_artifacts(f"models:/uamt-req/{number}", dst_path=str(tmp_path / "m")))
+    pinned = (folder / "requirements.txt").read_text().split()
+    names = [line.split("==")[0] for line in pinned]
+    assert "jaraco-text" not in names and {"torch", "unbabel-comet", "mlflow"} <= set(names)
+    assert all(version(name) == line.split("==")[1] for name, line in zip(names, pinned, strict=True))
+    assert _mismatch_warnings(folder) == []
+    # What the models registered before logged, and what every `uamt score` warned about:
+    (folder / "requirements.txt").write_text("\n".join([*pinned, "jaraco-text==4.0.0"]))
+    assert "jaraco-text" in " ".join(_mismatch_warnings(folder))
+
+
+def _mismatch_warnings(folder: Path) -> list[str]:
+    """MLflow's dependency-mismatch warnings while loading ``folder`` (its logger does not propagate)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("mlflow.utils.requirements_utils")
+    logger.addHandler(handler)
+    try:
+        mlflow.pyfunc.load_model(str(folder))
+    finally:
+        logger.removeHandler(handler)
+    return [r.getMessage() for r in records if "mismatches" in r.getMessage()]
