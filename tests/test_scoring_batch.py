@@ -35,6 +35,9 @@ def store(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _tracking(store, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    # MLflow keeps the URIs in globals; a test that registers into its own store must not leak it.
+    mlflow.set_tracking_uri(store)
+    mlflow.set_registry_uri(store)
 
 
 @pytest.fixture
@@ -248,3 +251,22 @@ def _mismatch_warnings(folder: Path) -> list[str]:
     finally:
         logger.removeHandler(handler)
     return [r.getMessage() for r in records if "mismatches" in r.getMessage()]
+
+
+def test_loading_checks_requirements_itself_and_names_an_unmet_one(store, tmp_path, monkeypatch, caplog):
+    import mlflow.pyfunc as mlflow_pyfunc
+
+    from uamt.predictor import load_predictor
+
+    calls = []
+    monkeypatch.setattr(mlflow_pyfunc, "warn_dependency_requirement_mismatches", calls.append)
+    folder = Path(mlflow.artifacts.download_artifacts(f"models:/{REF_MODEL}@champion", dst_path=str(tmp_path)))
+    with caplog.at_level("WARNING", logger="uamt.predictor"):
+        load_predictor(str(folder))
+    assert calls == [] and "does not meet" not in caplog.text  # MLflow's slow scan is not run
+    requirements = folder / "requirements.txt"
+    requirements.write_text(requirements.read_text() + "\njaraco-text==4.0.0\nnumpy<1.0\n")
+    with caplog.at_level("WARNING", logger="uamt.predictor"):
+        load_predictor(str(folder))
+    assert "jaraco-text (current: uninstalled, required: jaraco-text==4.0.0)" in caplog.text
+    assert "numpy (current: " in caplog.text and "required: numpy<1.0)" in caplog.text
