@@ -7,7 +7,6 @@ pyfunc, so loading and scoring run through the same path as `uamt score`.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from test_scoring_support import QE_MODEL, REF_MODEL, build_store, write_lines
 
 import mlflow
 from uamt.cli import main
-from uamt.errors import DataError
+from uamt.errors import DataError, UamtError
 from uamt.scoring import batch
 from uamt.scoring.batch import BatchSettings, iter_partitions, score_file
 
@@ -216,10 +215,11 @@ class _ConstantModel(mlflow.pyfunc.PythonModel):
         return pd.DataFrame({"mu": [0.0] * len(model_input)})
 
 
-def test_registered_model_lists_installed_requirements_and_loads_without_mismatch(tmp_path, monkeypatch):
+def test_registered_model_lists_installed_requirements(tmp_path, monkeypatch):
     from importlib.metadata import version
 
     from uamt import registry
+    from uamt.predictor import warn_requirement_mismatches
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.chdir(tmp_path)
@@ -233,24 +233,13 @@ def test_registered_model_lists_installed_requirements_and_loads_without_mismatc
     names = [line.split("==")[0] for line in pinned]
     assert "jaraco-text" not in names and {"torch", "unbabel-comet", "mlflow"} <= set(names)
     assert all(version(name) == line.split("==")[1] for name, line in zip(names, pinned, strict=True))
-    assert _mismatch_warnings(folder) == []
-    # What the models registered before logged, and what every `uamt score` warned about:
-    (folder / "requirements.txt").write_text("\n".join([*pinned, "jaraco-text==4.0.0"]))
-    assert "jaraco-text" in " ".join(_mismatch_warnings(folder))
-
-
-def _mismatch_warnings(folder: Path) -> list[str]:
-    """MLflow's dependency-mismatch warnings while loading ``folder`` (its logger does not propagate)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger("mlflow.utils.requirements_utils")
-    logger.addHandler(handler)
-    try:
-        mlflow.pyfunc.load_model(str(folder))
-    finally:
-        logger.removeHandler(handler)
-    return [r.getMessage() for r in records if "mismatches" in r.getMessage()]
+    assert warn_requirement_mismatches(folder) == []
+    # An unmet pin is named (jaraco-text, which the models registered before listed, counts as
+    # installed once pkg_resources has put setuptools' vendored packages on sys.path).
+    (folder / "requirements.txt").write_text("\n".join([*pinned, "uamt-no-such-distribution==1.0"]))
+    assert warn_requirement_mismatches(folder) == [
+        "uamt-no-such-distribution (current: uninstalled, required: uamt-no-such-distribution==1.0)"
+    ]
 
 
 def test_loading_checks_requirements_itself_and_names_an_unmet_one(store, tmp_path, monkeypatch, caplog):
@@ -265,8 +254,16 @@ def test_loading_checks_requirements_itself_and_names_an_unmet_one(store, tmp_pa
         load_predictor(str(folder))
     assert calls == [] and "does not meet" not in caplog.text  # MLflow's slow scan is not run
     requirements = folder / "requirements.txt"
-    requirements.write_text(requirements.read_text() + "\njaraco-text==4.0.0\nnumpy<1.0\n")
+    requirements.write_text(requirements.read_text() + "\nuamt-no-such-distribution==1.0\nnumpy<1.0\n")
     with caplog.at_level("WARNING", logger="uamt.predictor"):
         load_predictor(str(folder))
-    assert "jaraco-text (current: uninstalled, required: jaraco-text==4.0.0)" in caplog.text
+    assert "uamt-no-such-distribution (current: uninstalled, required: uamt-no-such-distribution==1.0)" in caplog.text
     assert "numpy (current: " in caplog.text and "required: numpy<1.0)" in caplog.text
+
+
+def test_unreachable_scheduler_is_named(store, table, tmp_path):
+    import dask
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+        with pytest.raises(UamtError, match=r"--dask='tcp://127.0.0.1:9': cannot reach the Dask scheduler"):
+            score_file(table, tmp_path / "out", _settings(store), dask="tcp://127.0.0.1:9")

@@ -271,8 +271,13 @@ def _manifest(input_path: Path, settings: BatchSettings) -> dict[str, Any]:
     return {
         "input": str(input_path.resolve()),
         "input_bytes": stat.st_size,
+        "input_mtime_ns": stat.st_mtime_ns,
         "settings": {k: v for k, v in asdict(settings).items() if k != "tracking_uri"},
     }
+
+
+def _flat(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: v for k, v in manifest.items() if k != "settings"}, **(manifest.get("settings") or {})}
 
 
 def prepare_out_dir(out_dir: Path, input_path: Path, settings: BatchSettings) -> None:
@@ -293,13 +298,9 @@ def prepare_out_dir(out_dir: Path, input_path: Path, settings: BatchSettings) ->
             previous = json.loads(previous_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise DataError(f"{previous_path}: unreadable ({exc}); remove the folder to start again") from None
-        if previous != manifest:
-            changed = sorted(
-                k
-                for k in {*manifest["settings"], "input", "input_bytes"}
-                if (previous.get("settings", {}).get(k), previous.get(k))
-                != (manifest["settings"].get(k), manifest.get(k))
-            )
+        if not isinstance(previous, dict) or previous != manifest:
+            before, now = _flat(previous if isinstance(previous, dict) else {}), _flat(manifest)
+            changed = sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
             raise DataError(
                 f"{out_dir}: holds parts of another batch job (differs in {changed}); choose another "
                 "--out, or remove the folder to rescore"
@@ -357,7 +358,10 @@ def _dask_client(spec: str):
             n_workers=int(value), threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
         )
         return Client(cluster), cluster
-    return Client(value), None
+    try:
+        return Client(value), None
+    except (OSError, TimeoutError) as exc:
+        raise UamtError(f"--dask={spec!r}: cannot reach the Dask scheduler ({type(exc).__name__}: {exc})") from None
 
 
 def score_file(
@@ -391,21 +395,16 @@ def score_file(
         own_client = client
     else:
         own_client = None
-    n_rows = n_parts = n_skipped = 0
+    tally = _Tally()
+    todo = _unfinished_parts(input_path, out_dir, settings, tally)
     try:
         if client is None:
-            for index, frame in iter_partitions(input_path, settings.partition_rows):
-                n_parts += 1
-                n_rows += len(frame)
-                part = out_dir / PART_PATTERN.format(index)
-                if part_done(part, len(frame)):
-                    n_skipped += 1
-                    continue
+            for index, frame, part in todo:
                 score_partition(frame, str(part), settings)
                 if log:
                     log(f"part {index}: {len(frame)} rows")
         else:
-            n_rows, n_parts, n_skipped = _score_on_dask(client, input_path, out_dir, settings, log)
+            _score_on_dask(client, todo, settings, log)
     finally:
         if own_client is not None:
             own_client.close()
@@ -414,18 +413,38 @@ def score_file(
     from uamt.fileio import atomic_write_text
 
     atomic_write_text(out_dir / SUCCESS, "")
-    return BatchResult(out_dir, n_rows, n_parts, n_skipped, time.perf_counter() - started)
+    return BatchResult(out_dir, tally.n_rows, tally.n_parts, tally.n_skipped, time.perf_counter() - started)
 
 
-def _score_on_dask(client, input_path: Path, out_dir: Path, settings: BatchSettings, log) -> tuple[int, int, int]:
-    """Submit the unfinished partitions, at most two per worker in flight (memory stays bounded)."""
+@dataclass
+class _Tally:
+    n_rows: int = 0
+    n_parts: int = 0
+    n_skipped: int = 0
+
+
+def _unfinished_parts(
+    input_path: Path, out_dir: Path, settings: BatchSettings, tally: _Tally
+) -> Iterator[tuple[int, pd.DataFrame, Path]]:
+    """``(index, frame, part path)`` of each partition whose part is not complete yet; counts all."""
+    for index, frame in iter_partitions(input_path, settings.partition_rows):
+        tally.n_parts += 1
+        tally.n_rows += len(frame)
+        part = out_dir / PART_PATTERN.format(index)
+        if part_done(part, len(frame)):
+            tally.n_skipped += 1
+            continue
+        yield index, frame, part
+
+
+def _score_on_dask(client, todo, settings: BatchSettings, log) -> None:
+    """Submit the partitions of ``todo``, at most two per worker in flight (memory stays bounded)."""
     from distributed import as_completed
 
     n_workers = max(len(client.scheduler_info().get("workers", {})), 1)
     limit = 2 * n_workers
     run_id = uuid.uuid4().hex[:8]  # keys unique per run: a reused client must not return old results
     running = as_completed()
-    n_rows = n_parts = n_skipped = 0
 
     def collect_one() -> None:
         future = next(running)
@@ -433,13 +452,7 @@ def _score_on_dask(client, input_path: Path, out_dir: Path, settings: BatchSetti
         if log:
             log(f"{future.key}: {rows} rows")
 
-    for index, frame in iter_partitions(input_path, settings.partition_rows):
-        n_parts += 1
-        n_rows += len(frame)
-        part = out_dir / PART_PATTERN.format(index)
-        if part_done(part, len(frame)):
-            n_skipped += 1
-            continue
+    for index, frame, part in todo:
         while running.count() >= limit:
             collect_one()
         running.add(
@@ -447,7 +460,6 @@ def _score_on_dask(client, input_path: Path, out_dir: Path, settings: BatchSetti
         )
     while running.count():
         collect_one()
-    return n_rows, n_parts, n_skipped
 
 
 def summary_line(result: BatchResult) -> str:
