@@ -267,3 +267,10 @@ def test_unreachable_scheduler_is_named(store, table, tmp_path):
     with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
         with pytest.raises(UamtError, match=r"--dask='tcp://127.0.0.1:9': cannot reach the Dask scheduler"):
             score_file(table, tmp_path / "out", _settings(store), dask="tcp://127.0.0.1:9")
+
+
+def test_cli_dask_local_starts_its_own_cluster(store, table, tmp_path, capsys):
+    model = ["--model", f"models:/{REF_MODEL}@champion", "--partition-rows", str(PARTITION_ROWS)]
+    assert main(["score", "--input", str(table), "--out", str(tmp_path / "out"), "--dask", "local:1", *model]) == 0
+    assert "scored 23 rows in 5 partitions (0 already done)" in capsys.readouterr().err
+    pd.testing.assert_frame_equal(_read(tmp_path / "out"), _single_process_reference(store), check_dtype=False)
