@@ -135,6 +135,41 @@ def _local_model_folder(model: str) -> Path | None:
     return Path(model)
 
 
+def warn_requirement_mismatches(folder: Path) -> list[str]:
+    """Warn (logging) about each requirement in the model's ``requirements.txt`` that this environment
+    does not meet, and return them.
+
+    The check MLflow runs on every load does the same but first maps every installed distribution
+    to its modules (~2 CPU s of each ``uamt score``); here each pinned name is looked up directly.
+    """
+    import logging
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    path = folder / "requirements.txt"
+    if not path.is_file():
+        return []
+    unmet = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:  # blank lines, pip options (-r, --index-url)
+            continue
+        try:
+            installed = version(requirement.name)
+        except PackageNotFoundError:
+            installed = None
+        if installed is None or not requirement.specifier.contains(installed, prereleases=True):
+            unmet.append(f"{requirement.name} (current: {installed or 'uninstalled'}, required: {line})")
+    if unmet:
+        logging.getLogger(__name__).warning(
+            "%s: the model was logged with requirements this environment does not meet: %s", folder, "; ".join(unmet)
+        )
+    return unmet
+
+
 def load_predictor(model: str) -> Predictor:
     """Load a :class:`Predictor` from a model URI (``models:/name@champion``, ``runs:/..``) or a folder.
 
@@ -163,7 +198,10 @@ def load_predictor(model: str) -> Predictor:
         if folder is not None:
             if folder.is_dir():
                 _check_model_folder(folder)
-            loaded = mlflow.pyfunc.load_model(str(folder) if model.startswith("models:/") else model)
+                warn_requirement_mismatches(folder)
+            loaded = mlflow.pyfunc.load_model(
+                str(folder) if model.startswith("models:/") else model, suppress_warnings=True
+            )
         else:
             download = Path(tempfile.mkdtemp(prefix="uamt-model-"))
             atexit.register(shutil.rmtree, download, True)
@@ -171,7 +209,8 @@ def load_predictor(model: str) -> Predictor:
 
             local = Path(download_artifacts(artifact_uri=model, dst_path=str(download)))
             _check_model_folder(local)
-            loaded = mlflow.pyfunc.load_model(str(local))
+            warn_requirement_mismatches(local)
+            loaded = mlflow.pyfunc.load_model(str(local), suppress_warnings=True)
     except UamtError:
         raise
     except (MlflowException, OSError) as exc:

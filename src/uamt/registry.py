@@ -350,6 +350,7 @@ def register_candidate(
         :func:`gate_and_alias` runs.
     """
     import mlflow
+    from uamt.pyfunc import pip_requirements
 
     db = sqlite_path(uri)
     if db is not None:
@@ -378,6 +379,7 @@ def register_candidate(
             signature=signature,
             input_example=input_example,
             code_paths=code_paths,
+            pip_requirements=pip_requirements(),
         )
         run_id = run.info.run_id
     try:

@@ -88,8 +88,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_input_options(p: argparse.ArgumentParser, *, several_mt: bool) -> None:
-    p.add_argument("-s", "--src", required=True, type=Path, help="source sentences, one per line (UTF-8)")
+def _add_input_options(p: argparse.ArgumentParser, *, several_mt: bool, required: bool = True) -> None:
+    # required=False: `uamt score --input FILE` reads the texts from a table instead (checked in run_score).
+    p.add_argument("-s", "--src", required=required, type=Path, help="source sentences, one per line (UTF-8)")
     if several_mt:
         p.add_argument(
             "-t",
@@ -100,7 +101,7 @@ def _add_input_options(p: argparse.ArgumentParser, *, several_mt: bool) -> None:
             help="translations of one system, line-aligned with --src (repeat: one per system)",
         )
     else:
-        p.add_argument("-t", "--mt", required=True, type=Path, help="translations, line-aligned with --src")
+        p.add_argument("-t", "--mt", required=required, type=Path, help="translations, line-aligned with --src")
     p.add_argument(
         "-r",
         "--ref",
@@ -157,10 +158,34 @@ def register(subparsers) -> None:
             "with the scale and the system score), or CSV/TSV by --out suffix."
         ),
     )
-    _add_input_options(score, several_mt=False)
+    _add_input_options(score, several_mt=False, required=False)
     _add_model_options(score)
     score.add_argument(
-        "--out", type=Path, help="output file: .jsonl, .csv or .tsv (default: JSON lines on stdout)"
+        "--out",
+        type=Path,
+        help="output file: .jsonl, .csv or .tsv (default: JSON lines on stdout); with --input: the "
+        "output folder of Parquet parts",
+    )
+    score.add_argument(
+        "--input",
+        type=Path,
+        metavar="FILE",
+        help="batch scoring: a .parquet or .csv table with columns src, mt (optional ref, lp) instead of "
+        "-s/-t/-r; writes --out DIR as Parquet parts (row, mu, sigma, lower, upper, risk), streamed "
+        "partition by partition; a restarted run skips the parts already written",
+    )
+    score.add_argument(
+        "--dask",
+        metavar="local:N|tcp://HOST:PORT",
+        help="with --input: score the partitions on Dask, a LocalCluster of N worker processes on this "
+        "machine or a running scheduler (default: in this process)",
+    )
+    score.add_argument(
+        "--partition-rows",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with --input: rows per partition and output part (default 10000); memory grows with it",
     )
     score.add_argument(
         "--flag-below",
@@ -279,6 +304,13 @@ def run_score(args: argparse.Namespace) -> int:
     )
 
     _check_common(args)
+    if args.input is not None:
+        return run_score_batch(args)
+    batch_only = [o for o, v in (("--dask", args.dask), ("--partition-rows", args.partition_rows)) if v is not None]
+    if batch_only:
+        raise UamtError(f"{', '.join(batch_only)} only apply to batch scoring with --input FILE")
+    if args.src is None or args.mt is None:
+        raise UamtError("the following arguments are required: -s/--src, -t/--mt (or --input FILE)")
     max_risk = args.max_risk
     if args.flag_below is not None and max_risk is None:
         max_risk = 0.5
@@ -338,6 +370,51 @@ def run_score(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
+    return 0
+
+
+def run_score_batch(args: argparse.Namespace) -> int:
+    """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.scoring.batch`."""
+    from uamt.errors import UamtError
+    from uamt.registry import tracking_uri
+    from uamt.scoring.batch import (
+        DEFAULT_PARTITION_ROWS,
+        BatchSettings,
+        input_columns,
+        print_progress,
+        score_file,
+        summary_line,
+    )
+    from uamt.scoring.score import default_model_uri
+
+    line_options = {
+        "-s/--src": args.src is not None,
+        "-t/--mt": args.mt is not None,
+        "-r/--ref": bool(args.ref),
+        "--bootstrap": bool(args.bootstrap),
+        "--flag-below": args.flag_below is not None,
+        "--max-risk": args.max_risk is not None,
+    }
+    clashing = [option for option, given in line_options.items() if given]
+    if clashing:
+        raise UamtError(f"--input reads src, mt and ref from the table: drop {', '.join(clashing)}")
+    if args.out is None:
+        raise UamtError("--input needs --out DIR (the folder of Parquet parts)")
+    columns = input_columns(args.input)
+    model = args.model or default_model_uri(reference_free="ref" not in columns, params_path=args.params)
+    settings = BatchSettings(
+        model=model,
+        confidence=args.confidence,
+        risk_threshold=args.risk_threshold,
+        batch_size=args.batch_size,
+        partition_rows=args.partition_rows or DEFAULT_PARTITION_ROWS,
+        lp=args.lp,
+        tracking_uri=tracking_uri(),
+    )
+    result = score_file(
+        args.input, args.out, settings, dask=args.dask, log=None if args.no_progress else print_progress
+    )
+    print(summary_line(result), file=sys.stderr)
     return 0
 
 
