@@ -538,7 +538,7 @@ def test_chunked_body_gets_411_without_being_read(ref_server):
     assert b"connection: close" in reply.lower()
 
 
-def test_uamt_serve_on_a_busy_port_is_a_clear_error(store, tmp_path, capsys):
+def test_uamt_serve_on_a_busy_port_is_a_clear_error(tmp_path, capsys):
     from uamt.cli import main
 
     with socket.create_server(("127.0.0.1", 0)) as busy:
