@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_scoring_support import QE_MODEL, REF_MODEL, build_store, write_lines
+from test_scoring_support import QE_MODEL, REF_MODEL, write_lines
 
 import mlflow
 from uamt.cli import main
@@ -26,17 +26,11 @@ REF = [f"Sentence {i} on the weather in city {i % 7}." for i in range(23)]
 PARTITION_ROWS = 5  # 23 rows: parts of 5, 5, 5, 5, 3
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return build_store(tmp_path_factory.mktemp("mlflow"))
-
-
 @pytest.fixture(autouse=True)
-def _tracking(store, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    # MLflow keeps the URIs in globals; a test that registers into its own store must not leak it.
-    mlflow.set_tracking_uri(store)
-    mlflow.set_registry_uri(store)
+def _tracking(scoring_tracking):
+    # MLflow keeps the URIs in globals; a test that registers into its own scoring_store must not leak it.
+    mlflow.set_tracking_uri(scoring_tracking)
+    mlflow.set_registry_uri(scoring_tracking)
 
 
 @pytest.fixture
@@ -59,13 +53,13 @@ def client():
     cluster.close()
 
 
-def _settings(store, model=REF_MODEL) -> BatchSettings:
+def _settings(scoring_store, model=REF_MODEL) -> BatchSettings:
     return BatchSettings(
-        model=f"models:/{model}@champion", partition_rows=PARTITION_ROWS, tracking_uri=store
+        model=f"models:/{model}@champion", partition_rows=PARTITION_ROWS, tracking_uri=scoring_store
     )
 
 
-def _single_process_reference(store) -> pd.DataFrame:
+def _single_process_reference(scoring_store) -> pd.DataFrame:
     """What `uamt score` computes for the whole table in one predict call."""
     from uamt.scoring.score import load_scoring_predictor, predict
 
@@ -87,16 +81,16 @@ def test_partitions_are_fixed_row_ranges_whatever_the_row_groups(table):
     assert pd.concat([f for _, f in parts])["mt"].tolist() == MT
 
 
-def test_single_process_equals_uamt_score(store, table, tmp_path):
-    result = score_file(table, tmp_path / "out", _settings(store))
+def test_single_process_equals_uamt_score(scoring_store, table, tmp_path):
+    result = score_file(table, tmp_path / "out", _settings(scoring_store))
     assert (result.n_rows, result.n_partitions, result.n_skipped) == (23, 5, 0)
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert names == ["_SUCCESS", "_batch.json", *[f"part-{k:05d}.parquet" for k in range(5)]]
     got = _read(tmp_path / "out")
-    pd.testing.assert_frame_equal(got, _single_process_reference(store), check_dtype=False)
+    pd.testing.assert_frame_equal(got, _single_process_reference(scoring_store), check_dtype=False)
 
 
-def test_cli_batch_rows_equal_cli_text_scoring(store, table, tmp_path, capsys):
+def test_cli_batch_rows_equal_cli_text_scoring(scoring_store, table, tmp_path, capsys):
     model = ["--model", f"models:/{REF_MODEL}@champion"]
     assert main(["score", "--input", str(table), "--out", str(tmp_path / "out"), "--no-progress", *model]) == 0
     assert "scored 23 rows in 1 partitions (0 already done)" in capsys.readouterr().err  # default 10,000 rows
@@ -111,7 +105,7 @@ def test_cli_batch_rows_equal_cli_text_scoring(store, table, tmp_path, capsys):
         np.testing.assert_allclose(got[column], text[column], rtol=1e-5)  # the CSV keeps 6 digits
 
 
-def test_cli_default_model_follows_the_columns(store, tmp_path, capsys):
+def test_cli_default_model_follows_the_columns(scoring_store, tmp_path, capsys):
     path = tmp_path / "qe.csv"
     pd.DataFrame({"src": SRC[:4], "mt": MT[:4]}).to_csv(path, index=False)
     params = tmp_path / "params.yaml"
@@ -122,9 +116,9 @@ def test_cli_default_model_follows_the_columns(store, tmp_path, capsys):
     assert len(_read(tmp_path / "out")) == 4
 
 
-def test_local_cluster_scores_identically(store, table, tmp_path, client):
-    single = score_file(table, tmp_path / "single", _settings(store))
-    on_dask = score_file(table, tmp_path / "dask", _settings(store), client=client)
+def test_local_cluster_scores_identically(scoring_store, table, tmp_path, client):
+    single = score_file(table, tmp_path / "single", _settings(scoring_store))
+    on_dask = score_file(table, tmp_path / "dask", _settings(scoring_store), client=client)
     assert on_dask.n_rows == single.n_rows == 23
     pd.testing.assert_frame_equal(_read(tmp_path / "dask"), _read(tmp_path / "single"))
     # Each worker process loaded the model once for all the partitions it scored.
@@ -132,7 +126,7 @@ def test_local_cluster_scores_identically(store, table, tmp_path, client):
     assert sorted(loads.values()) in ([0, 1], [1, 1])
 
 
-def test_restart_after_a_killed_run_has_no_missing_or_duplicated_rows(store, table, tmp_path, client):
+def test_restart_after_a_killed_run_has_no_missing_or_duplicated_rows(scoring_store, table, tmp_path, client):
     out = tmp_path / "out"
 
     class Killed(Exception):
@@ -143,7 +137,7 @@ def test_restart_after_a_killed_run_has_no_missing_or_duplicated_rows(store, tab
             raise Killed(line)
 
     with pytest.raises(Killed):
-        score_file(table, out, _settings(store), log=kill_after_two)
+        score_file(table, out, _settings(scoring_store), log=kill_after_two)
     assert sorted(p.name for p in out.glob("part-*")) == ["part-00000.parquet", "part-00001.parquet"]
     assert not (out / "_SUCCESS").exists()
     # What a kill in the middle of a write leaves: a temp file, and (another way) a truncated part.
@@ -151,53 +145,53 @@ def test_restart_after_a_killed_run_has_no_missing_or_duplicated_rows(store, tab
     (out / "part-00001.parquet").write_bytes((out / "part-00001.parquet").read_bytes()[:40])
     first = (out / "part-00000.parquet").stat().st_mtime_ns
 
-    result = score_file(table, out, _settings(store), client=client)
+    result = score_file(table, out, _settings(scoring_store), client=client)
     assert (result.n_partitions, result.n_skipped) == (5, 1)  # only part 0 was complete
     assert (out / "part-00000.parquet").stat().st_mtime_ns == first
     assert not list(out.glob(".part-*")) and (out / "_SUCCESS").exists()
     got = _read(out)
     assert got["row"].tolist() == list(range(23))
-    pd.testing.assert_frame_equal(got, _single_process_reference(store), check_dtype=False)
+    pd.testing.assert_frame_equal(got, _single_process_reference(scoring_store), check_dtype=False)
 
 
-def test_restart_with_other_settings_is_refused(store, table, tmp_path):
-    score_file(table, tmp_path / "out", _settings(store))
+def test_restart_with_other_settings_is_refused(scoring_store, table, tmp_path):
+    score_file(table, tmp_path / "out", _settings(scoring_store))
     other = BatchSettings(model=f"models:/{REF_MODEL}@champion", confidence=0.8, partition_rows=PARTITION_ROWS)
     with pytest.raises(DataError, match=r"another batch job \(differs in \['confidence'\]\)"):
         score_file(table, tmp_path / "out", other)
 
 
-def test_missing_mt_column_names_file_and_column(store, tmp_path):
+def test_missing_mt_column_names_file_and_column(scoring_store, tmp_path):
     path = tmp_path / "no_mt.csv"
     pd.DataFrame({"src": SRC[:3], "translation": MT[:3]}).to_csv(path, index=False)
     with pytest.raises(DataError, match=r"no_mt\.csv: missing column 'mt'"):
-        score_file(path, tmp_path / "out", _settings(store))
+        score_file(path, tmp_path / "out", _settings(scoring_store))
     assert not (tmp_path / "out").exists()  # refused before anything is written
     assert main(["score", "--input", str(path), "--out", str(tmp_path / "out")]) == 2
 
 
-def test_bad_file_type_is_refused(store, tmp_path):
+def test_bad_file_type_is_refused(scoring_store, tmp_path):
     path = write_lines(tmp_path / "segments.txt", SRC)
     with pytest.raises(DataError, match=r"segments\.txt: input format '\.txt' not supported"):
-        score_file(path, tmp_path / "out", _settings(store))
+        score_file(path, tmp_path / "out", _settings(scoring_store))
     broken = tmp_path / "broken.parquet"
     broken.write_bytes(b"not parquet at all")
     with pytest.raises(DataError, match=r"broken\.parquet: cannot read as parquet"):
-        score_file(broken, tmp_path / "out", _settings(store))
+        score_file(broken, tmp_path / "out", _settings(scoring_store))
 
 
-def test_empty_field_names_file_row_and_column(store, tmp_path):
+def test_empty_field_names_file_row_and_column(scoring_store, tmp_path):
     path = tmp_path / "segments.csv"
     mt = list(MT[:8])
     mt[6] = ""
     pd.DataFrame({"src": SRC[:8], "mt": mt, "ref": REF[:8]}).to_csv(path, index=False)
     with pytest.raises(DataError, match=r"segments\.csv: row 6: column 'mt' is empty"):
-        score_file(path, tmp_path / "out", _settings(store))
+        score_file(path, tmp_path / "out", _settings(scoring_store))
 
 
-def test_qe_model_given_references_is_refused(store, table, tmp_path):
+def test_qe_model_given_references_is_refused(scoring_store, table, tmp_path):
     with pytest.raises(Exception, match="reference-free"):
-        score_file(table, tmp_path / "out", _settings(store, QE_MODEL))
+        score_file(table, tmp_path / "out", _settings(scoring_store, QE_MODEL))
 
 
 def test_batch_options_need_input(tmp_path, capsys):
@@ -242,7 +236,7 @@ def test_registered_model_lists_installed_requirements(tmp_path, monkeypatch):
     ]
 
 
-def test_loading_checks_requirements_itself_and_names_an_unmet_one(store, tmp_path, monkeypatch, caplog):
+def test_loading_checks_requirements_itself_and_names_an_unmet_one(scoring_store, tmp_path, monkeypatch, caplog):
     import mlflow.pyfunc as mlflow_pyfunc
 
     from uamt.predictor import load_predictor
@@ -261,16 +255,16 @@ def test_loading_checks_requirements_itself_and_names_an_unmet_one(store, tmp_pa
     assert "numpy (current: " in caplog.text and "required: numpy<1.0)" in caplog.text
 
 
-def test_unreachable_scheduler_is_named(store, table, tmp_path):
+def test_unreachable_scheduler_is_named(scoring_store, table, tmp_path):
     import dask
 
     with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
         with pytest.raises(UamtError, match=r"--dask='tcp://127.0.0.1:9': cannot reach the Dask scheduler"):
-            score_file(table, tmp_path / "out", _settings(store), dask="tcp://127.0.0.1:9")
+            score_file(table, tmp_path / "out", _settings(scoring_store), dask="tcp://127.0.0.1:9")
 
 
-def test_cli_dask_local_starts_its_own_cluster(store, table, tmp_path, capsys):
+def test_cli_dask_local_starts_its_own_cluster(scoring_store, table, tmp_path, capsys):
     model = ["--model", f"models:/{REF_MODEL}@champion", "--partition-rows", str(PARTITION_ROWS)]
     assert main(["score", "--input", str(table), "--out", str(tmp_path / "out"), "--dask", "local:1", *model]) == 0
     assert "scored 23 rows in 5 partitions (0 already done)" in capsys.readouterr().err
-    pd.testing.assert_frame_equal(_read(tmp_path / "out"), _single_process_reference(store), check_dtype=False)
+    pd.testing.assert_frame_equal(_read(tmp_path / "out"), _single_process_reference(scoring_store), check_dtype=False)
