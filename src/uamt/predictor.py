@@ -72,8 +72,14 @@ class Predictor(Protocol):
         risk_threshold: float | None = None,
         batch_size: int = 64,
         progress: bool = False,
+        interval: str = "gaussian",
     ) -> pd.DataFrame:
-        """Score ``frame`` (see module docstring) and return the output columns, same row order."""
+        """Score ``frame`` (see module docstring) and return the output columns, same row order.
+
+        ``interval`` is how ``lower``/``upper`` are built: ``"gaussian"`` (the calibrated Gaussian)
+        or ``"conformal"`` (the dev-fitted conformal thresholds); see
+        :data:`uamt.calibrated.INTERVAL_MODES`.
+        """
         ...
 
 
