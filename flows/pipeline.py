@@ -36,6 +36,7 @@ from prefect.artifacts import create_markdown_artifact
 
 import uamt
 from uamt.config import DEFAULT_PARAMS
+from uamt.data.prepare import data_version as prepared_data_version
 from uamt.stages import (
     calibrate,
     encode,
@@ -347,7 +348,7 @@ def uamt_pipeline(
             continue
         outputs[stage.name] = run_task(cfg)
         if stage.name == "prepare":
-            version = register.data_version(cfg.out_dir)
+            version = prepared_data_version(cfg.out_dir)
             _rename_flow_run(f"uamt-data-{version}")
     if parallel and "train_base" in outputs and "train_dup" not in outputs:  # stopped before train_dup
         trained = {}
@@ -362,7 +363,7 @@ def uamt_pipeline(
             key="uamt-test-metrics",
             markdown=metrics_markdown(
                 json.loads(test_path.read_text(encoding="utf-8")),
-                version or register.data_version(pipe.prepared_dir),
+                version or prepared_data_version(pipe.prepared_dir),
                 json.loads(registry_path.read_text(encoding="utf-8")) if "register" in outputs else None,
             ),
             description=f"average test metrics per method ({test_path})",

@@ -19,7 +19,7 @@ passes through the head on frozen features; the paper's MCD also drops out insid
 ``ensemble`` (DE), ``hts`` (Eq. 2), ``hts_mcd`` (Eq. 4; same weights as ``hts``), ``kl`` (Eq. 3,
 only where annotator disagreement exists) and ``dup_<loss>`` (Eqs. 5–7).  ``mcd_head`` and
 ``hts_mcd`` reuse the weights of ``point`` / ``hts`` (identical training, only inference differs:
-:data:`uamt.stages.train_base.SAME_TRAINING`).
+:data:`uamt.models.shared_training.SAME_TRAINING`).
 
 Indicators (App. D): PPS = r(mu, q*), UPS = r(|q* - mu|, sigma), NLL, ECE (100 levels), sharpness =
 mean calibrated sigma^2, all on dev-standardised scores.  Averages are macro over LPs, per group
@@ -62,8 +62,6 @@ log = logging.getLogger(__name__)
 SUPPORTED_METHODS = ("point", "mcd_head", "ensemble", "hts", "hts_mcd", "kl", "dup")
 #: Prepared splits a benchmark reads: training pools, calibration / early stopping, evaluation.
 SPLITS = ("d_q", "d_e", "dev", "test")
-#: Methods whose weights are another method's (identical training): train once, copy.
-SAME_TRAINING = {"mcd_head": "point", "hts_mcd": "hts"}
 #: The DUP row that represents DUP in Tables 2–3 (the paper picks L_HTS^E after Table 1).
 DUP_REPRESENTATIVE = "dup_hts"
 BENCHMARKS = ("da", "mqm")
@@ -399,15 +397,12 @@ def train_rows(
     dict row -> :class:`ModelRun`, in ``rows`` order.
     """
     from uamt.models.api import train
-    from uamt.stages.train_base import derive
+    from uamt.models.shared_training import SAME_TRAINING, derive, training_order
 
     runs: dict[str, ModelRun] = {}
     d_q, d_e, dev = frames["d_q"], frames["d_e"], frames["dev"]
     singles = [r for r in rows if not r.startswith("dup_")]
-    order = [r for r in singles if SAME_TRAINING.get(r) not in singles] + [
-        r for r in singles if SAME_TRAINING.get(r) in singles
-    ]
-    for row in order:
+    for row in training_order(singles):
         reused = None if reuse_dir is None else reuse_dir / row
         if _reusable(reused, row, len(d_q), base_cfg.replace(method=row)):
             runs[row] = ModelRun(reused, "reused", n_train=len(d_q))
