@@ -135,7 +135,7 @@ STAGES: tuple[Stage, ...] = (
             Path(cfg.pipeline.predictions_dir) / "dev",
             Path(cfg.pipeline.metrics_dir) / "dev.json",
         ],
-        code=("uncertainty", "calibrated.py", "pipeline.py", "stages/calibrate.py"),
+        code=("uncertainty", "calibrated.py", "model_evaluation.py", "references.py", "pipeline.py", "stages/calibrate.py"),
     ),
     Stage(
         evaluate.NAME,
@@ -150,7 +150,7 @@ STAGES: tuple[Stage, ...] = (
             Path(cfg.pipeline.metrics_dir) / "test.json",
             Path(cfg.pipeline.metrics_dir) / "ood.json",
         ],
-        code=("uncertainty", "pipeline.py", "stages/evaluate.py", "stages/calibrate.py"),
+        code=("uncertainty", "calibrated.py", "model_evaluation.py", "pipeline.py", "stages/evaluate.py"),
     ),
     Stage(
         register.NAME,
@@ -163,7 +163,7 @@ STAGES: tuple[Stage, ...] = (
             Path(cfg.pipeline.metrics_dir) / "ood.json",
         ],
         outputs=lambda cfg: [Path(cfg.pipeline.metrics_dir) / "registry.json"],
-        code=("registry.py", "pyfunc.py", "stages/register.py"),
+        code=("registry.py", "registration.py", "pyfunc.py", "stages/register.py"),
         retries=3,
     ),
 )
