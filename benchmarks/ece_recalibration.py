@@ -63,8 +63,9 @@ def ece_dev_quantiles(z_dev: np.ndarray, z_test: np.ndarray) -> float:
 
 def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None:
     """Test ECE and interval coverage with the calibration refitted on dev and on dev + ``pool``."""
-    from uamt.pipeline import open_features, read_split
-    from uamt.stages.calibrate import is_fixed_variance, load_config, predict_split, with_model_sigma
+    from uamt.calibrated import is_fixed_variance, with_model_sigma
+    from uamt.pipeline import open_features, predict_split, read_split
+    from uamt.stages.calibrate import load_config  # the settings the calibrate stage fitted with
     from uamt.uncertainty import evaluate_predictions
 
     cfg = load_config()
@@ -109,7 +110,7 @@ def conformal_scores(method: str, split: str, predictions: Path, rows: pd.DataFr
     """|human - mu| / sigma in the dev-standardised units the conformal calibrator uses (raw sigma),
     with each row's re-split unit: ``dataset`` + column ``unit`` of ``rows``, the prepared rows the
     predictions were made for (a ``seg_id`` is only unique within a dataset)."""
-    from uamt.stages.calibrate import with_model_sigma
+    from uamt.calibrated import with_model_sigma
 
     pred = with_model_sigma(pd.read_parquet(predictions / split / f"{method}.parquet"), method)
     if len(pred) != len(rows) or not (pred["seg_id"].to_numpy() == rows["seg_id"].to_numpy()).all():

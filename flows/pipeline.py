@@ -34,8 +34,8 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.dvc_stages import Stage, dvc_stage_names, read_stages, stage_task
 from uamt.config import DEFAULT_PARAMS
+from uamt.data.prepare import data_version
 from uamt.pipeline import load_pipeline
-from uamt.stages import register
 
 log = logging.getLogger(__name__)
 REPORTED_METRICS = ("pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
@@ -152,7 +152,7 @@ def uamt_pipeline(
             continue
         outputs[stage.name] = run_task(cfg)
         if stage.name == "prepare":
-            version = register.data_version(cfg.out_dir)
+            version = data_version(cfg.out_dir)
             _rename_flow_run(f"uamt-data-{version}")
     if parallel and "train_base" in outputs and "train_dup" not in outputs:  # stopped before train_dup
         trained = {}
@@ -167,7 +167,7 @@ def uamt_pipeline(
             key="uamt-test-metrics",
             markdown=metrics_markdown(
                 json.loads(test_path.read_text(encoding="utf-8")),
-                version or register.data_version(pipe.prepared_dir),
+                version or data_version(pipe.prepared_dir),
                 json.loads(registry_path.read_text(encoding="utf-8")) if "register" in outputs else None,
             ),
             description=f"average test metrics per method ({test_path})",

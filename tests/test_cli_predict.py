@@ -112,7 +112,7 @@ def test_point_model_gets_the_dev_fixed_variance(workspace, tmp_path, capsys):
 
 
 def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace, tmp_path):
-    from uamt.stages.calibrate import with_model_sigma
+    from uamt.calibrated import with_model_sigma
     from uamt.uncertainty import EvaluationSettings, evaluate_predictions
 
     out = tmp_path / "hts.csv"

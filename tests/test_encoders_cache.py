@@ -224,6 +224,7 @@ def _prepared_table(path: Path, rows: list[dict]) -> Path:
 def test_encode_stage_fills_cache_and_writes_manifest(tmp_path, monkeypatch):
     from test_encoders import make_tiny_bert
 
+    from uamt.encoders.precompute import RUN_STATS
     from uamt.stages import encode
 
     model_dir = make_tiny_bert(tmp_path / "model")
@@ -253,14 +254,14 @@ def test_encode_stage_fills_cache_and_writes_manifest(tmp_path, monkeypatch):
     manifest = json.loads((cache_dirs[0] / "manifest.json").read_text())
     assert manifest == json.loads((tmp_path / "cache" / "manifest.json").read_text())
     # distinct: der hund, the dog, a dog, die katze, the cat, green house, the green house
-    run_stats = json.loads((cache_dirs[0] / encode.RUN_STATS).read_text())
+    run_stats = json.loads((cache_dirs[0] / RUN_STATS).read_text())
     assert manifest["texts_distinct"] == 7 and run_stats["texts_encoded"] == 7
     assert manifest["texts_occurrences"] == 11 and manifest["tables"] == {"d_q.parquet": 2, "test.parquet": 1}
     assert manifest["dtype"] == "float16" and manifest["encoder_id"] == cache_dirs[0].name
     # second run: nothing new to encode, and the manifest downstream stages depend on is unchanged
     first_bytes = (tmp_path / "cache" / "manifest.json").read_bytes()
     assert encode.main(["--params", str(params)]) == 0
-    run_stats = json.loads((cache_dirs[0] / encode.RUN_STATS).read_text())
+    run_stats = json.loads((cache_dirs[0] / RUN_STATS).read_text())
     assert run_stats["texts_encoded"] == 0 and run_stats["texts_already_cached"] == 7
     assert (tmp_path / "cache" / "manifest.json").read_bytes() == first_bytes
 

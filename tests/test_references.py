@@ -94,7 +94,7 @@ def test_reference_factors_round_trip_through_json():
 
 
 def test_dev_rows_with_k_distinct_references_for_the_multi_reference_fit():
-    from uamt.stages.calibrate import multi_reference_rows
+    from uamt.references import multi_reference_rows
 
     frame = pd.DataFrame(
         {

@@ -644,8 +644,8 @@ def cheap_features(monkeypatch):
 
     from uamt.cli import models as cli_models
     from uamt.config import load_section
+    from uamt.encoders import EncodeConfig
     from uamt.models import FeatureSource
-    from uamt.stages.encode import EncodeConfig
 
     def features(params):
         cfg = load_section(EncodeConfig, "encode", params)

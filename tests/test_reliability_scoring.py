@@ -496,7 +496,7 @@ def uamt_model(tmp_path_factory, one_torch_thread):
 
 @pytest.fixture
 def fake_encoder(monkeypatch):
-    from uamt.encoders import registry as encoders
+    from uamt.encoders import catalog as encoders
 
     monkeypatch.setitem(encoders.ENCODERS, "fake", FakeEncoder)
 

@@ -115,7 +115,7 @@ def workspace(tmp_path, monkeypatch):
 
 
 def test_report_assembles_sections_in_order_with_summary(workspace):
-    from uamt.stages.register import data_version
+    from uamt.data.prepare import data_version
 
     metrics, figures = workspace
     text = report.build_report(metrics, figures)

@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from uamt.errors import UamtError
 from uamt.uncertainty import (
     GLOBAL,
     AffineVarianceCalibrator,
     ConformalCalibrator,
+    EvaluationSettings,
     FixedVarianceCalibrator,
     Standardizer,
     gaussian_interval,
@@ -221,3 +223,70 @@ class Calibration:
         """P(Q <= threshold) under the calibrated Gaussian (human scale)."""
         cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
         return translation_risk(cal_mu, cal_sigma, threshold)
+
+
+def is_fixed_variance(method: str) -> bool:
+    """Whether the pipeline model ``method`` is calibrated with the fixed-variance Gaussian: the point
+    estimate (reference-based or QE) has no sigma of its own."""
+    from uamt.pipeline import base_method
+
+    return base_method(method) == "point"
+
+
+def with_model_sigma(table: pd.DataFrame, method: str) -> pd.DataFrame:
+    """The table ``evaluate_predictions`` reads: the point estimate's NaN sigma becomes a constant 1,
+    which the affine calibration turns into a fitted constant variance."""
+    if is_fixed_variance(method):
+        table = table.assign(sigma=np.ones(len(table)))
+    return table
+
+
+def fit_calibration(
+    dev_table: pd.DataFrame,
+    method: str | None = None,
+    *,
+    settings: EvaluationSettings | None = None,
+    source: str = "dev",
+) -> tuple[Calibration, dict[str, Any]]:
+    """Fit a model's :class:`Calibration` on its dev predictions (never on test).
+
+    ``evaluate_predictions(dev, dev)`` fits the standardisation, the affine sigma^2 calibration, the
+    fixed variance and the conformal thresholds on dev; :meth:`Calibration.from_result` keeps them.
+
+    Parameters
+    ----------
+    dev_table : DataFrame
+        Dev predictions: ``lp, human, mu, sigma`` (the predictions table of a model).
+    method : str, optional
+        Pipeline model name: the point estimate (:func:`is_fixed_variance`) gets sigma 1
+        (:func:`with_model_sigma`) and the fixed-variance Gaussian.  None: ``sigma`` as is.
+    settings : EvaluationSettings, optional
+        The ``evaluate:`` section (default ``EvaluationSettings()``).
+    source : str
+        Names the table in error messages.
+
+    Returns
+    -------
+    calibration : Calibration
+    in_sample : dict
+        The :func:`~uamt.uncertainty.evaluate_predictions` result on dev itself (its ``methods``
+        hold the in-sample dev metrics).
+    """
+    from uamt.uncertainty import evaluate_predictions
+
+    fixed = method is not None and is_fixed_variance(method)
+    if method is not None:
+        dev_table = with_model_sigma(dev_table, method)
+    in_sample = evaluate_predictions(
+        dev_table,
+        dev_table,
+        settings=settings if settings is not None else EvaluationSettings(),
+        pred_source=source,
+        dev_source=source,
+    )
+    return Calibration.from_result(in_sample["calibration"], fixed=fixed), in_sample
+
+
+def load_calibrations(calibration_dir: str | Path, methods) -> dict[str, Calibration]:
+    """``{method: Calibration}`` of the calibrate stage's ``<calibration_dir>/<method>.json``."""
+    return {method: Calibration.load(Path(calibration_dir) / f"{method}.json") for method in methods}

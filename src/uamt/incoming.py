@@ -814,7 +814,8 @@ def _write_text_creating_folder(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
 
 
-def read_manifest(path: str | Path) -> dict[str, Any]:
+def read_ingest_manifest(path: str | Path) -> dict[str, Any]:
+    """The ingest manifest (files taken into the pool, with their sha256); no files if it is absent."""
     path = Path(path)
     if not path.is_file():
         return {"files": []}
@@ -1026,7 +1027,7 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
             reject(path, check, 0)
             continue
         pool = read_pool(cfg.pool_path)
-        manifest = read_manifest(manifest_path)
+        manifest = read_ingest_manifest(manifest_path)
         check = _check_file(path, data, cfg, pool, manifest)
         accept = not check.file_problems and (check.ok or cfg.on_bad_rows == "keep_good")
         usable = check.good.reset_index(drop=True) if accept and check.good is not None else None
@@ -1122,7 +1123,7 @@ def withdraw(cfg: IncomingConfig, which: str) -> dict[str, Any]:
         No ingested file, or several, match ``which``.
     """
     manifest_path = Path(cfg.manifest_path)
-    manifest = read_manifest(manifest_path)
+    manifest = read_ingest_manifest(manifest_path)
     entries = [
         f
         for f in manifest["files"]

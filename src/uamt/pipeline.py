@@ -18,6 +18,9 @@ SECTION = "pipeline"
 
 #: Suffix of a reference-free (QE) model's name: ``hts_qe`` is ``hts`` trained on <src, mt> only.
 QE_SUFFIX = "_qe"
+#: Folder of the dev-fitted calibrations, ``<dir>/<model>.json`` (calibrate stage; read by evaluate,
+#: register and the analyses).
+CALIBRATION_DIR = "calibration"
 
 
 def base_method(name: str) -> str:
@@ -128,3 +131,22 @@ def open_features(encode_cfg):
     encoder = get_encoder(encode_cfg.encoder)
     cache = EmbeddingCache(encode_cfg.cache_dir, encoder, dtype=encode_cfg.dtype)
     return features_from_cache(cache)
+
+
+def predict_split(model_dir: Path, frame: pd.DataFrame, features, out_path: Path) -> pd.DataFrame:
+    """The predictions table of one model on one split, written atomically to ``out_path``."""
+    from uamt.fileio import atomic_path
+    from uamt.models.api import load
+
+    table = load(model_dir).predictions_table(frame, features)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_path) as tmp:
+        table.to_parquet(tmp, index=False)
+    return table
+
+
+def load_models(pipe: PipelineConfig, methods) -> dict:
+    """``{method: loaded model}`` of the pipeline's ``models/<method>`` folders."""
+    from uamt.models.api import load
+
+    return {method: load(pipe.model_dir(method)) for method in methods}

@@ -25,36 +25,15 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import pandas as pd
 
 from uamt.errors import UamtError
+from uamt.scale import ScoreScale
 
 OUTPUT_COLUMNS = ("mu", "sigma", "lower", "upper", "risk")
-
-
-@dataclass(frozen=True)
-class ScoreScale:
-    """Which human scores the predictions are on, e.g. ``name="MQM"``, ``description=...``.
-
-    ``bounds``: the ``(lowest, highest)`` score the scale allows (MQM: ``(-25, 0)``, 0 = no error),
-    or None when unbounded/unknown; predictions are clipped to it.
-    """
-
-    name: str
-    description: str
-    default_risk_threshold: float
-    bounds: tuple[float, float] | None = None
-
-    def __post_init__(self) -> None:
-        if self.bounds is not None:
-            low, high = (float(b) for b in self.bounds)
-            if not low < high:
-                raise UamtError(f"scale {self.name}: bounds {list(self.bounds)} must be (low, high), low < high")
-            object.__setattr__(self, "bounds", (low, high))
 
 
 @runtime_checkable
@@ -72,8 +51,14 @@ class Predictor(Protocol):
         risk_threshold: float | None = None,
         batch_size: int = 64,
         progress: bool = False,
+        interval: str = "gaussian",
     ) -> pd.DataFrame:
-        """Score ``frame`` (see module docstring) and return the output columns, same row order."""
+        """Score ``frame`` (see module docstring) and return the output columns, same row order.
+
+        ``interval`` is how ``lower``/``upper`` are built: ``"gaussian"`` (the calibrated Gaussian)
+        or ``"conformal"`` (the dev-fitted conformal thresholds); see
+        :data:`uamt.calibrated.INTERVAL_MODES`.
+        """
         ...
 
 

@@ -35,8 +35,8 @@ import pandas as pd
 
 from uamt.errors import DataError, UamtError
 from uamt.fileio import atomic_write_text
-from uamt.predictor import ScoreScale
 from uamt.references import N_REFS, distinct_references
+from uamt.scale import ScoreScale
 from uamt.textcheck import blank_detail, is_blank
 
 

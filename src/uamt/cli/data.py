@@ -13,22 +13,21 @@ def _setup_logging() -> None:
 
 def _fetch(args: argparse.Namespace) -> int:
     from uamt.config import load_section
-    from uamt.data.fetch import FetchConfig
-    from uamt.stages import fetch
+    from uamt.data.fetch import FetchConfig, fetch_all
 
     _setup_logging()
-    raw_dir = fetch.run(load_section(FetchConfig, "fetch", args.params))
-    print(f"fetched into {raw_dir}")
+    cfg = load_section(FetchConfig, "fetch", args.params)
+    fetch_all(cfg)
+    print(f"fetched into {Path(cfg.raw_dir)}")
     return 0
 
 
 def _prepare(args: argparse.Namespace) -> int:
     from uamt.config import load_section
-    from uamt.data.prepare import PrepareConfig, format_summary, read_summary
-    from uamt.stages import prepare
+    from uamt.data.prepare import PrepareConfig, format_summary, prepare, read_summary
 
     _setup_logging()
-    paths = prepare.run(load_section(PrepareConfig, "prepare", args.params))
+    paths = prepare(load_section(PrepareConfig, "prepare", args.params))
     print(format_summary(read_summary(paths["summary"].parent)))
     return 0
 

@@ -15,9 +15,8 @@ from pathlib import Path
 def _features(params: Path):
     """(EncodeConfig, features callable over the embedding cache)."""
     from uamt.config import load_section
-    from uamt.encoders import EmbeddingCache, get_encoder
+    from uamt.encoders import EmbeddingCache, EncodeConfig, get_encoder
     from uamt.models.data import features_from_cache
-    from uamt.stages.encode import EncodeConfig
 
     cfg = load_section(EncodeConfig, "encode", params)
     encoder = get_encoder(cfg.encoder)
@@ -73,18 +72,6 @@ def _evaluation_settings(params: Path):
     return load_section(EvaluationSettings, "evaluate", params)
 
 
-def fit_calibration(dev_table, method: str, settings):
-    """The dev-fitted :class:`~uamt.calibrated.Calibration` of a predictions table, exactly as the
-    calibrate stage fits it (standardisation + affine sigma^2, or the fixed variance of a point model)."""
-    from uamt.calibrated import Calibration
-    from uamt.stages.calibrate import is_fixed_variance, with_model_sigma
-    from uamt.uncertainty import evaluate_predictions
-
-    table = with_model_sigma(dev_table, method)
-    result = evaluate_predictions(table, table, settings=settings, pred_source="dev", dev_source="dev")
-    return Calibration.from_result(result["calibration"], fixed=is_fixed_variance(method))
-
-
 def with_calibration(table, calibration, confidence: float):
     """``table`` plus ``mu_calibrated``, ``sigma_calibrated`` (a std) and the central interval
     ``lower``, ``upper`` at ``confidence``, all on the human scale of the calibration split."""
@@ -108,6 +95,7 @@ def _write_table(table, out: Path) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from uamt.calibrated import fit_calibration
     from uamt.errors import UamtError
     from uamt.models import load
 
@@ -127,7 +115,7 @@ def _predict(args: argparse.Namespace) -> int:
     if args.calibrate_on:
         dev_df = _read_split(encode_cfg.prepared_dir, args.calibrate_on)
         dev_table = model.predictions_table(dev_df, features, n_samples=args.n_samples)
-        calibration = fit_calibration(dev_table, model.method, _evaluation_settings(args.params))
+        calibration, _ = fit_calibration(dev_table, model.method, settings=_evaluation_settings(args.params))
         table = with_calibration(table, calibration, args.confidence)
         calibration_path = out.with_name(f"{out.name}.calibration.json")
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ import pandas as pd
 from uamt.data import loaders
 from uamt.data.schema import DA_Z_RANGE, HTER_RANGE, MQM_RANGE
 from uamt.data.sources import bio_mqm, wmt23
-from uamt.predictor import ScoreScale
+from uamt.scale import ScoreScale
 
 
 @dataclass(frozen=True)

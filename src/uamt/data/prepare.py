@@ -10,6 +10,7 @@ complete, so a failure leaves the previous outputs untouched):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from uamt.data.datasets import DATASET_SPECS, DATASETS, LoadOptions, dataset_spe
 from uamt.data.guard import GuardConfig, check_signal, chrf_signal, format_signal
 from uamt.data.schema import COLUMNS, SPLITS, to_arrow
 from uamt.data.splits import DEFAULT_FRACTIONS, assign_splits, check_disjoint, check_fractions
-from uamt.fileio import atomic_dir, sha256_text
+from uamt.fileio import atomic_dir, sha256_file, sha256_text
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ def build_table_with_stats(cfg: PrepareConfig) -> tuple[pd.DataFrame, dict[str, 
     table = assign_splits(table, cfg.fractions, cfg.forced_splits, cfg.seed)
     pool_stats: dict[str, Any] = {"path": cfg.annotations_pool, "rows": 0}
     if cfg.annotations_pool is not None:
-        pool = read_pool(cfg.annotations_pool)
+        pool = read_pool_as_canonical(cfg.annotations_pool)
         if len(pool):
             table, pool_stats = place_pool_rows(table, pool)
             pool_stats["path"] = cfg.annotations_pool
@@ -184,7 +185,7 @@ def build_table_with_stats(cfg: PrepareConfig) -> tuple[pd.DataFrame, dict[str, 
 POOL_SPLITS = ("d_q", "d_e")
 
 
-def read_pool(path: str | Path) -> pd.DataFrame:
+def read_pool_as_canonical(path: str | Path) -> pd.DataFrame:
     """The annotation pool (canonical columns, ``split``/``group`` ignored); empty if the file is absent."""
     from uamt.data.schema import empty_table, finish_table, require_columns
     from uamt.errors import DataError
@@ -324,6 +325,16 @@ def read_summary(prepared_dir: str | Path) -> dict[str, Any]:
         raise DataError(f"{prepared_dir}: no summary.json and no *.parquet (run `uamt data prepare`)")
     df = pd.concat([pd.read_parquet(f, columns=["dataset", "lp", "split"]) for f in files])
     return summarise(df)
+
+
+def data_version(prepared_dir: str | Path) -> str:
+    """Content hash of the prepared splits (the ``data_version`` tag of a registered model, trained,
+    calibrated and tested on them; also names the report's data and the pipeline flow's run)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(prepared_dir).glob("*.parquet")):
+        digest.update(path.name.encode())
+        digest.update(bytes.fromhex(sha256_file(path)))
+    return digest.hexdigest()[:12]
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:

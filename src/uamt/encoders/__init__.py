@@ -1,4 +1,4 @@
-"""Sentence encoders (registry) and the on-disk cache of their pooled per-layer embeddings.
+"""Sentence encoders (the catalog, by name) and the on-disk cache of their pooled per-layer embeddings.
 
 >>> from uamt.encoders import EncoderConfig, EmbeddingCache, get_encoder
 >>> encoder = get_encoder(EncoderConfig(name="minilm"))          # doctest: +SKIP
@@ -8,7 +8,7 @@
 """
 
 from uamt.encoders.cache import EmbeddingCache, text_key
-from uamt.encoders.registry import (
+from uamt.encoders.catalog import (
     ENCODERS,
     CometPooledEncoder,
     EncoderConfig,
@@ -17,15 +17,18 @@ from uamt.encoders.registry import (
     default_minilm_path,
     get_encoder,
 )
+from uamt.encoders.precompute import EncodeConfig, precompute_embeddings
 
 __all__ = [
     "ENCODERS",
     "CometPooledEncoder",
     "EmbeddingCache",
+    "EncodeConfig",
     "EncoderConfig",
     "PooledEncoder",
     "USEPooledEncoder",
     "default_minilm_path",
     "get_encoder",
+    "precompute_embeddings",
     "text_key",
 ]

@@ -201,7 +201,7 @@ def method_plan(mc_samples: int, ensemble_size: int, dup_losses: tuple[str, ...]
 
 def _copy_as(source_dir: Path, method: str, out_dir: Path) -> Path:
     # The pipeline's own derivation (stage train_base), so the copy costs what the pipeline pays.
-    from uamt.stages.train_base import derive
+    from uamt.models.shared_training import derive
 
     return derive(source_dir, method, out_dir)
 

@@ -239,8 +239,7 @@ def predict_over_references(
 def fit_calibration(rows: pd.DataFrame, raw: pd.DataFrame, evaluation_settings=None):
     """Dev-fitted :class:`uamt.calibrated.Calibration` of one model in one reference setting, fitted
     exactly as the ``calibrate`` stage does (standardisation + affine sigma^2, per LP)."""
-    from uamt.calibrated import Calibration
-    from uamt.uncertainty import EvaluationSettings, evaluate_predictions
+    from uamt.calibrated import fit_calibration as fit_on_dev
 
     table = pd.DataFrame(
         {
@@ -250,14 +249,8 @@ def fit_calibration(rows: pd.DataFrame, raw: pd.DataFrame, evaluation_settings=N
             "sigma": raw["sigma"].to_numpy(float),
         }
     )
-    result = evaluate_predictions(
-        table,
-        table,
-        settings=evaluation_settings or EvaluationSettings(),
-        pred_source="dev",
-        dev_source="dev",
-    )
-    return Calibration.from_result(result["calibration"])
+    calibration, _ = fit_on_dev(table, settings=evaluation_settings)
+    return calibration
 
 
 # ----------------------------------------------------------------------------------------------

@@ -380,8 +380,8 @@ def train_rows(
     dict row -> :class:`ModelRun`, in ``rows`` order.
     """
     from uamt.models.api import train
+    from uamt.models.shared_training import derive
     from uamt.models.specs import SAME_TRAINING, row_spec, training_order
-    from uamt.stages.train_base import derive
 
     runs: dict[str, ModelRun] = {}
     d_q, d_e, dev = frames["d_q"], frames["d_e"], frames["dev"]

@@ -108,7 +108,7 @@ def build_report(
         A section's JSON result or linked figure is missing (naming ``dvc repro exp_<name>``), or
         ``prepared_dir`` holds no prepared split (the data version would be meaningless).
     """
-    from uamt.stages.register import data_version
+    from uamt.data.prepare import data_version
 
     if not any(Path(prepared_dir).glob("*.parquet")):
         raise DataError(f"{prepared_dir}: no prepared splits; run `dvc repro prepare` first")

@@ -13,12 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.encoders import EncodeConfig
 from uamt.experiments import cost
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, write_result
 from uamt.models.config import TrainConfig, load_train_config
 from uamt.pipeline import PipelineConfig, load_pipeline, open_features, read_split
 from uamt.stages._cli import stage_main
-from uamt.stages.encode import EncodeConfig
 
 NAME = "exp_cost"
 log = logging.getLogger(__name__)

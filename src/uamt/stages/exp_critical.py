@@ -12,13 +12,20 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from uamt.calibrated import load_calibrations
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.encoders import EncodeConfig
 from uamt.experiments import critical
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, save_figure, write_result
-from uamt.pipeline import PipelineConfig, load_pipeline, open_features, read_split
+from uamt.pipeline import (
+    CALIBRATION_DIR,
+    PipelineConfig,
+    load_models,
+    load_pipeline,
+    open_features,
+    read_split,
+)
 from uamt.stages._cli import stage_main
-from uamt.stages.calibrate import CALIBRATION_DIR
-from uamt.stages.encode import EncodeConfig
 from uamt.uncertainty import EvaluationSettings
 
 NAME = "exp_critical"
@@ -90,16 +97,9 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> ExpCriticalConfig:
 
 
 def run(cfg: ExpCriticalConfig) -> dict[str, Path]:
-    from uamt.calibrated import Calibration
-    from uamt.models.api import load
-
     exp, pipe = cfg.exp, cfg.pipeline
-    methods = (exp.point_method, *exp.uncertainty_methods)
-    models = {method: load(pipe.model_dir(method)) for method in methods}
-    calibrations = {
-        method: Calibration.load(Path(exp.calibration_dir) / f"{method}.json")
-        for method in exp.uncertainty_methods
-    }
+    models = load_models(pipe, (exp.point_method, *exp.uncertainty_methods))
+    calibrations = load_calibrations(exp.calibration_dir, exp.uncertainty_methods)
     result = critical.analyse(
         read_split(pipe.prepared_dir, "dev", (exp.dataset,)),
         read_split(pipe.prepared_dir, "test", (exp.dataset,)),

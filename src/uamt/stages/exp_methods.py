@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.encoders import EncodeConfig
 from uamt.experiments.common import write_result
 from uamt.experiments.methods import NAME as RESULT_NAME
 from uamt.experiments.methods import MethodsSettings, run_analysis, write_figures
 from uamt.models.config import TrainConfig, load_train_config
 from uamt.pipeline import load_pipeline, open_features
 from uamt.stages._cli import stage_main
-from uamt.stages.encode import EncodeConfig
 from uamt.uncertainty import EvaluationSettings
 
 NAME = "exp_methods"

@@ -13,14 +13,20 @@ from pathlib import Path
 
 import pandas as pd
 
+from uamt.calibrated import load_calibrations
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.encoders import EncodeConfig
 from uamt.experiments import noisy_refs
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, save_figure, write_result
 from uamt.experiments.references import read_rows
-from uamt.pipeline import PipelineConfig, load_pipeline, open_features
+from uamt.pipeline import (
+    CALIBRATION_DIR,
+    PipelineConfig,
+    load_models,
+    load_pipeline,
+    open_features,
+)
 from uamt.stages._cli import stage_main
-from uamt.stages.calibrate import CALIBRATION_DIR
-from uamt.stages.encode import EncodeConfig
 
 NAME = "exp_noisy_refs"
 FIGURE = "noisy_refs.png"
@@ -97,19 +103,12 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> ExpNoisyRefsConfig:
 
 
 def run(cfg: ExpNoisyRefsConfig) -> dict[str, Path]:
-    from uamt.calibrated import Calibration
-    from uamt.models.api import load
-
     exp, pipe = cfg.exp, cfg.pipeline
     frame = pd.concat(
         [read_rows(pipe.prepared_dir, split, exp.dataset, exp.lp) for split in exp.splits], ignore_index=True
     )
-    models = {method: load(pipe.model_dir(method)) for method in exp.methods}
-    calibrations = {
-        method: Calibration.load(Path(exp.calibration_dir) / f"{method}.json")
-        for method in exp.methods
-        if method not in noisy_refs.NO_SIGMA
-    }
+    models = load_models(pipe, exp.methods)
+    calibrations = load_calibrations(exp.calibration_dir, [m for m in exp.methods if m not in noisy_refs.NO_SIGMA])
     timings: dict[str, float] = {}
     result = noisy_refs.run_noisy_refs(
         models,

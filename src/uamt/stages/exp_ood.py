@@ -13,9 +13,8 @@ from pathlib import Path
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.experiments import ood
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, write_result
-from uamt.pipeline import PipelineConfig, load_pipeline
+from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, load_pipeline
 from uamt.stages._cli import stage_main
-from uamt.stages.calibrate import CALIBRATION_DIR
 
 NAME = "exp_ood"
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.encoders import EncodeConfig
 from uamt.experiments import references
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, save_figure, write_result
-from uamt.pipeline import PipelineConfig, load_pipeline, open_features
+from uamt.pipeline import PipelineConfig, load_models, load_pipeline, open_features
 from uamt.stages._cli import stage_main
-from uamt.stages.encode import EncodeConfig
 from uamt.uncertainty import EvaluationSettings
 
 NAME = "exp_references"
@@ -85,10 +85,8 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> ExpReferencesConfig:
 
 
 def run(cfg: ExpReferencesConfig) -> dict[str, Path]:
-    from uamt.models.api import load
-
     exp, pipe = cfg.exp, cfg.pipeline
-    models = {method: load(pipe.model_dir(method)) for method in exp.methods}
+    models = load_models(pipe, exp.methods)
     timings: dict[str, float] = {}
     result = references.run_references(
         models,

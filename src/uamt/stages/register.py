@@ -1,47 +1,23 @@
 """Stage ``register``: log the run to MLflow, register the model as a new version, gate it.
 
-The model of ``pipeline.register_method`` (and the reference-free model of
-``pipeline.register_qe_method``, as ``<model_name>-qe``) becomes an MLflow pyfunc carrying its checkpoint,
-calibration and encoder spec; every candidate is registered (``validation_status=pending``), the
-promotion gate compares its test metrics with the champion's, and the ``champion`` alias moves
-last, only if the gate passes (see :mod:`uamt.registry`). Writes ``metrics/registry.json``.
-
-Before anything is logged, the registry is checked (:func:`uamt.registry.prepare_store`): a
-registry that existed (its marker beside the SQLite database, or the previous
-``metrics/registry.json``) and is gone is an error, and a new one is only created with
-``register.allow_new_registry: true`` (or by ``uamt registry init``).
+The model of ``pipeline.register_method`` (and the QE model of ``pipeline.register_qe_method``, as
+``<model_name>-qe``) is registered, gated against the champion and aliased only if the gate passes
+(:mod:`uamt.registration`); writes ``metrics/registry.json``.  A registry that existed and is gone
+is an error; a new one is only created with ``register.allow_new_registry: true``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
-from uamt.fileio import sha256_file
-from uamt.pipeline import QE_SUFFIX, PipelineConfig, load_pipeline
-from uamt.registry import Gates
+from uamt.encoders import EncodeConfig
+from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, load_pipeline
+from uamt.registration import RegisterSettings, register_pipeline_models
 from uamt.stages._cli import stage_main
-from uamt.stages.encode import EncodeConfig
 
 NAME = "register"
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RegisterSettings:
-    """params.yaml ``register:`` section."""
-
-    model_name: str = "uamt-comet"
-    experiment: str = "uamt"
-    tracking_uri: str | None = None
-    gates: Gates = field(default_factory=Gates)
-    #: Create the registry when there is none and nothing says one existed (a fresh project).
-    allow_new_registry: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,7 +25,7 @@ class RegisterConfig:
     pipeline: PipelineConfig
     register: RegisterSettings
     encode: EncodeConfig
-    calibration_dir: str = "calibration"
+    calibration_dir: str = CALIBRATION_DIR
 
 
 def load_config(path: str | Path = DEFAULT_PARAMS) -> RegisterConfig:
@@ -60,145 +36,9 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> RegisterConfig:
     )
 
 
-def data_version(prepared_dir: str | Path) -> str:
-    """Content hash of the prepared splits the model was trained, calibrated and tested on."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(prepared_dir).glob("*.parquet")):
-        digest.update(path.name.encode())
-        digest.update(bytes.fromhex(sha256_file(path)))
-    return digest.hexdigest()[:12]
-
-
-def _flat(metrics: dict, prefix: str) -> dict[str, float]:
-    out = {}
-    for method, by_lp in metrics.items():
-        for lp, values in by_lp.items():
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and value is not None:
-                    name = f"{prefix}.{method}.{lp}.{key}".replace("@", "_at_")
-                    out[name] = float(value)
-    return out
-
-
-def calibration_params(path: Path) -> dict[str, float]:
-    """alpha, beta (affine sigma^2) and sigma^2_fixed per LP and global, as flat MLflow params."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    out = {}
-    for block, keys in (("affine_variance", ("alpha", "beta")), ("fixed_variance", ("var",))):
-        fitted = data.get(block) or {}
-        groups = {"global": fitted.get("global") or {}, **(fitted.get("lps") or {})}
-        for group, values in groups.items():
-            for key in keys:
-                if isinstance(values.get(key), (int, float)):
-                    name = "sigma2_fixed" if key == "var" else key
-                    out[f"calibration.{group}.{name}"] = float(values[key])
-    return out
-
-
 def run(cfg: RegisterConfig) -> dict:
-    """Register and gate the reference-based model, then the QE model (``<model_name>-qe``);
-    ``metrics/registry.json`` holds the first's summary with the QE one under ``"qe"``."""
-    from uamt import registry
-    from uamt.scoring.score import QE_SUFFIX as REGISTRY_QE_SUFFIX
-    from uamt.uncertainty import write_json_atomic
-
-    pipe, reg = cfg.pipeline, cfg.register
-    names = {reg.model_name}
-    if pipe.register_qe_method is not None:
-        names.add(reg.model_name + REGISTRY_QE_SUFFIX)
-    uri = registry.tracking_uri(reg.tracking_uri)
-    status = registry.prepare_store(
-        uri,
-        allow_new=reg.allow_new_registry,
-        expected=previous_versions(Path(pipe.metrics_dir) / "registry.json", names),
-    )
-    log.info("%s", status)
-    summary = register_model(cfg, pipe.register_method, reg.model_name)
-    if pipe.register_qe_method is not None:
-        qe_model = f"{pipe.register_qe_method}{QE_SUFFIX}"
-        summary["qe"] = register_model(cfg, qe_model, reg.model_name + REGISTRY_QE_SUFFIX)
-    write_json_atomic(summary, Path(pipe.metrics_dir) / "registry.json")
-    return summary
-
-
-def previous_versions(path: Path, names: set[str]) -> dict[str, str]:
-    """model name -> version that a previous run's ``metrics/registry.json`` registered (if present)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    found = {}
-    for entry in (data, data.get("qe") if isinstance(data, dict) else None):
-        if isinstance(entry, dict) and entry.get("model_name") in names and entry.get("version"):
-            found[str(entry["model_name"])] = str(entry["version"])
-    return found
-
-
-def register_model(cfg: RegisterConfig, method: str, model_name: str) -> dict:
-    """Log ``models/<method>`` as an MLflow run + pyfunc, register it under ``model_name``, gate it."""
-    from uamt import registry
-    from uamt.models.api import read_manifest
-    from uamt.pyfunc import UamtPyfunc, scale_for, signature, write_spec
-
-    pipe, reg = cfg.pipeline, cfg.register
-    metrics_dir = Path(pipe.metrics_dir)
-    metrics_dir.mkdir(parents=True, exist_ok=True)
-    test = json.loads((metrics_dir / "test.json").read_text(encoding="utf-8"))
-    ood = json.loads((metrics_dir / "ood.json").read_text(encoding="utf-8"))
-    candidate = {
-        k: v for k, v in test[method]["avg"].items() if k in ("ece", "nll", "pps", "ups", "sharpness", "crps")
-    }
-    model_dir = pipe.model_dir(method)
-    manifest = read_manifest(model_dir)
-    scale = scale_for(pipe.datasets)
-    version_tag = data_version(pipe.prepared_dir)
-    spec_dir = Path(tempfile.mkdtemp(prefix="uamt-spec-"))
-    spec = write_spec(spec_dir / "spec.json", cfg.encode.encoder, scale, method, pipe.datasets)
-    uri = registry.tracking_uri(reg.tracking_uri)
-    version = registry.register_candidate(
-        uri,
-        model_name,
-        run_name=NAME,
-        python_model=UamtPyfunc(),
-        artifacts={
-            "model": str(model_dir),
-            "calibration": str(Path(cfg.calibration_dir) / f"{method}.json"),
-            "spec": str(spec),
-        },
-        signature=signature(manifest["config"].get("reference_free", False), scale.default_risk_threshold),
-        test_metrics=candidate,
-        params={
-            "method": method,
-            "datasets": ",".join(pipe.datasets),
-            "encoder": cfg.encode.encoder.name,
-            **{f"train.{k}": v for k, v in manifest["config"].items()},
-            **calibration_params(Path(cfg.calibration_dir) / f"{method}.json"),
-        },
-        run_metrics={**_flat(test, "test"), **_flat(ood, "ood")},
-        tags={
-            "method": method,
-            "data_version": version_tag,
-            "encoder_id": str(manifest.get("encoder_id")),
-            "scale": scale.name,
-        },
-        log_artifacts={"metrics": str(metrics_dir), "plots": pipe.plots_dir},
-        experiment=reg.experiment,
-    )
-    client = registry._client(uri)
-    orphans = registry.mark_orphans(client, model_name, keep_version=version)
-    decision = registry.gate_and_alias(client, model_name, version, candidate, reg.gates)
-    registry.record_version(uri, model_name)
-    log.info("registered %s version %s: %s", model_name, version, decision.reason)
-    return {
-        "model_name": model_name,
-        "method": method,
-        "version": version,
-        "promoted": decision.promote,
-        "reason": decision.reason,
-        "data_version": version_tag,
-        "orphans_marked": orphans,
-        "candidate": candidate,
-    }
+    """Register and gate the models; returns the summary written to ``metrics/registry.json``."""
+    return register_pipeline_models(cfg.pipeline, cfg.register, cfg.encode, cfg.calibration_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

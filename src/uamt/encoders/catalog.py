@@ -1,4 +1,4 @@
-"""Encoder registry: sentence encoders that return the mean-pooled hidden states of every layer.
+"""Encoder catalog: sentence encoders, by name, that return the mean-pooled hidden states of every layer.
 
 Every uncertainty method in uamt consumes the same thing: for each text, the attention-masked
 mean of each layer's hidden states, ``[n, num_layers, dim]`` (the embeddings layer counts as a

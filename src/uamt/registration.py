@@ -1,0 +1,182 @@
+"""Registering the pipeline's models in MLflow (stage ``register``): log, register, gate, alias.
+
+The model of ``pipeline.register_method`` (and the reference-free model of
+``pipeline.register_qe_method``, as ``<model_name>-qe``) becomes an MLflow pyfunc carrying its
+checkpoint, calibration and encoder spec; every candidate is registered
+(``validation_status=pending``), the promotion gate compares its test metrics with the champion's,
+and the ``champion`` alias moves last, only if the gate passes.  The MLflow calls themselves are
+:mod:`uamt.registry`'s.
+
+Before anything is logged, the registry is checked (:func:`uamt.registry.prepare_store`): a
+registry that existed (its marker beside the SQLite database, or the previous
+``metrics/registry.json``) and is gone is an error, and a new one is only created with
+``register.allow_new_registry: true`` (or by ``uamt registry init``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from uamt.encoders import EncodeConfig
+from uamt.pipeline import QE_SUFFIX, PipelineConfig
+from uamt.registry import Gates
+
+log = logging.getLogger(__name__)
+#: MLflow run name of a registration (= the dvc stage and Prefect task name).
+RUN_NAME = "register"
+
+
+@dataclass(frozen=True)
+class RegisterSettings:
+    """params.yaml ``register:`` section."""
+
+    model_name: str = "uamt-comet"
+    experiment: str = "uamt"
+    tracking_uri: str | None = None
+    gates: Gates = field(default_factory=Gates)
+    #: Create the registry when there is none and nothing says one existed (a fresh project).
+    allow_new_registry: bool = False
+
+
+def flat_metrics(metrics: dict, prefix: str) -> dict[str, float]:
+    """``{method: {lp: {key: value}}}`` as flat MLflow metric names ``<prefix>.<method>.<lp>.<key>``."""
+    out = {}
+    for method, by_lp in metrics.items():
+        for lp, values in by_lp.items():
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and value is not None:
+                    name = f"{prefix}.{method}.{lp}.{key}".replace("@", "_at_")
+                    out[name] = float(value)
+    return out
+
+
+def calibration_params(path: Path) -> dict[str, float]:
+    """alpha, beta (affine sigma^2) and sigma^2_fixed per LP and global, as flat MLflow params."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    out = {}
+    for block, keys in (("affine_variance", ("alpha", "beta")), ("fixed_variance", ("var",))):
+        fitted = data.get(block) or {}
+        groups = {"global": fitted.get("global") or {}, **(fitted.get("lps") or {})}
+        for group, values in groups.items():
+            for key in keys:
+                if isinstance(values.get(key), (int, float)):
+                    name = "sigma2_fixed" if key == "var" else key
+                    out[f"calibration.{group}.{name}"] = float(values[key])
+    return out
+
+
+def previous_versions(path: Path, names: set[str]) -> dict[str, str]:
+    """model name -> version that a previous run's ``metrics/registry.json`` registered (if present)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    found = {}
+    for entry in (data, data.get("qe") if isinstance(data, dict) else None):
+        if isinstance(entry, dict) and entry.get("model_name") in names and entry.get("version"):
+            found[str(entry["model_name"])] = str(entry["version"])
+    return found
+
+
+def register_pipeline_models(
+    pipe: PipelineConfig, reg: RegisterSettings, encode: EncodeConfig, calibration_dir: str | Path
+) -> dict:
+    """Register and gate the reference-based model, then the QE model (``<model_name>-qe``);
+    ``metrics/registry.json`` holds the first's summary with the QE one under ``"qe"``."""
+    from uamt import registry
+    from uamt.scoring.score import QE_SUFFIX as REGISTRY_QE_SUFFIX
+    from uamt.uncertainty import write_json_atomic
+
+    names = {reg.model_name}
+    if pipe.register_qe_method is not None:
+        names.add(reg.model_name + REGISTRY_QE_SUFFIX)
+    uri = registry.tracking_uri(reg.tracking_uri)
+    status = registry.prepare_store(
+        uri,
+        allow_new=reg.allow_new_registry,
+        expected=previous_versions(Path(pipe.metrics_dir) / "registry.json", names),
+    )
+    log.info("%s", status)
+    summary = register_model(pipe, reg, encode, calibration_dir, pipe.register_method, reg.model_name)
+    if pipe.register_qe_method is not None:
+        qe_model = f"{pipe.register_qe_method}{QE_SUFFIX}"
+        summary["qe"] = register_model(
+            pipe, reg, encode, calibration_dir, qe_model, reg.model_name + REGISTRY_QE_SUFFIX
+        )
+    write_json_atomic(summary, Path(pipe.metrics_dir) / "registry.json")
+    return summary
+
+
+def register_model(
+    pipe: PipelineConfig,
+    reg: RegisterSettings,
+    encode: EncodeConfig,
+    calibration_dir: str | Path,
+    method: str,
+    model_name: str,
+) -> dict:
+    """Log ``models/<method>`` as an MLflow run + pyfunc, register it under ``model_name``, gate it."""
+    from uamt import registry
+    from uamt.data.prepare import data_version
+    from uamt.models.api import read_manifest
+    from uamt.pyfunc import UamtPyfunc, scale_for, signature, write_spec
+
+    metrics_dir = Path(pipe.metrics_dir)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    test = json.loads((metrics_dir / "test.json").read_text(encoding="utf-8"))
+    ood = json.loads((metrics_dir / "ood.json").read_text(encoding="utf-8"))
+    candidate = {
+        k: v for k, v in test[method]["avg"].items() if k in ("ece", "nll", "pps", "ups", "sharpness", "crps")
+    }
+    model_dir = pipe.model_dir(method)
+    manifest = read_manifest(model_dir)
+    scale = scale_for(pipe.datasets)
+    version_tag = data_version(pipe.prepared_dir)
+    spec_dir = Path(tempfile.mkdtemp(prefix="uamt-spec-"))
+    spec = write_spec(spec_dir / "spec.json", encode.encoder, scale, method, pipe.datasets)
+    calibration = Path(calibration_dir) / f"{method}.json"
+    uri = registry.tracking_uri(reg.tracking_uri)
+    version = registry.register_candidate(
+        uri,
+        model_name,
+        run_name=RUN_NAME,
+        python_model=UamtPyfunc(),
+        artifacts={"model": str(model_dir), "calibration": str(calibration), "spec": str(spec)},
+        signature=signature(manifest["config"].get("reference_free", False), scale.default_risk_threshold),
+        test_metrics=candidate,
+        params={
+            "method": method,
+            "datasets": ",".join(pipe.datasets),
+            "encoder": encode.encoder.name,
+            **{f"train.{k}": v for k, v in manifest["config"].items()},
+            **calibration_params(calibration),
+        },
+        run_metrics={**flat_metrics(test, "test"), **flat_metrics(ood, "ood")},
+        tags={
+            "method": method,
+            "data_version": version_tag,
+            "encoder_id": str(manifest.get("encoder_id")),
+            "scale": scale.name,
+        },
+        log_artifacts={"metrics": str(metrics_dir), "plots": pipe.plots_dir},
+        experiment=reg.experiment,
+    )
+    client = registry._client(uri)
+    orphans = registry.mark_orphans(client, model_name, keep_version=version)
+    decision = registry.gate_and_alias(client, model_name, version, candidate, reg.gates)
+    registry.record_version(uri, model_name)
+    log.info("registered %s version %s: %s", model_name, version, decision.reason)
+    return {
+        "model_name": model_name,
+        "method": method,
+        "version": version,
+        "promoted": decision.promote,
+        "reason": decision.reason,
+        "data_version": version_tag,
+        "orphans_marked": orphans,
+        "candidate": candidate,
+    }
