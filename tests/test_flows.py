@@ -219,7 +219,7 @@ def test_pipeline_flow_wiring_caching_and_name(prefect_api, tmp_path, monkeypatc
     state = fp.uamt_pipeline(str(params), start="prepare", return_state=True)
     assert state.is_completed()
     assert [c[0] for c in calls] == list(fp.STAGE_NAMES[1:])
-    version = fp.prepared_data_version("data/prepared")
+    version = fp.data_version("data/prepared")
     assert read_flow_run(state.state_details.flow_run_id).name == f"uamt-data-{version}"
     assert artifacts and "| hts | -0.5000 | 0.0400 |" in artifacts[-1]["markdown"]
     assert f"`{version}`" in artifacts[-1]["markdown"]
