@@ -35,7 +35,6 @@ import numpy as np
 from scipy.special import ndtr
 
 from uamt.uncertainty.calibration import (
-    DEFAULT_MIN_LP_ROWS,
     AffineVarianceCalibrator,
     Standardizer,
     _ece_columns,
@@ -43,9 +42,7 @@ from uamt.uncertainty.calibration import (
 from uamt.uncertainty.conformal import ConformalCalibrator
 from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
-    _as_1d,
-    _check_same_length,
-    conditional_coverage_error,
+    _triple,
     expected_calibration_error,
     expected_normalized_calibration_error,
     grouped_coverage,
@@ -123,12 +120,8 @@ def fit_variance_by_score(
         raise ValueError(f"score={score!r} not supported; choose from {sorted(SCORES)}")
     if not ece_bound >= 0:
         raise ValueError(f"ece_bound={ece_bound!r} must be >= 0")
-    human = _as_1d("human", human)
-    mu = _as_1d("mu", mu)
-    sigma = _as_1d("sigma", sigma, nonnegative=True)
-    _check_same_length(human=human, mu=mu, sigma=sigma)
-    abs_err = np.abs(human - mu)
-    var = sigma**2
+    human, mu, sigma = _triple(human, mu, sigma)
+    abs_err, var = np.abs(human - mu), sigma**2
     mse = float(np.mean(abs_err**2))
     if mse == 0.0 or float(var.mean()) == 0.0:
         raise ValueError("a proper-score fit needs some error and some sigma > 0 on dev")
@@ -172,20 +165,10 @@ class ScoreVarianceCalibrator(AffineVarianceCalibrator):
     kind = "score_variance"
 
     def __init__(
-        self,
-        *,
-        per_lp: bool = True,
-        min_lp_rows: int = DEFAULT_MIN_LP_ROWS,
-        n_levels: int = N_CONFIDENCE_LEVELS,
-        grid_size: int = 25,
-        refine_size: int = 3,
-        score: str = "nll",
-        scale_only: bool = False,
-        ece_bound: float = 0.01,
+        self, *, score: str = "nll", scale_only: bool = False, ece_bound: float = 0.01, grid_size: int = 25, **settings
     ) -> None:
-        super().__init__(
-            per_lp=per_lp, min_lp_rows=min_lp_rows, n_levels=n_levels, grid_size=grid_size, refine_size=refine_size
-        )
+        # refine_size is unused here (one grid, no refinement) but kept for the shared serialisation
+        super().__init__(grid_size=grid_size, **{"refine_size": 3, **settings})
         if score not in SCORES:
             raise ValueError(f"score={score!r} not supported; choose from {sorted(SCORES)}")
         self.score = score
@@ -367,12 +350,12 @@ def candidate_summary(human, mu, sigma, lp, gamma: float, n_levels: int = N_CONF
     """
     human, mu, sigma = (np.asarray(a, dtype=float) for a in (human, mu, sigma))
     lp = np.asarray(lp, dtype=object)
-    sigma_q, mu_q = _within_lp_quintiles(sigma, lp), _within_lp_quintiles(mu, lp)
+    report = conditional_report(human, mu, sigma, lp, gamma)
     lps = sorted(set(lp.tolist()))
     out = {
-        "lp_coverage_error": conditional_coverage_error(human, mu, sigma, lp, gamma),
-        "sigma_quintile_error": conditional_coverage_error(human, mu, sigma, sigma_q, gamma),
-        "mu_quintile_error": conditional_coverage_error(human, mu, sigma, mu_q, gamma),
+        "lp_coverage_error": report["lp_coverage_error"],
+        "sigma_quintile_error": report["sigma_quintile_coverage_error"],
+        "mu_quintile_error": report["mu_quintile_coverage_error"],
         "ence": float(
             np.mean([expected_normalized_calibration_error(human[lp == n], mu[lp == n], sigma[lp == n], 5) for n in lps])
         ),
