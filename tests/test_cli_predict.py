@@ -19,9 +19,9 @@ from scipy.stats import norm
 
 from tests.test_models import CFG, FEATURES, make_table
 from uamt.calibrated import Calibration
-from uamt.uncertainty import ConformalCalibrator
 from uamt.cli import main
 from uamt.models import load, train
+from uamt.uncertainty import ConformalCalibrator
 
 DEV_LPS = ("en-de", "zh-en")
 MIN_LP_ROWS = 50
