@@ -139,6 +139,8 @@ class PredictionArrays:
     doc: np.ndarray | None = None
     #: Domain per row (``domain`` column), or None.
     domain: np.ndarray | None = None
+    #: What ``doc`` holds: "documents", "source segments" (the fallback), or None.
+    doc_unit: str | None = None
 
     def __len__(self) -> int:
         return int(self.human.size)
@@ -274,6 +276,7 @@ def prediction_arrays(
         source=source,
         sample_sigma=_sample_sigma(frame, sigma, layout, sigma_source, source, from_file),
         doc=_document_labels(frame),
+        doc_unit="documents" if "doc" in frame.columns else "source segments" if "seg_id" in frame.columns else None,
         domain=_labels(frame, "domain"),
     )
 
@@ -566,7 +569,7 @@ def _select(dev: PredictionArrays, candidates: dict[str, Any], settings: Evaluat
         human_z, mu_z, sigmas = cross_fitted_sigmas(
             dev, folds, names, common=common, n_levels=settings.n_levels, ece_bound=settings.ece_bound, gamma=gamma
         )
-        on = f"dev, {settings.cross_fit_folds}-fold cross-fitted over {n_docs} documents"
+        on = f"dev, {settings.cross_fit_folds}-fold cross-fitted over {n_docs} {dev.doc_unit}"
     else:
         everything = np.ones(len(dev), dtype=bool)
         _, (human_z, mu_z, sigma_z), _ = standardize(dev, everything, everything, common)
@@ -593,7 +596,8 @@ def _papers_cross_fitted_ece(test: PredictionArrays, settings: EvaluationSetting
     """The papers' k-fold protocol on the evaluated split itself, where it has document ids."""
     if test.doc is None or np.unique(test.doc).size < settings.cross_fit_folds:
         return None
-    return cross_fitted_ece(test, document_folds(test.doc, settings.cross_fit_folds), common=common, n_levels=settings.n_levels)
+    folds = document_folds(test.doc, settings.cross_fit_folds)
+    return {**cross_fitted_ece(test, folds, common=common, n_levels=settings.n_levels), "folds_over": test.doc_unit}
 
 
 def metrics_table(result: dict[str, Any], methods: list[str] | None = None) -> pd.DataFrame:
