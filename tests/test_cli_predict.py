@@ -131,15 +131,17 @@ def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace,
     dev_lp = dev[dev["lp"] == DEV_LPS[0]]
     assert expected.standardizer.lp_params[DEV_LPS[0]]["pred_std"] == pytest.approx(dev_lp["mu"].std(ddof=0))
     # per row, with the LP's fitted parameters of the served candidate: a variance calibration gives
-    # sigma_cal^2 = s_h^2 (alpha (sigma / s_p)^2 + beta); the conformal one s_h q@0.9 (sigma / s_p) / z_0.95
+    # sigma_cal^2 = s_h^2 (alpha (sigma / s_p)^2 + beta); a conformal one s_h (its 0.9 interval in z) / (2 z_0.95)
     served = expected.served or expected.affine
     for lp in DEV_LPS:
         rows = table[table["lp"] == lp]
         std = expected.standardizer.lp_params[lp]
         params = served.lp_params.get(lp, served.global_params)
         sigma_z = rows["sigma"] / std["pred_std"]
-        if isinstance(served, ConformalCalibrator):
-            want = std["human_std"] * params["q@0.9"] * sigma_z / norm.ppf(0.95)
+        if isinstance(served, ConformalCalibrator):  # also the Mondrian kind: thresholds per mu bin
+            mu_z = ((rows["mu"] - std["pred_mean"]) / std["pred_std"]).to_numpy()
+            low_z, high_z = served.interval(mu_z, sigma_z.to_numpy(), 0.9, np.full(len(rows), lp, dtype=object))
+            want = std["human_std"] * (high_z - low_z) / (2 * norm.ppf(0.95))
         else:
             var_z = params["alpha"] * sigma_z**2 + params["beta"]
             want = std["human_std"] * np.sqrt(np.maximum(var_z, params["var_floor"]))

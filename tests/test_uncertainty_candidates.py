@@ -254,3 +254,32 @@ def test_ece_of_candidates_is_finite():
     for name in CANDIDATES:
         calibrator = fit_candidate(name, human, mu, sigma, None, common=COMMON, n_levels=100, ece_bound=0.01)
         assert 0 <= expected_calibration_error(human, mu, candidate_sigma(calibrator, mu, sigma, None, 0.9)) < 0.5
+
+
+def test_mondrian_conformal_covers_every_mu_quintile_where_one_threshold_cannot():
+    """Errors grow with |mu| (as MQM's do away from 0) while the model's sigma ignores it: one
+    threshold per LP misses the extreme mu quintiles, one per mu bin covers each."""
+    from uamt.uncertainty.candidates import MondrianConformalCalibrator
+
+    def data(n):
+        mu = rng.normal(size=n)
+        sigma = np.exp(rng.uniform(-1.0, 0.5, size=n))
+        return rng.normal(mu, sigma * (0.2 + mu**2)), mu, sigma
+
+    rng = np.random.default_rng(11)
+    cal, test = data(4000), data(20000)
+    human, mu, sigma = test
+    quintile = quantile_groups(mu, 5)
+    gaps = {}
+    for name in ("conformal", "mondrian_conformal"):
+        calibrator = fit_candidate(name, *cal, None, common=COMMON, n_levels=100, ece_bound=0.01)
+        low, high = calibrator.interval(mu, sigma, 0.9)
+        inside = (low <= human) & (human <= high)
+        gaps[name] = max(abs(inside[quintile == q].mean() - 0.9) for q in range(5))
+        assert abs(inside.mean() - 0.9) < 0.02
+    assert gaps["mondrian_conformal"] < 0.05 < 0.1 < gaps["conformal"], gaps
+    fitted = fit_candidate("mondrian_conformal", *cal, None, common=COMMON, n_levels=100, ece_bound=0.01)
+    again = MondrianConformalCalibrator.from_dict(fitted.to_dict())
+    low, high = again.interval_at(mu[:5], sigma[:5], 0.8)
+    np.testing.assert_allclose(again.risk(mu[:5], sigma[:5], high), 0.9)
+    np.testing.assert_allclose(again.risk(mu[:5], sigma[:5], low), 0.1)

@@ -157,7 +157,7 @@ class Calibration:
                         return f"{block}[{group}] is missing {key!r}"
                 for key, value in params.items():
                     where = f"{block}[{group}].{key} = {value!r}"
-                    conformal_threshold = conformal and key.startswith("q@")
+                    conformal_threshold = conformal and "q@" in key
                     if not isinstance(value, (int, float)) or math.isnan(value):
                         return f"{where} is not a number"
                     if math.isinf(value) and not (conformal_threshold and value > 0):

@@ -68,6 +68,13 @@ def conformal_quantile(scores, gamma: float) -> float:
     return float(scores[max(rank, 1) - 1])
 
 
+def cdf_knots(params: dict[str, float], gammas: Sequence[float], prefix: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """``(levels, thresholds)`` of the piecewise-linear CDF of |z| through (0, 0) and the finite
+    fitted thresholds ``params[prefix + "q@<gamma>"]``."""
+    levels = [g for g in gammas if math.isfinite(params[prefix + _key(g)])]
+    return np.array([0.0, *levels]), np.array([0.0, *[params[prefix + _key(g)] for g in levels]])
+
+
 class ConformalCalibrator(_PerLanguagePair):
     """Sigma-normalised split-conformal calibrator (per LP, global fallback), JSON-serialisable.
 
@@ -154,9 +161,7 @@ class ConformalCalibrator(_PerLanguagePair):
 
     def _cdf_knots(self, lp: str | None) -> tuple[np.ndarray, np.ndarray]:
         """``(levels, thresholds)`` of the piecewise-linear |z| CDF through (0, 0) and the finite fits."""
-        params, _ = self.params_for(lp)
-        levels = [g for g in self.gammas if math.isfinite(params[_key(g)])]
-        return np.array([0.0, *levels]), np.array([0.0, *[params[_key(g)] for g in levels]])
+        return cdf_knots(self.params_for(lp)[0], self.gammas)
 
     def risk(self, mu, sigma, threshold, lp=None) -> np.ndarray:
         """P(Q <= threshold) from the same fitted quantiles as :meth:`interval`, shape [n].
