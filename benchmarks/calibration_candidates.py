@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             mark = "*" if name == selected else " "
             low = "  -  " if row["low"] is None else f"{row['low']:.2f}"
             print(
-                f"{method:8} {mark}{name:11} {row['cov']:5.3f} {row['lp_min']:5.3f}..{row['lp_max']:.3f} "
+                f"{method:8} {mark}{name:18} {row['cov']:5.3f} {row['lp_min']:5.3f}..{row['lp_max']:.3f} "
                 f"{row['lp_err']:6.3f} {row['sq_err']:6.3f} {row['mq_err']:6.3f} {low:>5} {row['ence']:6.3f} "
                 f"{row['p90_p10']:7.2f} {row['ece']:6.3f} {row['pps']:6.3f}"
             )
