@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     old_metrics = json.loads(old_metrics_path.read_text()) if old_metrics_path.is_file() else {}
     out = {}
     header = (
-        f"{'method':8} {'candidate':12} {'cov':>5} {'lp min..max':>11} {'lp err':>6} {'sq err':>6} "
+        f"{'method':8} {'candidate':19} {'cov':>5} {'lp min..max':>11} {'lp err':>6} {'sq err':>6} "
         f"{'mq err':>6} {'low':>5} {'ENCE':>6} {'P90/P10':>7} {'ECE':>6} {'PPS':>6}"
     )
     print(header)
