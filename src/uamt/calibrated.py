@@ -36,6 +36,7 @@ from uamt.uncertainty import (
     gaussian_interval,
     translation_risk,
 )
+from uamt.uncertainty.candidates import candidate_from_dict, candidate_sigma
 
 INTERVAL_MODES = ("gaussian", "conformal")
 
@@ -51,6 +52,10 @@ class Calibration:
     fixed: bool = False
     #: k -> {lp or GLOBAL: variance factor of predictions averaged over k references}.
     reference_factors: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: The candidate the calibration rule selected (:mod:`uamt.uncertainty.candidates`) and its fit;
+    #: None = the papers' affine fit (``affine``), as in files written before candidates existed.
+    selected: str = "affine_ece"
+    served: Any = None
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -66,6 +71,8 @@ class Calibration:
                     else None
                 ),
                 fixed=fixed,
+                selected=calibration.get("selected") or "affine_ece",
+                served=candidate_from_dict(calibration.get("candidates"), calibration.get("selected")),
             )
         except KeyError as exc:
             raise UamtError(f"calibration is missing {exc.args[0]!r}: was it fitted with a dev set?") from exc
@@ -77,6 +84,8 @@ class Calibration:
             "fixed_variance": self.fixed_variance.to_dict(),
             "conformal": self.conformal.to_dict() if self.conformal is not None else None,
             "fixed": self.fixed,
+            "selected": self.selected,
+            "candidates": {} if self.served is None else {self.selected: self.served.to_dict()},
             "reference_factors": {str(k): dict(f) for k, f in sorted(self.reference_factors.items())},
         }
 
@@ -134,13 +143,15 @@ class Calibration:
             "affine_variance": self.affine,
             "fixed_variance": self.fixed_variance,
             "conformal": self.conformal,
+            f"candidates.{self.selected}": self.served,
         }
         for block, calibrator in blocks.items():
             if calibrator is None:
                 continue
             if calibrator.global_params is None:
                 return f"{block} is not fitted"
-            rules = self._RULES[block]
+            conformal = isinstance(calibrator, ConformalCalibrator)
+            rules = self._RULES.get(block) or self._RULES["conformal" if conformal else "affine_variance"]
             required = (*rules.get("positive", ()), *rules.get("nonnegative", ()), *rules.get("finite", ()))
             for group, params in (("global", calibrator.global_params), *calibrator.lp_params.items()):
                 for key in required:
@@ -148,7 +159,7 @@ class Calibration:
                         return f"{block}[{group}] is missing {key!r}"
                 for key, value in params.items():
                     where = f"{block}[{group}].{key} = {value!r}"
-                    conformal_threshold = block == "conformal" and key.startswith("q@")
+                    conformal_threshold = conformal and "q@" in key
                     if not isinstance(value, (int, float)) or math.isnan(value):
                         return f"{where} is not a number"
                     if math.isinf(value) and not (conformal_threshold and value > 0):
@@ -196,8 +207,8 @@ class Calibration:
         mu_z, sigma_z = self._z(mu, sigma, lp)
         if self.fixed:
             cal_sigma_z = self.fixed_variance.transform(mu_z, lp=lp)
-        else:
-            cal_sigma_z = self.affine.transform(mu_z, sigma_z, lp)
+        else:  # a conformal calibration reports its Gaussian-equivalent sigma at 0.9
+            cal_sigma_z = candidate_sigma(self.served or self.affine, mu_z, sigma_z, lp, 0.9)
         if n_refs is not None and self.reference_factors:
             cal_sigma_z = cal_sigma_z * self.reference_scale(lp, n_refs)
         return self.standardizer.to_human_scale(mu_z, cal_sigma_z, lp)
@@ -206,21 +217,32 @@ class Calibration:
         """Central interval at ``gamma`` on the human scale: Gaussian-calibrated or split-conformal."""
         if mode not in INTERVAL_MODES:
             raise ValueError(f"interval={mode!r} not supported; choose from {sorted(INTERVAL_MODES)}")
-        if mode == "gaussian" or self.fixed:
+        served_conformal = isinstance(self.served, ConformalCalibrator) and not self.fixed
+        if (mode == "gaussian" and not served_conformal) or self.fixed:
             cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
             return gaussian_interval(cal_mu, cal_sigma, gamma)
-        if self.conformal is None:
+        if self.conformal is None and not served_conformal:
             raise UamtError("this model has no conformal calibration (a dev sigma was 0)")
         mu_z, sigma_z = self._z(mu, sigma, lp)
         if n_refs is not None and self.reference_factors:
             sigma_z = sigma_z * self.reference_scale(lp, n_refs)
-        low_z, high_z = self.conformal.interval(mu_z, sigma_z, gamma, lp)
+        if served_conformal:  # the served distribution: its interval at any level (interpolated)
+            low_z, high_z = self.served.interval_at(mu_z, sigma_z, gamma, lp)
+        else:
+            low_z, high_z = self.conformal.interval(mu_z, sigma_z, gamma, lp)
         low, _ = self.standardizer.to_human_scale(low_z, np.zeros_like(low_z), lp)
         high, _ = self.standardizer.to_human_scale(high_z, np.zeros_like(high_z), lp)
         return low, high
 
     def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray:
-        """P(Q <= threshold) under the calibrated Gaussian (human scale)."""
+        """P(Q <= threshold) under the served calibrated distribution (human scale): the same one
+        the interval comes from (Gaussian, or the conformal |z| quantiles)."""
+        if isinstance(self.served, ConformalCalibrator) and not self.fixed:
+            mu_z, sigma_z = self._z(mu, sigma, lp)
+            if n_refs is not None and self.reference_factors:
+                sigma_z = sigma_z * self.reference_scale(lp, n_refs)
+            chi_z = self.standardizer.transform_human(np.full(mu_z.size, float(threshold)), lp)
+            return self.served.risk(mu_z, sigma_z, chi_z, lp)
         cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
         return translation_risk(cal_mu, cal_sigma, threshold)
 

@@ -33,7 +33,7 @@ from uamt.uncertainty.evaluate import clustered_ece_floor
 
 log = logging.getLogger(__name__)
 EVAL_SPLITS = ("test", "ood")
-REPORTED = ("pps", "ups", "nll", "ece", "ece_floor", "n_eff", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
+REPORTED = ("pps", "ups", "nll", "ece", "ece_floor", "n_eff", "sharpness", "coverage@0.9", "width@0.9", "crps", "ence", "sigma_p90_p10", "n")
 
 
 def _calibrated_block(result: dict, method: str) -> dict:

@@ -260,15 +260,13 @@ class CalibratedPredictor:
         lower, upper = self.calibration.interval(
             raw["mu"].to_numpy(dtype=float), sigma_raw, confidence, lp, interval, n_refs=n_refs
         )
-        from uamt.uncertainty import translation_risk
-
         out = pd.DataFrame(
             {
                 "mu": mu,
                 "sigma": sigma,
                 "lower": lower,
                 "upper": upper,
-                "risk": translation_risk(mu, sigma, threshold),
+                "risk": self.calibration.risk(raw["mu"].to_numpy(dtype=float), sigma_raw, threshold, lp, n_refs=n_refs),
             }
         )
         # Epistemic/aleatoric parts, rescaled like sigma^2 so that they add up to the calibrated variance.

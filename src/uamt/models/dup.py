@@ -9,7 +9,7 @@ with q_hat entering through a bottleneck layer between the feed-forward layers::
              -> softplus + 1e-6 = eps_hat > 0
 
 with loss ``abs`` (Eq. 5), ``sq`` (Eq. 6) or ``hts`` (Eq. 7, default).  Prediction: mu = q_hat,
-sigma = eps_hat.
+sigma = eps_hat (times sqrt(pi/2) for ``abs``: :func:`uamt.uncertainty.samples.dup_sigma`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from uamt.models.base import Estimator
 from uamt.models.losses import get_loss
+from uamt.uncertainty.samples import dup_sigma
 
 #: Keeps eps_hat strictly positive (Eq. 7 divides by eps_hat^2).
 EPS_FLOOR = 1e-6
@@ -76,4 +77,4 @@ class DUPEstimator(Estimator):
     def predict_distribution(self, batch: dict, n_samples: int | None = None) -> dict[str, torch.Tensor]:
         eps_hat = self(batch).view(-1)
         q_hat = batch["q_hat"].to(eps_hat.dtype)
-        return {"mu": q_hat, "var": eps_hat**2, "q_hat": q_hat}
+        return {"mu": q_hat, "var": dup_sigma(eps_hat, self.cfg.dup_loss) ** 2, "q_hat": q_hat}
