@@ -105,3 +105,20 @@ def test_factor_is_one_with_a_single_lp_and_never_below_one():
     assert fit_unseen_lp_sigma_factor(_dev_table(rng, {"aa-bb": 1.0}), _fit) == (1.0, {})
     factor, needed = fit_unseen_lp_sigma_factor(_dev_table(rng, {"aa-bb": 1.0, "cc-dd": 1.0}), _fit)
     assert factor >= 1.0 and len(needed) == 2
+
+
+def test_choose_language_pair_given_detected_unseen_and_undetermined():
+    from uamt.scoring.language_pair import choose_language_pair
+
+    known = ("en-de", "zh-en")
+    given = choose_language_pair(GERMAN, ENGLISH, "en-de", known, sigma_factor=1.3)
+    assert given.lp == "en-de" and given.how == "given" and not given.unseen and given.messages() == []
+    detected = choose_language_pair(GERMAN * 3, ENGLISH * 3, None, known, sigma_factor=1.3)
+    assert detected.lp == "de-en" and detected.how == "detected" and detected.unseen
+    unseen, how = detected.messages()
+    assert "de-en was never seen in training" in unseen and "en-de, zh-en" in unseen and "x1.30" in unseen
+    assert how.startswith("detected language pair de-en: source de")
+    assert detected.to_summary() == {"lp": "de-en", "lp_source": "detected", "lp_seen_in_training": False}
+    mixed = choose_language_pair(GERMAN + ENGLISH + ["这是一个测试。", "Это тест."], ENGLISH, None, known)
+    assert mixed.lp is None and mixed.how == "undetermined" and "global calibration" in mixed.messages()[0]
+    assert choose_language_pair(GERMAN, ENGLISH, None, ()).lp is None  # no per-LP calibration: no detection
