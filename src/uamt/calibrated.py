@@ -56,6 +56,8 @@ class Calibration:
     #: None = the papers' affine fit (``affine``), as in files written before candidates existed.
     selected: str = "affine_ece"
     served: Any = None
+    #: Factor (>= 1) on the calibrated sigma of rows whose LP has no calibration of its own.
+    unseen_lp_sigma_factor: float = 1.0
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -87,6 +89,7 @@ class Calibration:
             "selected": self.selected,
             "candidates": {} if self.served is None else {self.selected: self.served.to_dict()},
             "reference_factors": {str(k): dict(f) for k, f in sorted(self.reference_factors.items())},
+            "unseen_lp_sigma_factor": self.unseen_lp_sigma_factor,
         }
 
     @classmethod
@@ -99,6 +102,11 @@ class Calibration:
             }
         except (AttributeError, TypeError, ValueError) as exc:
             raise UamtError(f"calibration: malformed reference_factors ({exc})") from exc
+        try:
+            # Files written before the factor existed read as 1 (no widening), as they behaved.
+            calibration.unseen_lp_sigma_factor = float(data.get("unseen_lp_sigma_factor", 1.0))
+        except (TypeError, ValueError) as exc:
+            raise UamtError(f"calibration: malformed unseen_lp_sigma_factor ({exc})") from exc
         return calibration
 
     def save(self, path: str | Path) -> None:
@@ -172,7 +180,31 @@ class Calibration:
             for lp, factor in factors.items():
                 if not (math.isfinite(factor) and factor > 0):
                     return f"reference_factors[{k}][{lp}] = {factor!r} must be a finite number > 0"
+        factor = self.unseen_lp_sigma_factor
+        if not (math.isfinite(factor) and factor >= 1):
+            return f"unseen_lp_sigma_factor = {factor!r} must be a finite number >= 1"
         return None
+
+    @property
+    def known_lps(self) -> list[str]:
+        """Language pairs with a calibration of their own (those of the dev data)."""
+        return sorted(self.standardizer.lp_params)
+
+    def unseen_lps(self, lp) -> list[str]:
+        """The distinct LPs in ``lp`` (None, a string or shape [n]) without a calibration of their own."""
+        if lp is None:
+            return []
+        names = {lp} if isinstance(lp, str) else set(np.asarray(lp, dtype=object).tolist())
+        return sorted(str(name) for name in names - set(self.known_lps) - {GLOBAL})
+
+    def _unseen_scale(self, lp, n: int) -> np.ndarray:
+        """Per-row factor on the calibrated sigma: ``unseen_lp_sigma_factor`` on unseen LPs, else 1."""
+        scale = np.ones(n)
+        if lp is None or self.unseen_lp_sigma_factor == 1.0:
+            return scale
+        lps = np.full(n, lp, dtype=object) if isinstance(lp, str) else np.asarray(lp, dtype=object)
+        scale[np.isin(lps, self.unseen_lps(lps))] = self.unseen_lp_sigma_factor
+        return scale
 
     def reference_scale(self, lp, n_refs) -> np.ndarray:
         """Per-row factor on the calibrated sigma for rows that averaged ``n_refs`` references.
@@ -211,6 +243,7 @@ class Calibration:
             cal_sigma_z = candidate_sigma(self.served or self.affine, mu_z, sigma_z, lp, 0.9)
         if n_refs is not None and self.reference_factors:
             cal_sigma_z = cal_sigma_z * self.reference_scale(lp, n_refs)
+        cal_sigma_z = cal_sigma_z * self._unseen_scale(lp, len(mu_z))
         return self.standardizer.to_human_scale(mu_z, cal_sigma_z, lp)
 
     def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "gaussian", n_refs=None):
@@ -226,6 +259,7 @@ class Calibration:
         mu_z, sigma_z = self._z(mu, sigma, lp)
         if n_refs is not None and self.reference_factors:
             sigma_z = sigma_z * self.reference_scale(lp, n_refs)
+        sigma_z = sigma_z * self._unseen_scale(lp, len(mu_z))
         if served_conformal:  # the served distribution: its interval at any level (interpolated)
             low_z, high_z = self.served.interval_at(mu_z, sigma_z, gamma, lp)
         else:
@@ -312,3 +346,39 @@ def fit_calibration(
 def load_calibrations(calibration_dir: str | Path, methods) -> dict[str, Calibration]:
     """``{method: Calibration}`` of the calibrate stage's ``<calibration_dir>/<method>.json``."""
     return {method: Calibration.load(Path(calibration_dir) / f"{method}.json") for method in methods}
+
+
+def fit_unseen_lp_sigma_factor(
+    table, fit, *, level: float = 0.9, min_lp_rows: int = 50
+) -> tuple[float, dict[str, float]]:
+    """Sigma factor for language pairs the calibration never saw, fitted on dev by leaving each LP out.
+
+    For each LP ``L`` of ``table`` (dev predictions: columns ``lp``, ``human``, ``mu``, ``sigma``)
+    with at least ``min_lp_rows`` rows, ``fit`` (table -> :class:`Calibration`) is fitted on the
+    other LPs, so ``L`` gets the global fallback exactly as an unseen LP would, and
+
+    .. math:: c_L = \\frac{Q_{level}(|q^* - \\hat\\mu| / \\hat\\sigma)}{z_{(1+level)/2}}
+
+    is the factor by which its calibrated sigma had to grow for the central ``level`` interval to
+    cover a ``level`` share of its rows.  The factor is :math:`\\max(1, \\max_L c_L)`: an unseen
+    LP gets intervals as wide as the worst held-out LP needed, never narrower than the global ones.
+
+    Returns ``(factor, {L: c_L})``; ``(1.0, {})`` with fewer than two such LPs.
+    """
+    from scipy.stats import norm
+
+    lps = table["lp"].astype(str).to_numpy()
+    names = [name for name in sorted(set(lps.tolist())) if (lps == name).sum() >= min_lp_rows]
+    if len(names) < 2:
+        return 1.0, {}
+    z_level = float(norm.ppf(0.5 + level / 2))
+    needed: dict[str, float] = {}
+    for name in names:
+        held = table[lps == name]
+        calibration = fit(table[lps != name])
+        mu, sigma = calibration.apply(
+            held["mu"].to_numpy(dtype=float), held["sigma"].to_numpy(dtype=float), held["lp"].to_numpy(dtype=object)
+        )
+        z = np.abs(held["human"].to_numpy(dtype=float) - mu) / sigma
+        needed[name] = float(np.quantile(z, level) / z_level)
+    return max(1.0, max(needed.values())), needed
