@@ -29,17 +29,22 @@ class LanguagePairChoice:
 
     @property
     def unseen(self) -> bool:
-        """An LP was given or detected, and the model has no calibration of its own for it."""
-        return self.lp is not None and self.lp not in self.known_lps
+        """An LP was given or detected, and the model has no calibration of its own for it (a model
+        that names no LP at all says nothing about any: never unseen)."""
+        return self.lp is not None and bool(self.known_lps) and self.lp not in self.known_lps
 
     def messages(self) -> list[str]:
         """What the user should read (stderr / summary ``warnings``), most important first."""
         out = []
         if self.unseen:
+            widened = (
+                f"intervals are widened x{self.sigma_factor:.2f}"
+                if self.sigma_factor > 1
+                else "the global calibration is used (the model has no fitted widening for unseen LPs)"
+            )
             out.append(
                 f"language pair {self.lp} was never seen in training (the model knows "
-                f"{', '.join(self.known_lps) or 'no LP'}): scores are less reliable and intervals are "
-                f"widened x{self.sigma_factor:.2f}"
+                f"{', '.join(self.known_lps)}): scores are less reliable and {widened}"
             )
         if self.how == DETECTED:
             out.append(f"detected language pair {self.lp}: {self.detected.describe()}; --lp overrides")
@@ -56,6 +61,15 @@ class LanguagePairChoice:
             "lp_source": self.how,
             "lp_seen_in_training": None if self.lp is None else not self.unseen,
         }
+
+    def note(self) -> str:
+        """The clause of the one-line summary on stderr ("" when there is nothing to say)."""
+        if self.unseen:
+            widened = f": intervals widened x{self.sigma_factor:.2f}" if self.sigma_factor > 1 else ""
+            return f"; LP {self.lp} never seen in training{widened}"
+        if self.how == DETECTED:
+            return f"; detected LP {self.lp}"
+        return ""
 
 
 def choose_language_pair(
@@ -82,3 +96,17 @@ def choose_language_pair(
     if pair.lp is None:
         return LanguagePairChoice(None, UNDETERMINED, known, sigma_factor, pair)
     return LanguagePairChoice(pair.lp, DETECTED, known, sigma_factor, pair)
+
+
+def predictor_language_pair(predictor, src: Sequence[str], mt: Sequence[str], lp: str | None) -> LanguagePairChoice:
+    """:func:`choose_language_pair` with what ``predictor`` knows about language pairs.
+
+    A :class:`~uamt.pyfunc.CalibratedPredictor` names the LPs with a calibration of their own
+    (``known_lps``) and its ``unseen_lp_sigma_factor``; only such a model gets the pair detected
+    (there is nothing to choose otherwise).  A model calibrated only globally is judged by the LPs
+    it was trained on (``language_pairs``), and a predictor that names none never reports an LP unseen.
+    """
+    calibrated = tuple(getattr(predictor, "known_lps", None) or ())
+    trained = tuple(getattr(predictor, "language_pairs", None) or ())
+    factor = float(getattr(predictor, "unseen_lp_sigma_factor", 1.0))
+    return choose_language_pair(src, mt, lp, calibrated or trained, sigma_factor=factor, detect=bool(calibrated))
