@@ -122,3 +122,50 @@ def test_choose_language_pair_given_detected_unseen_and_undetermined():
     mixed = choose_language_pair(GERMAN + ENGLISH + ["这是一个测试。", "Это тест."], ENGLISH, None, known)
     assert mixed.lp is None and mixed.how == "undetermined" and "global calibration" in mixed.messages()[0]
     assert choose_language_pair(GERMAN, ENGLISH, None, ()).lp is None  # no per-LP calibration: no detection
+
+
+def test_served_conformal_risk_is_widened_like_its_interval():
+    """The conformal branch of ``risk`` used to skip the unseen-LP factor its interval applies."""
+    from uamt.calibrated import fit_calibration
+    from uamt.uncertainty import EvaluationSettings
+
+    rng = np.random.default_rng(3)
+    table = _dev_table(rng, {"aa-bb": 1.0, "cc-dd": 1.5})
+    settings = EvaluationSettings(calibration="mondrian_conformal")
+    calibration, _ = fit_calibration(table, settings=settings)
+    assert calibration.selected == "mondrian_conformal"
+    lp = np.array(["aa-bb", "xx-yy"], dtype=object)
+    mu, sigma = np.zeros(2), np.ones(2)
+    plain = calibration.risk(mu, sigma, -2.0, lp)
+    calibration.unseen_lp_sigma_factor = 1.5
+    widened = calibration.risk(mu, sigma, -2.0, lp)
+    assert widened[0] == pytest.approx(plain[0]) and widened[1] > plain[1]
+
+
+def test_calibrate_stage_fits_and_writes_the_unseen_lp_factor(tmp_path, monkeypatch):
+    """``calibrate_models`` stores each model's leave-one-LP-out factor (>= 1) in its calibration
+    file and in ``metrics/dev.json`` beside the per-LP metrics (the models' dev predictions faked)."""
+    import json
+
+    from uamt import model_evaluation
+    from uamt.pipeline import PipelineConfig
+    from uamt.uncertainty import EvaluationSettings
+
+    rng = np.random.default_rng(4)
+    table = _dev_table(rng, {"aa-bb": 1.0, "cc-dd": 1.0, "ee-ff": 2.5}, n=150)
+    monkeypatch.setattr(model_evaluation, "read_split", lambda *a, **k: table)
+    monkeypatch.setattr(model_evaluation, "open_features", lambda encode: None)
+    monkeypatch.setattr(model_evaluation, "predict_split", lambda *a, **k: table)
+    monkeypatch.setattr(model_evaluation, "fit_reference_factors", lambda *a, **k: {})
+    pipe = PipelineConfig(methods=("point", "hts"), dup_base="point", qe_methods=(), register_qe_method=None,
+                          metrics_dir=str(tmp_path / "metrics"))  # fmt: skip
+    monkeypatch.setattr(PipelineConfig, "all_methods", property(lambda self: ("point", "hts")))
+    paths = model_evaluation.calibrate_models(pipe, EvaluationSettings(), None, tmp_path / "calibration")
+    dev = json.loads((tmp_path / "metrics" / "dev.json").read_text())
+    for method in ("point", "hts"):
+        factor = Calibration.load(paths[method]).unseen_lp_sigma_factor
+        unseen = dev[method]["unseen_lp"]
+        assert factor == unseen["sigma_factor"] and factor >= 1.0
+        assert set(unseen["held_out"]) == {"aa-bb", "cc-dd", "ee-ff"}
+        assert unseen["held_out"]["ee-ff"] > 1.2 > unseen["held_out"]["aa-bb"]  # the noisy LP drives it
+        assert {"avg", "aa-bb", "cc-dd", "ee-ff"} <= set(dev[method])  # the metrics stay

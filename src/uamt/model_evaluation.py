@@ -6,7 +6,9 @@ test): the dev predictions table (``predictions/dev/<model>.parquet``), the fitt
 affine sigma^2 calibration + fixed variance + conformal thresholds (``calibration/<model>.json``),
 and the in-sample dev metrics (``metrics/dev.json``).  A reference-based model also gets, for
 k = 2, 3, ... references, the factor by which averaging k references changed its squared error on
-the dev rows that have that many (:func:`uamt.references.fit_reference_factors`).
+the dev rows that have that many (:func:`uamt.references.fit_reference_factors`).  Every model
+gets the sigma factor for LPs absent from its dev data, fitted by leaving each dev LP out
+(:func:`uamt.calibrated.fit_model_unseen_lp_sigma_factor`; ``metrics/dev.json``: ``<model>.unseen_lp``).
 
 :func:`evaluate_models` predicts ``test`` and ``ood`` with each model, calibrates with the dev fit
 (standardisation, affine sigma^2, fixed variance for the point estimate), and writes
@@ -18,12 +20,18 @@ LP) and the plots: reliability diagram, sharpness in- vs out-of-domain, error vs
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from uamt.calibrated import fit_calibration, is_fixed_variance, with_model_sigma
+from uamt.calibrated import (
+    fit_calibration,
+    fit_model_unseen_lp_sigma_factor,
+    is_fixed_variance,
+    with_model_sigma,
+)
 from uamt.encoders import EncodeConfig
 from uamt.pipeline import PipelineConfig, open_features, predict_split, read_split
 from uamt.plots import pyplot, save_figure
@@ -57,10 +65,24 @@ def calibrate_models(
         calibration.reference_factors = fit_reference_factors(
             pipe.model_dir(method), dev_df, features, calibration, settings.min_lp_rows
         )
+        started = time.perf_counter()
+        factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings)
+        calibration.unseen_lp_sigma_factor = factor
+        log.info(
+            "%s: unseen-LP sigma factor %.3f (leave-one-LP-out: %s; %.1f s)",
+            method,
+            factor,
+            ", ".join(f"{lp} {c:.3f}" for lp, c in held_out.items()) or "fewer than two LPs",
+            time.perf_counter() - started,
+        )
         out[method] = Path(calibration_dir) / f"{method}.json"
         calibration.save(out[method])
         block = _calibrated_block(in_sample, method)
-        metrics[method] = {"avg": block["macro_avg"], **block["per_lp"]}
+        metrics[method] = {
+            "avg": block["macro_avg"],
+            **block["per_lp"],
+            "unseen_lp": {"sigma_factor": factor, "held_out": held_out},
+        }
         log.info("calibrated %s on %d dev rows", method, len(table))
     Path(pipe.metrics_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics, Path(pipe.metrics_dir) / "dev.json")
