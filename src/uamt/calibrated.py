@@ -241,10 +241,15 @@ class Calibration:
             cal_sigma_z = self.fixed_variance.transform(mu_z, lp=lp)
         else:  # a conformal calibration reports its Gaussian-equivalent sigma at 0.9
             cal_sigma_z = candidate_sigma(self.served or self.affine, mu_z, sigma_z, lp, 0.9)
-        if n_refs is not None and self.reference_factors:
-            cal_sigma_z = cal_sigma_z * self.reference_scale(lp, n_refs)
-        cal_sigma_z = cal_sigma_z * self._unseen_scale(lp, len(mu_z))
+        cal_sigma_z = cal_sigma_z * self._widen(lp, n_refs, len(mu_z))
         return self.standardizer.to_human_scale(mu_z, cal_sigma_z, lp)
+
+    def _widen(self, lp, n_refs, n: int) -> np.ndarray:
+        """Per-row factor on the calibrated spread: reference factors times the unseen-LP factor."""
+        widen = self._unseen_scale(lp, n)
+        if n_refs is not None and self.reference_factors:
+            widen = widen * self.reference_scale(lp, n_refs)
+        return widen
 
     def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "gaussian", n_refs=None):
         """Central interval at ``gamma`` on the human scale: Gaussian-calibrated or split-conformal."""
@@ -257,13 +262,14 @@ class Calibration:
         if self.conformal is None and not served_conformal:
             raise UamtError("this model has no conformal calibration (a dev sigma was 0)")
         mu_z, sigma_z = self._z(mu, sigma, lp)
-        if n_refs is not None and self.reference_factors:
-            sigma_z = sigma_z * self.reference_scale(lp, n_refs)
-        sigma_z = sigma_z * self._unseen_scale(lp, len(mu_z))
         if served_conformal:  # the served distribution: its interval at any level (interpolated)
             low_z, high_z = self.served.interval_at(mu_z, sigma_z, gamma, lp)
         else:
             low_z, high_z = self.conformal.interval(mu_z, sigma_z, gamma, lp)
+        # The reference and unseen-LP factors widen the calibrated distribution around mu (its output,
+        # not the model's sigma: a conformal scale fitted with alpha ~ 0 would ignore the input).
+        widen = self._widen(lp, n_refs, len(mu_z))
+        low_z, high_z = mu_z - (mu_z - low_z) * widen, mu_z + (high_z - mu_z) * widen
         low, _ = self.standardizer.to_human_scale(low_z, np.zeros_like(low_z), lp)
         high, _ = self.standardizer.to_human_scale(high_z, np.zeros_like(high_z), lp)
         return low, high
@@ -273,10 +279,9 @@ class Calibration:
         the interval comes from (Gaussian, or the conformal |z| quantiles)."""
         if isinstance(self.served, ConformalCalibrator) and not self.fixed:
             mu_z, sigma_z = self._z(mu, sigma, lp)
-            if n_refs is not None and self.reference_factors:
-                sigma_z = sigma_z * self.reference_scale(lp, n_refs)
-            sigma_z = sigma_z * self._unseen_scale(lp, len(mu_z))  # as in interval(): one distribution
             chi_z = self.standardizer.transform_human(np.full(mu_z.size, float(threshold)), lp)
+            # As in interval(): Q = mu + widen * (Q0 - mu), so P(Q <= chi) = P(Q0 <= mu + (chi - mu) / widen).
+            chi_z = mu_z + (chi_z - mu_z) / self._widen(lp, n_refs, len(mu_z))
             return self.served.risk(mu_z, sigma_z, chi_z, lp)
         cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
         return translation_risk(cal_mu, cal_sigma, threshold)
