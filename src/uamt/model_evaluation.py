@@ -33,6 +33,9 @@ from uamt.uncertainty.evaluate import clustered_ece_floor
 
 log = logging.getLogger(__name__)
 EVAL_SPLITS = ("test", "ood")
+#: What :func:`evaluate_predictions` computes per split: the candidates table and the papers'
+#: k-fold ECE are reported on test only; ood needs the served calibration's metrics.
+SPLIT_SCOPES = {"test": "full", "ood": "served"}
 REPORTED = ("pps", "ups", "nll", "ece", "ece_floor", "n_eff", "sharpness", "coverage@0.9", "width@0.9", "crps", "ence", "sigma_p90_p10", "n")
 
 
@@ -116,6 +119,7 @@ def evaluate_models(pipe: PipelineConfig, settings: EvaluationSettings, encode: 
                 settings=settings,
                 pred_source=f"{split}/{method}",
                 dev_source=f"dev/{method}",
+                scope=SPLIT_SCOPES[split],
             )
             metrics[split][method] = method_metrics(result, method, table, settings.n_levels)
             if split == "test":
