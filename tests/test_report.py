@@ -3,9 +3,9 @@ data version, and a missing result as an error naming the stage to run."""
 
 from __future__ import annotations
 
+import json
 import sys
 import types
-import json
 from pathlib import Path
 
 import pandas as pd
