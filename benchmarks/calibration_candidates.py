@@ -13,7 +13,10 @@ and prints, per method and candidate, on test:
 * ``ECE`` fixed dev -> test (mean over LPs) and, per method, the papers' 5-fold cross-fitted ECE on test;
 * ``PPS`` (mean over LPs), checked against ``metrics/test.json`` of the run (calibration must not move it).
 
-The candidate the rule picks (``evaluate.calibration_rule`` in params.yaml) is marked ``*``.
+The candidate the rule picks (``evaluate.calibration_rule`` in params.yaml) is marked ``*``; then
+issue 15's goals of the served calibration, met or not (:mod:`uamt.uncertainty.goals`; the held-out
+LPs from ``predictions/ood``; the ECE floor here is the i.i.d. one, the evaluate stage's
+``metrics/conditional.json`` uses the clustered floor).
 
     python benchmarks/calibration_candidates.py [--root /work/main] [--methods hts hts_mcd dup hts_qe]
         [--json out.json]
@@ -31,7 +34,11 @@ KEYS = ["dataset", "lp", "seg_id", "system"]
 
 
 def with_documents(table: pd.DataFrame, prepared: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with the ``doc`` and ``domain`` of its rows (row order kept; every row must match)."""
+    """``table`` with the ``doc`` and ``domain`` of its rows (row order kept; every row must match).
+
+    Tables written since predictions tables carry ``doc``/``domain`` are returned as they are."""
+    if {"doc", "domain"} <= set(table.columns):
+        return table
     info = prepared[[*KEYS, "doc", "domain"]].drop_duplicates(KEYS)
     merged = table.merge(info, on=KEYS, how="left", validate="many_to_one")
     missing = int(merged["doc"].isna().sum())
@@ -59,6 +66,32 @@ def summarise(block: dict, gamma_key: str = "coverage@0.9") -> dict[str, float]:
         "ece": block["macro_avg"]["ece"],
         "pps": block["macro_avg"]["pps"],
     }
+
+
+def print_goals(method: str, result: dict, tables: dict, prepared: dict, settings, root: Path) -> None:
+    """Issue 15's goal table of the served calibration (:func:`uamt.uncertainty.goals.goal_rows`),
+    with the held-out LPs of ``predictions/ood/<method>.parquet`` where it exists."""
+    from uamt.uncertainty import evaluate_predictions
+    from uamt.uncertainty.goals import interval_summary
+
+    def kept(res: dict) -> dict:
+        block = res["methods"]["model"]
+        return {"avg": block["macro_avg"], **block["per_lp"]}
+
+    ood_path = root / "predictions" / "ood" / f"{method}.parquet"
+    ood = ood_metrics = None
+    if ood_path.is_file():
+        ood = evaluate_predictions(
+            pd.read_parquet(ood_path), tables["dev"], settings=settings, scope="served", pred_source=f"ood/{method}"
+        )
+        ood_metrics = kept(ood)
+    summary = interval_summary(result, kept(result), ood, ood_metrics)
+    print(f"{method:8} goals of the served calibration ({summary['served']}):")
+    for row in summary["goals"]:
+        value = "   -  " if row["value"] is None else f"{row['value']:6.3f}"
+        met = {True: "met", False: "NOT met", None: "n/a"}[row["met"]]
+        note = f"  ({row['note']})" if row["note"] else ""
+        print(f"         {row['goal']:64} {row['target']:>24} {value} {met}{note}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'n/a' if cross is None else format(cross['macro_avg'], '.3f')} "
             f"(floor {result['methods']['model']['macro_avg']['ece_floor']:.3f}); PPS {pps_note}"
         )
+        print_goals(method, result, tables, prepared, settings, args.root)
         out[method] = {"selected": selected, "rows": rows, "cross_fitted_ece": cross,
                        "selection": result["calibration"]["selection"],
                        "per_lp_coverage": {n: {lp: m["coverage@0.9"] for lp, m in c["test"]["per_lp"].items()}

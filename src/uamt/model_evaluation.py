@@ -14,7 +14,9 @@ gets the sigma factor for LPs absent from its dev data, fitted by leaving each d
 (standardisation, affine sigma^2, fixed variance for the point estimate), and writes
 ``metrics/test.json`` and ``metrics/ood.json`` (model x LP x PPS/UPS/NLL/ECE/sharpness/coverage/CRPS,
 with averages), ``metrics/intervals.json`` (Gaussian-calibrated vs conformal coverage and width per
-LP) and the plots: reliability diagram, sharpness in- vs out-of-domain, error vs sigma.
+LP), ``metrics/conditional.json`` (issue 15: conditional coverage, ENCE, sigma spread, the
+candidates table, fixed vs cross-fitted ECE, held-out LPs and the goals met;
+:func:`uamt.uncertainty.goals.interval_summary`) and the plots: reliability diagram, sharpness in- vs out-of-domain, error vs sigma.
 """
 
 from __future__ import annotations
@@ -38,9 +40,13 @@ from uamt.plots import pyplot, save_figure
 from uamt.references import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
 from uamt.uncertainty.evaluate import clustered_ece_floor
+from uamt.uncertainty.goals import interval_summary
 
 log = logging.getLogger(__name__)
 EVAL_SPLITS = ("test", "ood")
+#: What :func:`evaluate_predictions` computes per split: the candidates table and the papers'
+#: k-fold ECE are reported on test only; ood needs the served calibration's metrics.
+SPLIT_SCOPES = {"test": "full", "ood": "served"}
 REPORTED = ("pps", "ups", "nll", "ece", "ece_floor", "n_eff", "sharpness", "coverage@0.9", "width@0.9", "crps", "ence", "sigma_p90_p10", "n")
 
 
@@ -121,10 +127,11 @@ def evaluate_models(pipe: PipelineConfig, settings: EvaluationSettings, encode: 
         "ood": read_split(pipe.prepared_dir, "ood", pipe.ood_datasets),
     }
     metrics: dict[str, dict] = {split: {} for split in EVAL_SPLITS}
-    intervals, reliability, scatter = {}, {}, {}
+    intervals, reliability, scatter, conditional = {}, {}, {}, {}
     for method in pipe.all_methods:
         dev = pd.read_parquet(Path(pipe.predictions_dir) / "dev" / f"{method}.parquet")
         dev = with_model_sigma(dev, method)
+        results = {}
         for split, frame in frames.items():
             table = predict_split(
                 pipe.model_dir(method),
@@ -138,18 +145,28 @@ def evaluate_models(pipe: PipelineConfig, settings: EvaluationSettings, encode: 
                 settings=settings,
                 pred_source=f"{split}/{method}",
                 dev_source=f"dev/{method}",
+                scope=SPLIT_SCOPES[split],
             )
             metrics[split][method] = method_metrics(result, method, table, settings.n_levels)
+            results[split] = result
             if split == "test":
                 reliability[method] = _calibrated_block(result, method)["reliability"]
                 intervals[method] = result.get("intervals")
                 scatter[method] = table
+        conditional[method] = interval_summary(
+            results["test"],
+            metrics["test"][method],
+            results["ood"],
+            metrics["ood"][method],
+            block="fixed_variance" if is_fixed_variance(method) else "model",
+        )
         log.info("evaluated %s", method)
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics["test"], metrics_dir / "test.json")
     write_json_atomic(metrics["ood"], metrics_dir / "ood.json")
     write_json_atomic(intervals, metrics_dir / "intervals.json")
+    write_json_atomic(conditional, metrics_dir / "conditional.json")
     plots = write_plots(Path(pipe.plots_dir), reliability, metrics, scatter)
     return {"test": metrics_dir / "test.json", "ood": metrics_dir / "ood.json", **plots}
 

@@ -57,6 +57,13 @@ from uamt.uncertainty.samples import PAPER_DDOF, parse_samples_field
 MU_SIGMA_COLUMNS = ("lp", "human", "mu", "sigma")
 SAMPLES_COLUMNS = ("lp", "human", "samples")
 METRIC_KEYS = ("pps", "ups", "nll", "ece", "sharpness", "crps")
+#: What :func:`evaluate_predictions` computes (``scope``): ``full`` -- the served calibration, every
+#: candidate's test block and the papers' cross-fitted ECE (the evaluate stage on test, ``uamt
+#: evaluate-predictions``); ``served`` -- the served calibration only (fitting it on dev, analyses
+#: that read the calibrated model's metrics); ``fixed_variance`` -- no candidate at all (analyses
+#: that read only the fixed-variance baseline).  Cross-fitting 6 candidates x 5 folds is most of the
+#: cost, and the papers' k-fold ECE most of the rest.
+SCOPES = ("full", "served", "fixed_variance")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -410,6 +417,7 @@ def evaluate_predictions(
     pred_source: str = "predictions",
     dev_source: str = "dev",
     sigma_source: str = "auto",
+    scope: str = "full",
 ) -> dict[str, Any]:
     """Indicators of the model and of the fixed-variance baseline on a predictions table.
 
@@ -427,6 +435,13 @@ def evaluate_predictions(
     sigma_source : {"auto", "samples", "model"}
         Whether sigma is a spread of real samples (only then does it enter the standardiser); see
         :data:`SIGMA_SOURCES`.  Ignored for tables passed as :class:`PredictionArrays`.
+    scope : {"full", "served", "fixed_variance"}
+        How much is computed (:data:`SCOPES`); the served calibration and every block that is
+        computed are the same in each scope.  ``"full"``: everything below.  ``"served"``: no
+        ``candidates`` test blocks and no ``cross_fitted_ece`` (None) -- the candidates are still
+        fitted and cross-fitted on dev, since that picks the served one.  ``"fixed_variance"``: only
+        the ``fixed_variance`` block; no candidate is fitted, so the result has no ``model`` block and
+        its ``calibration`` (``selected`` None) cannot be served.
 
     Returns
     -------
@@ -446,6 +461,8 @@ def evaluate_predictions(
     uamt.errors.DataError
         Invalid tables, or dev data on which nothing can be fitted (e.g. constant scores).
     """
+    if scope not in SCOPES:
+        raise ValueError(f"scope={scope!r} not supported; choose from {sorted(SCOPES)}")
     test = _as_arrays(pred_df, pred_source, sigma_source)
     dev = None if dev_df is None else _as_arrays(dev_df, dev_source, sigma_source)
     lps = sorted(set(test.lp.tolist()))
@@ -479,59 +496,26 @@ def evaluate_predictions(
                 dev_h, dev_mu, dev_sigma, lp=dev.lp
             )
             fixed = FixedVarianceCalibrator(**common).fit(dev_h, dev_mu, lp=dev.lp)
-            candidates = _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings, common)
-            selected, selection = _select(dev, candidates, settings, common)
-            test_sigmas = {
-                name: candidate_sigma(calibrator, mu, raw_sigma, test.lp, settings.coverage_gamma)
-                for name, calibrator in candidates.items()
-            }
-            methods = {"model": test_sigmas[selected], "model_uncalibrated": raw_sigma}
-            calibration = {
-                "standardizer": standardizer.to_dict(),
-                "affine_variance": affine.to_dict(),
-                "fixed_variance": fixed.to_dict(),
-                "selected": selected,
-                "selection": selection,
-                "candidates": {name: c.to_dict() for name, c in candidates.items()},
-                "applied": {
-                    "standardizer": _applied_params(standardizer, lps),
-                    "affine_variance": _applied_params(affine, lps),
-                    "fixed_variance": _applied_params(fixed, lps),
-                },
-            }
-            result["candidates"] = {
-                name: {
-                    "cross_fitted_dev": selection["summaries"].get(name),
-                    "test": _method_block(
-                        human, mu, sig, test.lp, settings, domain=test.domain, low_human=low_human
-                    ),
+            if scope == "fixed_variance":
+                methods = {}
+                calibration = {
+                    "standardizer": standardizer.to_dict(),
+                    "affine_variance": affine.to_dict(),
+                    "fixed_variance": fixed.to_dict(),
+                    "selected": None,
+                    "selection": {"skipped": f"scope={scope!r}"},
                 }
-                for name, sig in test_sigmas.items()
-            }
-            if np.all(dev_sigma > 0):
-                conformal = ConformalCalibrator(gammas=settings.conformal_gammas, **common).fit(
-                    dev_h, dev_mu, dev_sigma, lp=dev.lp
-                )
-                calibration["conformal"] = conformal.to_dict()
-                result["intervals"] = interval_report(
-                    human,
-                    mu,
-                    gaussian_sigma=methods["model"],
-                    conformal=conformal,
-                    conformal_sigma=raw_sigma,
-                    lp=test.lp,
-                    gammas=settings.conformal_gammas,
-                )
             else:
-                result["intervals"] = None
-                calibration["conformal"] = None
-                calibration["conformal_skipped"] = "some dev sigma is 0: cannot normalise conformal scores"
+                methods, calibration = _served(
+                    test, dev, (human, mu, raw_sigma), (dev_h, dev_mu, dev_sigma), standardizer, affine, fixed,
+                    settings, common, result, low_human, lps, report_candidates=scope == "full",
+                )
         methods["fixed_variance"] = fixed.transform(mu, lp=test.lp)
         result["methods"] = {
             name: _method_block(human, mu, sig, test.lp, settings, domain=test.domain, low_human=low_human)
             for name, sig in methods.items()
         }
-        result["cross_fitted_ece"] = _papers_cross_fitted_ece(test, settings, common)
+        result["cross_fitted_ece"] = _papers_cross_fitted_ece(test, settings, common) if scope == "full" else None
     except DataError:
         raise
     except ValueError as exc:
@@ -539,6 +523,63 @@ def evaluate_predictions(
         raise DataError(f"{where}: cannot evaluate/calibrate: {exc}") from None
     result["calibration"] = calibration
     return _json_safe(result)
+
+
+def _served(
+    test, dev, test_z, dev_z, standardizer, affine, fixed, settings, common, result, low_human, lps, *, report_candidates
+):
+    """Fit the candidates on dev, pick the served one, and (``report_candidates``) put every
+    candidate's test block in ``result["candidates"]``; returns ``(methods sigmas, calibration)``."""
+    (human, mu, raw_sigma), (dev_h, dev_mu, dev_sigma) = test_z, dev_z
+    candidates = _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings, common)
+    selected, selection = _select(dev, candidates, settings, common)
+    test_sigmas = {
+        name: candidate_sigma(calibrator, mu, raw_sigma, test.lp, settings.coverage_gamma)
+        for name, calibrator in candidates.items()
+    }
+    methods = {"model": test_sigmas[selected], "model_uncalibrated": raw_sigma}
+    calibration = {
+        "standardizer": standardizer.to_dict(),
+        "affine_variance": affine.to_dict(),
+        "fixed_variance": fixed.to_dict(),
+        "selected": selected,
+        "selection": selection,
+        "candidates": {name: c.to_dict() for name, c in candidates.items()},
+        "applied": {
+            "standardizer": _applied_params(standardizer, lps),
+            "affine_variance": _applied_params(affine, lps),
+            "fixed_variance": _applied_params(fixed, lps),
+        },
+    }
+    if report_candidates:
+        result["candidates"] = {
+            name: {
+                "cross_fitted_dev": selection["summaries"].get(name),
+                "test": _method_block(
+                    human, mu, sig, test.lp, settings, domain=test.domain, low_human=low_human
+                ),
+            }
+            for name, sig in test_sigmas.items()
+        }
+    if np.all(dev_sigma > 0):
+        conformal = ConformalCalibrator(gammas=settings.conformal_gammas, **common).fit(
+            dev_h, dev_mu, dev_sigma, lp=dev.lp
+        )
+        calibration["conformal"] = conformal.to_dict()
+        result["intervals"] = interval_report(
+            human,
+            mu,
+            gaussian_sigma=methods["model"],
+            conformal=conformal,
+            conformal_sigma=raw_sigma,
+            lp=test.lp,
+            gammas=settings.conformal_gammas,
+        )
+    else:
+        result["intervals"] = None
+        calibration["conformal"] = None
+        calibration["conformal_skipped"] = "some dev sigma is 0: cannot normalise conformal scores"
+    return methods, calibration
 
 
 def _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings: EvaluationSettings, common) -> dict[str, Any]:
