@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from uamt.models.dup import DUP_SIGMA_PER_ERROR, dup_sigma
 from uamt.uncertainty import Standardizer, evaluate_predictions, interval_coverage
 from uamt.uncertainty.candidates import (
     CANDIDATES,
@@ -22,7 +23,6 @@ from uamt.uncertainty.candidates import (
 from uamt.uncertainty.conformal import ConformalCalibrator
 from uamt.uncertainty.evaluate import EvaluationSettings, prediction_arrays
 from uamt.uncertainty.metrics import expected_calibration_error, grouped_coverage, quantile_groups
-from uamt.uncertainty.samples import DUP_SIGMA_PER_ERROR, dup_sigma
 
 COMMON = {"per_lp": True, "min_lp_rows": 50}
 

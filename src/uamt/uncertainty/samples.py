@@ -8,34 +8,10 @@ Zerva et al. (2022) writes the same 1/N estimator, so ``ddof=0`` is the default 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 #: Degrees of freedom of the sample variance used by the papers (1/N estimator).
 PAPER_DDOF = 0
-
-#: Standard deviation per unit of DUP's predicted error, by second-stage loss (Zerva et al., 2022,
-#: Eqs. 5-7).  For a Gaussian error eps ~ N(0, sigma^2), the ABS loss (eps* - eps_hat)^2 is minimised
-#: by eps_hat = E|eps| = sigma sqrt(2/pi), so sigma = eps_hat sqrt(pi/2); the SQ and HTS losses are
-#: minimised by eps_hat^2 = E[eps^2] = sigma^2.
-DUP_SIGMA_PER_ERROR = {"abs": math.sqrt(math.pi / 2.0), "sq": 1.0, "hts": 1.0}
-
-
-def dup_sigma(eps_hat, loss: str):
-    """DUP's predicted error ``eps_hat`` (array or tensor, any shape) as a standard deviation.
-
-    .. math:: \\hat\\sigma = c_{loss}\\,\\hat\\epsilon, \\qquad c_{abs} = \\sqrt{\\pi/2}, \\; c_{sq} = c_{hts} = 1
-
-    Raises
-    ------
-    ValueError
-        For a loss not in :data:`DUP_SIGMA_PER_ERROR`.
-    """
-    if loss not in DUP_SIGMA_PER_ERROR:
-        raise ValueError(f"loss={loss!r} not supported; choose from {sorted(DUP_SIGMA_PER_ERROR)}")
-    return eps_hat * DUP_SIGMA_PER_ERROR[loss]
-
 
 def _as_samples(samples, name: str = "samples") -> np.ndarray:
     array = np.asarray(samples, dtype=float)
