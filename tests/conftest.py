@@ -79,3 +79,31 @@ def project_store(tmp_path, monkeypatch) -> str:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return registry.tracking_uri(root=tmp_path)
+
+
+@pytest.fixture
+def register_constant():
+    """A function ``(uri, metrics, name="uamt-test") -> version`` that registers a candidate whose
+    pyfunc predicts mu = 0 (run ``register``, tag ``method=hts``, no signature, no artefacts)."""
+    import pandas as pd
+
+    import mlflow
+    from uamt import registry
+
+    class ConstantModel(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input, params=None):
+            return pd.DataFrame({"mu": [0.0] * len(model_input)})
+
+    def register(uri: str, metrics: dict, name: str = "uamt-test") -> str:
+        return registry.register_candidate(
+            uri,
+            name,
+            run_name="register",
+            python_model=ConstantModel(),
+            artifacts={},
+            signature=None,
+            test_metrics=metrics,
+            tags={"method": "hts"},
+        )
+
+    return register
