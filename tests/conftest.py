@@ -107,3 +107,38 @@ def register_constant():
         )
 
     return register
+
+
+@pytest.fixture
+def incoming_config(tmp_path):
+    """A function ``(**overrides) -> IncomingConfig`` with the incoming folder, pool, manifest, lock
+    and pending marker all under ``tmp_path``."""
+    from uamt.incoming import IncomingConfig
+
+    def make(**overrides) -> IncomingConfig:
+        return IncomingConfig(
+            dir=str(tmp_path / "incoming"),
+            pool_path=str(tmp_path / "annotations" / "pool.parquet"),
+            manifest_path=str(tmp_path / "annotations" / "manifest.json"),
+            lock_path=str(tmp_path / ".retrain.lock"),
+            pending_path=str(tmp_path / ".retrain.pending"),
+            **overrides,
+        )
+
+    return make
+
+
+@pytest.fixture
+def markdown_artifacts(monkeypatch):
+    """A function ``(flow_module) -> list``: the module's ``create_markdown_artifact`` still runs,
+    and the keyword arguments of each call are appended to the returned list."""
+
+    def record(flow_module) -> list[dict]:
+        artifacts: list[dict] = []
+        real_artifact = flow_module.create_markdown_artifact
+        monkeypatch.setattr(
+            flow_module, "create_markdown_artifact", lambda **kw: artifacts.append(kw) or real_artifact(**kw)
+        )
+        return artifacts
+
+    return record

@@ -62,7 +62,9 @@ def test_interrupted_registration_leaves_champion_and_marks_orphan(project_store
     client = registry._client(project_store)
     v1 = register_constant(project_store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
     registry.gate_and_alias(client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates())
-    v2 = register_constant(project_store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})  # "crash": the gate never runs
+    v2 = register_constant(
+        project_store, {"ece": 0.01, "nll": 0.9, "pps": 0.35}
+    )  # "crash": the gate never runs
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
     v3 = register_constant(project_store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})
     assert registry.mark_orphans(client, "uamt-test", keep_version=v3) == [v2]
