@@ -36,7 +36,7 @@ import torch
 from test_scoring_support import REF_MODEL, FakePredictor, FakePyfunc, write_lines
 
 import mlflow
-from tests.fakes import FEATURES, WEIGHTS, embed
+from tests.fakes import FEATURES, embed, synthetic_table
 from uamt import registry
 from uamt.cli import main
 from uamt.errors import DataError, UamtError
@@ -454,13 +454,7 @@ class FakeEncoder:
 
 
 def _synthetic(n: int, seed: int) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(n):
-        src, mt, ref = f"Quelle {seed} {i}", f"output {seed} {i}", f"reference {seed} {i}"
-        fm, fr = embed([mt])[0].mean(0), embed([ref])[0].mean(0)
-        rows.append({"src": src, "mt": mt, "ref": ref, "score": float(fm @ WEIGHTS - 0.5 * fr @ WEIGHTS + 0.3 * rng.normal())})
-    return pd.DataFrame(rows)
+    return synthetic_table(n, seed, texts=("Quelle {seed} {i}", "output {seed} {i}", "reference {seed} {i}"))
 
 
 @pytest.fixture(scope="module")
