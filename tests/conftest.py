@@ -79,3 +79,66 @@ def project_store(tmp_path, monkeypatch) -> str:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return registry.tracking_uri(root=tmp_path)
+
+
+@pytest.fixture
+def register_constant():
+    """A function ``(uri, metrics, name="uamt-test") -> version`` that registers a candidate whose
+    pyfunc predicts mu = 0 (run ``register``, tag ``method=hts``, no signature, no artefacts)."""
+    import pandas as pd
+
+    import mlflow
+    from uamt import registry
+
+    class ConstantModel(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input, params=None):
+            return pd.DataFrame({"mu": [0.0] * len(model_input)})
+
+    def register(uri: str, metrics: dict, name: str = "uamt-test") -> str:
+        return registry.register_candidate(
+            uri,
+            name,
+            run_name="register",
+            python_model=ConstantModel(),
+            artifacts={},
+            signature=None,
+            test_metrics=metrics,
+            tags={"method": "hts"},
+        )
+
+    return register
+
+
+@pytest.fixture
+def incoming_config(tmp_path):
+    """A function ``(**overrides) -> IncomingConfig`` with the incoming folder, pool, manifest, lock
+    and pending marker all under ``tmp_path``."""
+    from uamt.incoming import IncomingConfig
+
+    def make(**overrides) -> IncomingConfig:
+        return IncomingConfig(
+            dir=str(tmp_path / "incoming"),
+            pool_path=str(tmp_path / "annotations" / "pool.parquet"),
+            manifest_path=str(tmp_path / "annotations" / "manifest.json"),
+            lock_path=str(tmp_path / ".retrain.lock"),
+            pending_path=str(tmp_path / ".retrain.pending"),
+            **overrides,
+        )
+
+    return make
+
+
+@pytest.fixture
+def markdown_artifacts(monkeypatch):
+    """A function ``(flow_module) -> list``: the module's ``create_markdown_artifact`` still runs,
+    and the keyword arguments of each call are appended to the returned list."""
+
+    def record(flow_module) -> list[dict]:
+        artifacts: list[dict] = []
+        real_artifact = flow_module.create_markdown_artifact
+        monkeypatch.setattr(
+            flow_module, "create_markdown_artifact", lambda **kw: artifacts.append(kw) or real_artifact(**kw)
+        )
+        return artifacts
+
+    return record

@@ -21,6 +21,7 @@ from tests.test_models import CFG, FEATURES, make_table
 from uamt.calibrated import Calibration
 from uamt.cli import main
 from uamt.models import load, train
+from uamt.uncertainty import ConformalCalibrator
 
 DEV_LPS = ("en-de", "zh-en")
 MIN_LP_ROWS = 50
@@ -85,8 +86,8 @@ def test_point_model_gets_the_dev_fixed_variance(workspace, tmp_path, capsys):
         """(m_h, s_h, m_p, s_p) of dev rows and their residuals h_z - mu_z."""
         human, mu = rows["human"].to_numpy(), rows["mu"].to_numpy()
         m_h, s_h = human.mean(), human.std()
-        # the point model's sigma is a constant 1 in the standardisation (calibrate stage)
-        m_p, s_p = mu.mean(), np.sqrt(mu.var() + 1.0)
+        # the point model has no sigma: mu is standardised by its own dev spread (issue 15)
+        m_p, s_p = mu.mean(), mu.std()
         return (m_h, s_h, m_p, s_p), (human - m_h) / s_h - (mu - m_p) / s_p
 
     per_lp = {lp: standardise(dev[dev["lp"] == lp]) for lp in DEV_LPS}
@@ -125,20 +126,32 @@ def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace,
     saved = json.loads(out.with_name("hts.csv.calibration.json").read_text())
     assert saved == json.loads(json.dumps(expected.to_dict()))
     assert not saved["fixed"]
-    # per row: sigma_cal^2 = s_h^2 (alpha (sigma / s_p)^2 + beta) with the LP's fitted parameters
+    assert saved["selected"] == expected.selected
+    # HTS predicts its sigma: mu is standardised by its own dev spread, not shrunk by sigma (issue 15)
+    dev_lp = dev[dev["lp"] == DEV_LPS[0]]
+    assert expected.standardizer.lp_params[DEV_LPS[0]]["pred_std"] == pytest.approx(dev_lp["mu"].std(ddof=0))
+    # per row, with the LP's fitted parameters of the served candidate: a variance calibration gives
+    # sigma_cal^2 = s_h^2 (alpha (sigma / s_p)^2 + beta); a conformal one s_h (its 0.9 interval in z) / (2 z_0.95)
+    served = expected.served or expected.affine
     for lp in DEV_LPS:
         rows = table[table["lp"] == lp]
         std = expected.standardizer.lp_params[lp]
-        affine = expected.affine.lp_params[lp]
-        var_z = affine["alpha"] * (rows["sigma"] / std["pred_std"]) ** 2 + affine["beta"]
-        np.testing.assert_allclose(
-            rows["sigma_calibrated"],
-            std["human_std"] * np.sqrt(np.maximum(var_z, affine["var_floor"])),
-            rtol=1e-6,
-        )
-    half = norm.ppf(0.9) * table["sigma_calibrated"]
-    np.testing.assert_allclose(table["upper"] - table["mu_calibrated"], half, rtol=1e-6)
-    np.testing.assert_allclose(table["mu_calibrated"] - table["lower"], half, rtol=1e-6)
+        params = served.lp_params.get(lp, served.global_params)
+        sigma_z = rows["sigma"] / std["pred_std"]
+        if isinstance(served, ConformalCalibrator):  # also the Mondrian kind: thresholds per mu bin
+            mu_z = ((rows["mu"] - std["pred_mean"]) / std["pred_std"]).to_numpy()
+            low_z, high_z = served.interval(mu_z, sigma_z.to_numpy(), 0.9, np.full(len(rows), lp, dtype=object))
+            want = std["human_std"] * (high_z - low_z) / (2 * norm.ppf(0.95))
+        else:
+            var_z = params["alpha"] * sigma_z**2 + params["beta"]
+            want = std["human_std"] * np.sqrt(np.maximum(var_z, params["var_floor"]))
+        np.testing.assert_allclose(rows["sigma_calibrated"], want, rtol=1e-6)
+    low, high = expected.interval(table["mu"], table["sigma"], 0.8, lp=table["lp"].to_numpy(dtype=object))
+    np.testing.assert_allclose(table["lower"], low, rtol=1e-6)
+    np.testing.assert_allclose(table["upper"], high, rtol=1e-6)
+    if not isinstance(served, ConformalCalibrator):
+        half = norm.ppf(0.9) * table["sigma_calibrated"]
+        np.testing.assert_allclose(table["upper"] - table["mu_calibrated"], half, rtol=1e-6)
     assert (table["sigma_calibrated"] > 0).all()
 
 

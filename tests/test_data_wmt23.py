@@ -238,26 +238,43 @@ def test_wmt23_mqm_drop_systems_skips_an_unknown_system(tmp_path, caplog):
     assert set(df.system) == {"sysA"} and "dropped 2 rows: system sysB (no text)" in caplog.text
 
 
-def test_wmt23_mqm_bad_text(tmp_path):
+@pytest.mark.parametrize(
+    ("edits", "match"),
+    [
+        (
+            {"human-scores/he-en.mqm.seg.score": None},
+            r"he-en\.mqm\.seg\.score: WMT23 MQM score file not found",
+        ),
+        (
+            {"system-outputs/he-en/sysA.txt": ["  ", "a two", "a three"]},
+            r"sysA\.txt: line 1: system sysA output is empty",
+        ),
+        (
+            {"system-outputs/he-en/sysA.txt": ["a one", "a two"]},
+            r"sysA\.txt: 2 lines, but the source file .* has 3",
+        ),
+        (
+            {"documents/he-en.docs": ["news\tdocA", "newsdocA", "social\tdocB"]},
+            r"he-en\.docs: line 2: expected 'domain<TAB>doc'",
+        ),
+        (
+            {
+                "sources/he-en.txt": ["s one", "", "s three"],
+                "human-scores/he-en.mqm.seg.score": ["sysA\t-1"] * 3,
+            },
+            r"he-en\.txt: line 2: source is empty",
+        ),
+    ],
+    ids=["no-scores", "empty-output", "short-output", "bad-docs", "empty-source"],
+)
+def test_wmt23_mqm_bad_text(tmp_path, edits, match):
     base = _mini_wmt23(tmp_path)
-    (base / "human-scores/he-en.mqm.seg.score").unlink()
-    with pytest.raises(DataError, match=r"he-en\.mqm\.seg\.score: WMT23 MQM score file not found"):
-        wmt23.load_wmt23_mqm(tmp_path, lps=("he-en",))
-    base = _mini_wmt23(tmp_path)
-    _write(base / "system-outputs/he-en/sysA.txt", ["  ", "a two", "a three"])
-    with pytest.raises(DataError, match=r"sysA\.txt: line 1: system sysA output is empty"):
-        wmt23.load_wmt23_mqm(tmp_path, lps=("he-en",))
-    _write(base / "system-outputs/he-en/sysA.txt", ["a one", "a two"])
-    with pytest.raises(DataError, match=r"sysA\.txt: 2 lines, but the source file .* has 3"):
-        wmt23.load_wmt23_mqm(tmp_path, lps=("he-en",))
-    base = _mini_wmt23(tmp_path)
-    _write(base / "documents/he-en.docs", ["news\tdocA", "newsdocA", "social\tdocB"])
-    with pytest.raises(DataError, match=r"he-en\.docs: line 2: expected 'domain<TAB>doc'"):
-        wmt23.load_wmt23_mqm(tmp_path, lps=("he-en",))
-    base = _mini_wmt23(tmp_path)
-    _write(base / "sources/he-en.txt", ["s one", "", "s three"])
-    _write(base / "human-scores/he-en.mqm.seg.score", ["sysA\t-1"] * 3)
-    with pytest.raises(DataError, match=r"he-en\.txt: line 2: source is empty"):
+    for name, lines in edits.items():  # None: the file is removed
+        if lines is None:
+            (base / name).unlink()
+        else:
+            _write(base / name, lines)
+    with pytest.raises(DataError, match=match):
         wmt23.load_wmt23_mqm(tmp_path, lps=("he-en",))
 
 

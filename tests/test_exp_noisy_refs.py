@@ -81,6 +81,7 @@ class LengthSigma:
     """A stand-in model whose sigma is the reference's length: the shorter reference is 'certain'."""
 
     method = "hts"
+    aligned_samples = False  # moments only, like HTS
     cfg = TrainConfig(method="hts")
 
     def predict(self, df, features, n_samples=None):

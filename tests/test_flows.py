@@ -206,16 +206,12 @@ def _small_params(tmp_path: Path) -> Path:
     return path
 
 
-def test_pipeline_flow_wiring_caching_and_name(prefect_api, tmp_path, monkeypatch):
+def test_pipeline_flow_wiring_caching_and_name(prefect_api, tmp_path, monkeypatch, markdown_artifacts):
     monkeypatch.chdir(tmp_path)
     params = _small_params(tmp_path)
     calls: list = []
     _fake_stages(calls, monkeypatch)
-    artifacts = []
-    real_artifact = fp.create_markdown_artifact
-    monkeypatch.setattr(
-        fp, "create_markdown_artifact", lambda **kw: artifacts.append(kw) or real_artifact(**kw)
-    )
+    artifacts = markdown_artifacts(fp)
     state = fp.uamt_pipeline(str(params), start="prepare", return_state=True)
     assert state.is_completed()
     assert [c[0] for c in calls] == list(fp.STAGE_NAMES[1:])

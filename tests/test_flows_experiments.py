@@ -80,16 +80,12 @@ def _fake_stages(calls: list, monkeypatch) -> None:
     monkeypatch.setattr(fe, "STAGE_BY_NAME", {s.name: s for s in stages})
 
 
-def test_flow_runs_the_stages_in_order_and_caches(prefect_api, tmp_path, monkeypatch):
+def test_flow_runs_the_stages_in_order_and_caches(prefect_api, tmp_path, monkeypatch, markdown_artifacts):
     monkeypatch.chdir(tmp_path)
     Path("params.yaml").write_text((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
     calls: list = []
     _fake_stages(calls, monkeypatch)
-    artifacts = []
-    real_artifact = fe.create_markdown_artifact
-    monkeypatch.setattr(
-        fe, "create_markdown_artifact", lambda **kw: artifacts.append(kw) or real_artifact(**kw)
-    )
+    artifacts = markdown_artifacts(fe)
 
     state = fe.uamt_experiments("params.yaml", return_state=True)
     assert state.is_completed()

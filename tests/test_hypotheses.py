@@ -23,6 +23,9 @@ from uamt import hypotheses, lexical  # noqa: E402
 from uamt.cli import main  # noqa: E402
 from uamt.errors import DataError, UamtError  # noqa: E402
 
+# The tiny model's ops are microseconds long; thread hand-off would cost more than the work.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 WORDS = "the a cat dog sat ran on under mat house big small red blue quick slow fox jumps over lazy river tree bird sings".split()
 SOURCES = [
     "the cat sat on the mat",
@@ -94,16 +97,6 @@ def build_tiny_marian(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # The tiny model's ops are microseconds long; on a shared 2-core CI box thread hand-off
-    # costs 10-20x more than the work, so these tests run torch single-threaded.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_marian(tmp_path_factory.mktemp("tiny-marian"))
@@ -124,6 +117,11 @@ def cfg(**kwargs) -> hypotheses.GenerationConfig:
         "seed": 0,
     }  # batch 3 over 7 lines: a ragged last batch
     return hypotheses.GenerationConfig(**{**base, **kwargs})
+
+
+def generate_argv(model: Path, source: Path, *options: str) -> list[str]:
+    """``uamt hypotheses generate`` on ``model`` and ``source`` without a progress bar, plus ``options``."""
+    return ["hypotheses", "generate", "--model", str(model), "-s", str(source), "--no-progress", *options]
 
 
 def read(folder: Path, name: str) -> list[str]:
@@ -280,7 +278,7 @@ def test_bad_inputs_raise_clear_errors(tiny_model, tmp_path, source):
 
 
 def test_cli_errors_exit_2(tiny_model, tmp_path, source, capsys):
-    base = ["hypotheses", "generate", "--model", str(tiny_model), "-s", str(source), "--no-progress"]
+    base = generate_argv(tiny_model, source)
     assert main([*base, "--n", "0", "--out", str(tmp_path / "o")]) == 2
     assert "n must be >= 1" in capsys.readouterr().err
     assert main([*base, "--method", "topk", "--out", str(tmp_path / "o")]) == 2
@@ -306,27 +304,12 @@ def test_cli_errors_exit_2(tiny_model, tmp_path, source, capsys):
 def test_generate_then_multihyp_end_to_end(tiny_model, source, tmp_path, capsys):
     out = tmp_path / "hyps"
     code = main(
-        [
-            "hypotheses",
-            "generate",
-            "--model",
-            str(tiny_model),
-            "-s",
-            str(source),
-            "--method",
-            "mc-dropout",
-            "--n",
-            "3",
-            "--dropout",
-            "0.3",
-            "--max-new-tokens",
-            "8",
-            "--batch-size",
-            "4",
-            "--no-progress",
-            "--out",
-            str(out),
-        ]
+        generate_argv(
+            tiny_model,
+            source,
+            *("--method", "mc-dropout", "--n", "3", "--dropout", "0.3", "--max-new-tokens", "8"),
+            *("--batch-size", "4", "--out", str(out)),
+        )
     )
     assert code == 0
     assert "ms/segment/hypothesis" in capsys.readouterr().out
@@ -400,28 +383,8 @@ def test_generated_hypotheses_score_as_pseudo_references(tiny_model, source, tmp
     from test_scoring_support import REF_MODEL, build_store
 
     out = tmp_path / "hyps"
-    assert (
-        main(
-            [
-                "hypotheses",
-                "generate",
-                "--model",
-                str(tiny_model),
-                "-s",
-                str(source),
-                "--method",
-                "beam",
-                "--n",
-                "3",
-                "--max-new-tokens",
-                "8",
-                "--no-progress",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    argv = generate_argv(tiny_model, source, "--method", "beam", "--n", "3", "--max-new-tokens", "8")
+    assert main([*argv, "--out", str(out)]) == 0
     hyps = sorted(out.glob("hyp.*.txt"))
     for path in hyps:  # a random tiny model can emit an empty line; a pseudo-reference must not be empty
         lines = [line if line.strip() else "-" for line in lexical.read_lines(path)]

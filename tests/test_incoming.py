@@ -14,7 +14,6 @@ import pytest
 from uamt.data.prepare import place_pool_rows
 from uamt.data.schema import normalise_source
 from uamt.incoming import (
-    IncomingConfig,
     RetrainBusy,
     ingest_incoming,
     read_pool,
@@ -39,16 +38,6 @@ GOOD = [
 def write_csv(path: Path, rows: list[dict], sep: str = ",") -> Path:
     pd.DataFrame(rows).to_csv(path, index=False, sep=sep)
     return path
-
-
-def cfg_for(tmp_path: Path, **kw) -> IncomingConfig:
-    return IncomingConfig(
-        dir=str(tmp_path / "incoming"),
-        pool_path=str(tmp_path / "annotations" / "pool.parquet"),
-        manifest_path=str(tmp_path / "annotations" / "manifest.json"),
-        lock_path=str(tmp_path / ".retrain.lock"),
-        **kw,
-    )
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
@@ -118,8 +107,8 @@ def test_missing_renamed_column_and_non_utf8(tmp_path):
     assert "line 8: not valid UTF-8" in check.report()
 
 
-def test_reject_file_ingests_nothing_and_writes_a_report(tmp_path):
-    cfg = cfg_for(tmp_path)
+def test_reject_file_ingests_nothing_and_writes_a_report(tmp_path, incoming_config):
+    cfg = incoming_config()
     Path(cfg.dir).mkdir()
     rows = [dict(r) for r in GOOD]
     rows[2]["score"] = float("inf")
@@ -133,8 +122,8 @@ def test_reject_file_ingests_nothing_and_writes_a_report(tmp_path):
     assert (Path(cfg.dir) / "rejected" / "batch1.csv").is_file()
 
 
-def test_keep_good_takes_good_rows_and_same_file_never_twice(tmp_path):
-    cfg = cfg_for(tmp_path, on_bad_rows="keep_good")
+def test_keep_good_takes_good_rows_and_same_file_never_twice(tmp_path, incoming_config):
+    cfg = incoming_config(on_bad_rows="keep_good")
     Path(cfg.dir).mkdir()
     rows = [dict(r) for r in GOOD]
     rows[2]["mt"] = ""

@@ -201,6 +201,17 @@ def small_files(tmp_path):
     }
 
 
+def multihyp_argv(mt, refs, human, metric: str, *, hyps=(), out=None) -> list[str]:
+    """``uamt multihyp`` arguments: a ``--ref`` per reference file; ``--hyp``, ``--out`` when given."""
+    argv = ["multihyp", "--mt", str(mt)]
+    for ref in refs:
+        argv += ["--ref", str(ref)]
+    if hyps:
+        argv += ["--hyp", *map(str, hyps)]
+    argv += ["--human", str(human), "--metric", metric]
+    return argv if out is None else [*argv, "--out", str(out)]
+
+
 def test_cli_bad_inputs_exit_2_with_clear_message(small_files, tmp_path, capsys):
     f = small_files
     short = write(tmp_path / "short.txt", "only one line\n")
@@ -214,45 +225,14 @@ def test_cli_bad_inputs_exit_2_with_clear_message(small_files, tmp_path, capsys)
     assert main([*base, "--ref", str(empty), "--metric", "bleu"]) == 2
     assert "empty.txt: file is empty" in capsys.readouterr().err
     human_bad = write(tmp_path / "hb.txt", "1\n2\nthree\n")
-    assert (
-        main(
-            [
-                "multihyp",
-                "--mt",
-                str(f["mt"]),
-                "--ref",
-                str(f["ref"]),
-                "--human",
-                str(human_bad),
-                "--metric",
-                "chrf",
-            ]
-        )
-        == 2
-    )
+    assert main(multihyp_argv(f["mt"], [f["ref"]], human_bad, "chrf")) == 2
     assert "hb.txt:3: human score 'three' is not a number" in capsys.readouterr().err
 
 
 def test_cli_prints_table_and_writes_json(small_files, tmp_path, capsys):
     f = small_files
     out = tmp_path / "res" / "r.json"
-    code = main(
-        [
-            "multihyp",
-            "--mt",
-            str(f["mt"]),
-            "--ref",
-            str(f["ref"]),
-            "--hyp",
-            str(f["hyp"]),
-            "--human",
-            str(f["human"]),
-            "--metric",
-            "ter",
-            "--out",
-            str(out),
-        ]
-    )
+    code = main(multihyp_argv(f["mt"], [f["ref"]], f["human"], "ter", hyps=[f["hyp"]], out=out))
     assert code == 0
     printed = capsys.readouterr().out
     assert "lower is better" in printed and "hyp-mt-avg-ref" in printed
@@ -303,23 +283,8 @@ def test_estonian_english_reference_correlations(eten, metric):
 
 def test_estonian_english_through_cli(eten, tmp_path, capsys):
     out = tmp_path / "bleu.json"
-    code = main(
-        [
-            "multihyp",
-            "--mt",
-            str(eten / "mt.en"),
-            "--ref",
-            str(eten / "ref-1.en"),
-            "--ref",
-            str(eten / "ref-2.en"),
-            "--human",
-            str(eten / "DA-z.scores"),
-            "--metric",
-            "bleu",
-            "--out",
-            str(out),
-        ]
-    )
+    refs = [eten / "ref-1.en", eten / "ref-2.en"]
+    code = main(multihyp_argv(eten / "mt.en", refs, eten / "DA-z.scores", "bleu", out=out))
     assert code == 0
     assert "mt-ref-multi" in capsys.readouterr().out
     pearson = json.loads(out.read_text())["pearson"]

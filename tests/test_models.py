@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.fakes import DIM, FEATURES, N_LAYERS, WEIGHTS, embed
+from tests.fakes import DIM, FEATURES, N_LAYERS, embed, signal
 from uamt.errors import DataError, UamtError
 from uamt.models import METHODS, FeatureSource, NonFiniteLossError, TrainConfig, get_loss, load, train
 from uamt.models.api import MANIFEST, TABLE_COLUMNS
@@ -26,7 +26,7 @@ def make_table(n: int, seed: int) -> pd.DataFrame:
     rows = []
     for i in range(n):
         src, mt, ref = f"src {seed}-{i}", f"mt {seed}-{i}", f"ref {seed}-{i}"
-        fm, fr = embed([mt])[0].mean(0), embed([ref])[0].mean(0)
+        clean, fm = signal(mt, ref)
         noise = 0.2 + abs(fm[0])
         multi = i % 3 != 0
         rows.append(
@@ -38,7 +38,7 @@ def make_table(n: int, seed: int) -> pd.DataFrame:
                 "src": src,
                 "mt": mt,
                 "ref": ref,
-                "score": float(fm @ WEIGHTS - 0.5 * fr @ WEIGHTS + rng.normal() * noise),
+                "score": float(clean + rng.normal() * noise),
                 "score_std": float(abs(rng.normal()) + 0.1) if multi else np.nan,
                 "n_annotators": 3 if multi else 1,
             }

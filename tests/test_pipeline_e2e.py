@@ -72,6 +72,12 @@ def test_chain_writes_metrics_for_every_method_and_lp(pipeline_run):
             assert by_lp["avg"][key] is not None, (method, key)
     ood = json.loads((pipeline_run / "metrics" / "ood.json").read_text())
     assert set(ood) == set(test)
+    conditional = json.loads((pipeline_run / "metrics" / "conditional.json").read_text())
+    assert set(conditional) == set(test)
+    for method, summary in conditional.items():
+        assert {"en-de", "zh-en"} <= set(summary["conditional"]["by_lp"]), method
+        assert summary["candidates"] and len(summary["goals"]) == 9, method
+        assert summary["served"] in (*summary["candidates"], "fixed_variance"), method
     for plot in ("reliability.png", "sharpness.png", "error_vs_sigma.png"):
         assert (pipeline_run / "plots" / plot).stat().st_size > 1000
 

@@ -4,30 +4,10 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
 import pytest
 
-import mlflow
 from uamt import registry
 from uamt.registry import Gates, promotion_decision
-
-
-class ConstantModel(mlflow.pyfunc.PythonModel):
-    def predict(self, context, model_input, params=None):
-        return pd.DataFrame({"mu": [0.0] * len(model_input)})
-
-
-def _register(uri, metrics):
-    return registry.register_candidate(
-        uri,
-        "uamt-test",
-        run_name="register",
-        python_model=ConstantModel(),
-        artifacts={},
-        signature=None,
-        test_metrics=metrics,
-        tags={"method": "hts"},
-    )
 
 
 def test_first_version_passing_ece_becomes_champion():
@@ -59,9 +39,9 @@ def test_within_tolerance_is_promoted():
     assert decision.promote
 
 
-def test_champion_moves_only_after_gate(project_store):
+def test_champion_moves_only_after_gate(project_store, register_constant):
     client = registry._client(project_store)
-    v1 = _register(project_store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
+    v1 = register_constant(project_store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
     assert client.get_model_version(name="uamt-test", version=v1).tags[registry.STATUS_TAG] == "pending"
     assert registry.gate_and_alias(
         client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates()
@@ -69,7 +49,7 @@ def test_champion_moves_only_after_gate(project_store):
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
 
     worse = {"ece": 0.01, "nll": 2.0, "pps": 0.10}
-    v2 = _register(project_store, worse)
+    v2 = register_constant(project_store, worse)
     decision = registry.gate_and_alias(client, "uamt-test", v2, worse, Gates())
     assert not decision.promote
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
@@ -78,13 +58,15 @@ def test_champion_moves_only_after_gate(project_store):
     assert tags[registry.STATUS_TAG] == "rejected" and "NLL" in tags[registry.REASON_TAG]
 
 
-def test_interrupted_registration_leaves_champion_and_marks_orphan(project_store):
+def test_interrupted_registration_leaves_champion_and_marks_orphan(project_store, register_constant):
     client = registry._client(project_store)
-    v1 = _register(project_store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
+    v1 = register_constant(project_store, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
     registry.gate_and_alias(client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates())
-    v2 = _register(project_store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})  # "crash": the gate never runs
+    v2 = register_constant(
+        project_store, {"ece": 0.01, "nll": 0.9, "pps": 0.35}
+    )  # "crash": the gate never runs
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
-    v3 = _register(project_store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})
+    v3 = register_constant(project_store, {"ece": 0.01, "nll": 0.9, "pps": 0.35})
     assert registry.mark_orphans(client, "uamt-test", keep_version=v3) == [v2]
     assert client.get_model_version(name="uamt-test", version=v2).tags[registry.STATUS_TAG] == "orphaned"
     rows = registry.describe(project_store, "uamt-test")
@@ -93,7 +75,7 @@ def test_interrupted_registration_leaves_champion_and_marks_orphan(project_store
 
 
 @pytest.mark.slow
-def test_registry_promise_holds_against_a_real_mlflow_server(tmp_path, monkeypatch):
+def test_registry_promise_holds_against_a_real_mlflow_server(tmp_path, monkeypatch, register_constant):
     """The same registration and gate through `mlflow server` on loopback (any MLFLOW_TRACKING_URI works)."""
     import socket
     import subprocess
@@ -140,11 +122,11 @@ def test_registry_promise_holds_against_a_real_mlflow_server(tmp_path, monkeypat
         monkeypatch.chdir(tmp_path)
         assert registry.tracking_uri() == uri
         client = registry._client(uri)
-        v1 = _register(uri, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
+        v1 = register_constant(uri, {"ece": 0.01, "nll": 1.0, "pps": 0.30})
         assert registry.gate_and_alias(
             client, "uamt-test", v1, {"ece": 0.01, "nll": 1.0, "pps": 0.30}, Gates()
         ).promote
-        v2 = _register(uri, {"ece": 0.30, "nll": 1.0, "pps": 0.30})
+        v2 = register_constant(uri, {"ece": 0.30, "nll": 1.0, "pps": 0.30})
         assert not registry.gate_and_alias(
             client, "uamt-test", v2, {"ece": 0.30, "nll": 1.0, "pps": 0.30}, Gates()
         ).promote

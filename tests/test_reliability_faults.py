@@ -14,6 +14,7 @@ Faults (2) and (4) (Prefect retries, concurrent retrains) live in the flow tests
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.client
 import json
@@ -32,6 +33,7 @@ import pandas as pd
 import pytest
 
 import mlflow
+from tests import fakes
 from uamt import registry
 from uamt.errors import UamtError
 from uamt.models import FeatureSource, TrainConfig, load, train
@@ -49,29 +51,12 @@ def _env() -> dict[str, str]:
 
 
 # =============================================================================== (1) killed training
-N_LAYERS, DIM = 2, 8
-_W = np.random.default_rng(0).normal(size=DIM)
-
-
-def _embed(texts):
-    return np.stack(
-        [np.random.default_rng(zlib.crc32(t.encode())).normal(size=(N_LAYERS, DIM)) for t in texts]
-    ).astype(np.float32)
-
-
+_embed = fakes.make_embed(2)
 SYNTH_FEATURES = FeatureSource(_embed, encoder_id="fake-encoder-faults")
 
 
 def synthetic_table(n: int, seed: int) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(n):
-        mt, ref = f"mt {seed}-{i}", f"ref {seed}-{i}"
-        signal_ = _embed([mt])[0].mean(0) @ _W - 0.5 * _embed([ref])[0].mean(0) @ _W
-        rows.append(
-            {"src": f"src {seed}-{i}", "mt": mt, "ref": ref, "score": float(signal_ + 0.3 * rng.normal())}
-        )
-    return pd.DataFrame(rows)
+    return fakes.synthetic_table(n, seed, embed=_embed)
 
 
 QUICK = TrainConfig(hidden_sizes=(16,), max_epochs=2, batch_size=16, patience=2)
@@ -146,26 +131,13 @@ def test_training_killed_mid_epoch_leaves_no_valid_model_and_restarts_cleanly(tm
 
 
 # =============================================================================== (3) interrupted registration
-class ConstantModel(mlflow.pyfunc.PythonModel):
-    def predict(self, context, model_input, params=None):
-        return pd.DataFrame({"mu": [0.0] * len(model_input)})
-
-
 GOOD = {"ece": 0.01, "nll": 1.0, "pps": 0.30}
 BETTER = {"ece": 0.01, "nll": 0.9, "pps": 0.35}
 
 
-def _register(uri: str, metrics: dict, name: str = "uamt-faults") -> str:
-    return registry.register_candidate(
-        uri,
-        name,
-        run_name="register",
-        python_model=ConstantModel(),
-        artifacts={},
-        signature=None,
-        test_metrics=metrics,
-        tags={"method": "hts"},
-    )
+@pytest.fixture
+def _register(register_constant):
+    return functools.partial(register_constant, name="uamt-faults")
 
 
 CHILD_REGISTER = """
@@ -191,8 +163,6 @@ os.kill(os.getpid(), signal.SIGKILL)  # dies between logging the version and the
 @pytest.fixture
 def store(project_store, monkeypatch):
     """The project's default store in tmp_path, models logged without resolving pip requirements."""
-    import functools
-
     monkeypatch.setattr(
         mlflow.pyfunc, "log_model", functools.partial(mlflow.pyfunc.log_model, pip_requirements=["mlflow"])
     )
@@ -207,7 +177,7 @@ def _champion(client, name: str = "uamt-faults") -> str:
     return str(client.get_model_version_by_alias(name, registry.CHAMPION).version)
 
 
-def test_registration_killed_before_gate_keeps_champion_and_marks_orphan(store, tmp_path):
+def test_registration_killed_before_gate_keeps_champion_and_marks_orphan(store, tmp_path, _register):
     client = registry._client(store)
     v1 = _register(store, GOOD)
     assert registry.gate_and_alias(client, "uamt-faults", v1, GOOD, Gates()).promote
@@ -248,7 +218,7 @@ class _FailingClient:
         return call
 
 
-def test_registration_interrupted_at_the_alias_switch_keeps_champion(store):
+def test_registration_interrupted_at_the_alias_switch_keeps_champion(store, _register):
     client = registry._client(store)
     v1 = _register(store, GOOD)
     registry.gate_and_alias(client, "uamt-faults", v1, GOOD, Gates())
@@ -264,7 +234,7 @@ def test_registration_interrupted_at_the_alias_switch_keeps_champion(store):
     assert _status(client, v2) == "orphaned"
 
 
-def test_registration_interrupted_right_after_the_switch_is_repaired_not_orphaned(store):
+def test_registration_interrupted_right_after_the_switch_is_repaired_not_orphaned(store, _register):
     client = registry._client(store)
     v1 = _register(store, GOOD)
     registry.gate_and_alias(client, "uamt-faults", v1, GOOD, Gates())
@@ -316,7 +286,7 @@ def _test_metrics(model_dir: Path, dev: pd.DataFrame, test: pd.DataFrame) -> dic
     return {k: avg[k] for k in ("ece", "nll", "pps")}
 
 
-def test_retrain_on_shuffled_annotations_is_not_promoted(store, mirror_root, tmp_path):
+def test_retrain_on_shuffled_annotations_is_not_promoted(store, mirror_root, tmp_path, _register):
     from uamt.data.loaders import load_qt21_hter
 
     rows = load_qt21_hter(mirror_root, files=[("smt", "en-de")]).reset_index(drop=True)

@@ -57,17 +57,6 @@ ROW = {"dataset": "wmt21_mqm", "lp": "en-de", "src": "Hallo.", "mt": "Hello.", "
 SECRET = "SECRET-LINE-must-never-be-copied"
 
 
-def cfg_for(tmp: Path, **kw) -> IncomingConfig:
-    return IncomingConfig(
-        dir=str(tmp / "incoming"),
-        pool_path=str(tmp / "annotations" / "pool.parquet"),
-        manifest_path=str(tmp / "annotations" / "manifest.json"),
-        lock_path=str(tmp / ".retrain.lock"),
-        pending_path=str(tmp / ".retrain.pending"),
-        **kw,
-    )
-
-
 def good_csv(n: int = 3, first: int = 0, newline: str = "\n") -> str:
     rows = [
         f"wmt21_mqm,en-de,Source {i}.,Translation {i}.,Reference {i}.,-{i % 5},sysA" for i in range(first, n)
@@ -264,8 +253,8 @@ BAD_FILES = [
 
 
 @pytest.mark.parametrize("case", BAD_FILES, ids=[c.id for c in BAD_FILES])
-def test_one_bad_file_is_rejected_with_a_report_and_the_good_one_is_ingested(case, tmp_path):
-    cfg = cfg_for(tmp_path)
+def test_one_bad_file_is_rejected_with_a_report_and_the_good_one_is_ingested(case, tmp_path, incoming_config):
+    cfg = incoming_config()
     case.make(tmp_path)
     write(tmp_path / "incoming" / "b-good.csv", good_csv())
     bad_name = next(p.name for p in (tmp_path / "incoming").iterdir() if p.name.startswith("a-bad"))
@@ -286,11 +275,11 @@ def test_one_bad_file_is_rejected_with_a_report_and_the_good_one_is_ingested(cas
     assert ingest_incoming(cfg) == type(result)()  # the next tick: nothing waiting, nothing to fail
 
 
-def test_a_validator_crash_rejects_that_file_only(tmp_path, monkeypatch):
+def test_a_validator_crash_rejects_that_file_only(tmp_path, monkeypatch, incoming_config):
     """An error the validator does not foresee refuses the one file, named, and the tick goes on."""
     import uamt.incoming as inc
 
-    cfg = cfg_for(tmp_path)
+    cfg = incoming_config()
     write(tmp_path / "incoming/a-odd.csv", good_csv(3, first=10))
     write(tmp_path / "incoming/b-good.csv", good_csv())
     real = inc.validate_frame
@@ -337,8 +326,8 @@ def test_lines_are_named_right_after_blank_jsonl_lines(tmp_path):
 
 
 # ============================================================================ item 3: duplicates by content
-def test_the_same_rows_resubmitted_with_crlf_are_skipped_and_counted(tmp_path):
-    cfg = cfg_for(tmp_path)
+def test_the_same_rows_resubmitted_with_crlf_are_skipped_and_counted(tmp_path, incoming_config):
+    cfg = incoming_config()
     write(tmp_path / "incoming/batch.csv", good_csv(60))
     assert ingest_incoming(cfg).rows_added == 60
     # Re-exported: CRLF line ends, a different name, extra spaces inside a segment.
@@ -365,8 +354,8 @@ def test_the_same_rows_resubmitted_with_crlf_are_skipped_and_counted(tmp_path):
 
 
 # ============================================================================ item 4: only complete files
-def test_partial_files_are_left_alone_until_complete(tmp_path):
-    cfg = cfg_for(tmp_path, settle_s=60)
+def test_partial_files_are_left_alone_until_complete(tmp_path, incoming_config):
+    cfg = incoming_config(settle_s=60)
     folder = tmp_path / "incoming"
     for name in (".batch.csv", "batch.csv.part", "batch.csv.tmp", "~batch.csv"):  # being written
         write(folder / name, good_csv()[:40])
@@ -388,10 +377,10 @@ def test_partial_files_are_left_alone_until_complete(tmp_path):
     assert ingest_incoming(cfg).rejected == ["batch.csv"]  # truncated by design here: checked, refused
 
 
-def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys):
+def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys, incoming_config):
     from uamt.incoming import main
 
-    cfg = cfg_for(tmp_path)
+    cfg = incoming_config()
     write(tmp_path / "incoming/one.csv", good_csv(3))
     write(tmp_path / "incoming/two.csv", good_csv(5, first=3))
     ingest_incoming(cfg)
@@ -482,9 +471,9 @@ def test_a_retrain_killed_after_ingestion_is_finished_by_the_next_tick(prefect_a
     assert retrain_on_new_annotations("params.yaml") == {"status": "no new annotations"}
 
 
-def test_ingest_from_the_command_line_owes_a_retrain(tmp_path):
+def test_ingest_from_the_command_line_owes_a_retrain(tmp_path, incoming_config):
     """``python -m uamt.incoming ingest`` alone: the next tick retrains (it used to say 'no new annotations')."""
-    cfg = cfg_for(tmp_path)
+    cfg = incoming_config()
     write(tmp_path / "incoming/new.csv", good_csv())
     assert read_pending(cfg) is None
     ingest_incoming(cfg)

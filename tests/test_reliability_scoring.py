@@ -36,7 +36,7 @@ import torch
 from test_scoring_support import REF_MODEL, FakePredictor, FakePyfunc, write_lines
 
 import mlflow
-from tests.fakes import FEATURES, WEIGHTS, embed
+from tests.fakes import FEATURES, embed, synthetic_table
 from uamt import registry
 from uamt.cli import main
 from uamt.errors import DataError, UamtError
@@ -454,13 +454,7 @@ class FakeEncoder:
 
 
 def _synthetic(n: int, seed: int) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(n):
-        src, mt, ref = f"Quelle {seed} {i}", f"output {seed} {i}", f"reference {seed} {i}"
-        fm, fr = embed([mt])[0].mean(0), embed([ref])[0].mean(0)
-        rows.append({"src": src, "mt": mt, "ref": ref, "score": float(fm @ WEIGHTS - 0.5 * fr @ WEIGHTS + 0.3 * rng.normal())})
-    return pd.DataFrame(rows)
+    return synthetic_table(n, seed, texts=("Quelle {seed} {i}", "output {seed} {i}", "reference {seed} {i}"))
 
 
 @pytest.fixture(scope="module")
@@ -682,7 +676,13 @@ def test_metadata_says_what_the_model_was_trained_and_calibrated_on(uamt_model, 
     assert metadata["language_pairs"] == {lp: "global" for lp in sorted(WMT21_MQM_LPS)}
     assert metadata["scale"] == "MQM" and metadata["scale_range"] == [-25.0, 0.0]
     assert metadata["risk_threshold"] == -5.0 and metadata["max_tokens"] == 12  # FakeEncoder.max_length
-    assert metadata["calibration"] == {"variance": "affine", "conformal": False, "reference_factors": {}}
+    assert metadata["calibration"] == {
+        "variance": "affine",
+        "conformal": False,
+        "reference_factors": {},
+        "known_lps": [],
+        "unseen_lp_sigma_factor": 1.0,
+    }
     assert json.loads(json.dumps(metadata)) == metadata  # JSON as it is
 
     lp = sorted(WMT21_MQM_LPS)[0]
@@ -690,19 +690,104 @@ def test_metadata_says_what_the_model_was_trained_and_calibrated_on(uamt_model, 
     assert ScoringService(predictor, "m").metadata()["language_pairs"][lp] == "per-lp"
 
 
-def test_unknown_language_pair_is_refused_over_rest_and_through_mlflow(uamt_model, fake_encoder):
-    """An lp the model never saw used to get the global calibration silently."""
-    from uamt.data.loaders import WMT21_MQM_LPS
+@pytest.fixture(scope="module")
+def lp_model(uamt_model, tmp_path_factory):
+    """``uamt_model`` whose calibration knows en-de and zh-en (the global fit, copied) and widens
+    every other LP x1.30, as the calibrate stage fits it."""
+    folder = Path(shutil.copytree(uamt_model, tmp_path_factory.mktemp("lp-model") / "model"))
+    path = folder / "artifacts" / "calibration.json"
+    data = json.loads(path.read_text())
+    data["standardizer"]["lps"] = {lp: dict(data["standardizer"]["global"]) for lp in ("en-de", "zh-en")}
+    data["unseen_lp_sigma_factor"] = 1.3
+    path.write_text(json.dumps(data))
+    return folder
+
+
+def test_unseen_language_pair_is_widened_and_warned_over_rest(lp_model, fake_encoder):
+    """An lp the model has no calibration for used to be refused (400), and before that silently got
+    the global calibration: now it gets the global calibration widened x1.30, and a warning."""
     from uamt.predictor import load_predictor
-    from uamt.rest import RequestError, ScoringService
+    from uamt.rest import ScoringService
+
+    predictor = load_predictor(str(lp_model))
+    assert predictor.known_lps == ["en-de", "zh-en"] and predictor.unseen_lp_sigma_factor == 1.3
+    service = ScoringService(predictor, str(lp_model))
+    metadata = service.metadata()["calibration"]
+    assert metadata["known_lps"] == ["en-de", "zh-en"] and metadata["unseen_lp_sigma_factor"] == 1.3
+    records = [{"src": SRC[i], "mt": MT[i], "ref": REF[i]} for i in range(3)]
+    seen = service.invocations(json.dumps({"dataframe_records": [{**r, "lp": "en-de"} for r in records]}).encode())
+    unseen = service.invocations(json.dumps({"dataframe_records": [{**r, "lp": "xx-yy"} for r in records]}).encode())
+    assert "warnings" not in seen and [p["lp_seen_in_training"] for p in seen["predictions"]] == [True] * 3
+    assert [p["lp_seen_in_training"] for p in unseen["predictions"]] == [False] * 3
+    assert [p["calibration"] for p in unseen["predictions"]] == ["global"] * 3
+    assert unseen["warnings"] == [
+        "language pair xx-yy was never seen in training (the model knows en-de, zh-en): scores are less "
+        "reliable and intervals are widened x1.30"
+    ]
+    # en-de's calibration is the global one copied: the only difference is the widening.
+    for a, b in zip(seen["predictions"], unseen["predictions"], strict=True):
+        assert b["sigma"] == pytest.approx(1.3 * a["sigma"]) and b["mu"] == pytest.approx(a["mu"])
+    plain = service.invocations(json.dumps({"dataframe_records": records}).encode())
+    assert "warnings" not in plain and "lp_seen_in_training" not in plain["predictions"][0]  # no lp: global
+
+
+def test_score_without_lp_detects_the_pair_and_warns_when_unseen(lp_model, fake_encoder, tmp_path, capsys, scoring_tracking):
+    """German sources, English translations: de-en is detected, which the model (en-de, zh-en) never
+    saw; stderr, the summary line and the summary record say so, and the intervals are widened."""
+    argv = _score_argv(tmp_path, out="out.jsonl")
+    argv[argv.index("--model") + 1] = str(lp_model)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "uamt score: detected language pair de-en: source de (100% of 20 lines), translation en" in err
+    assert "uamt score: language pair de-en was never seen in training (the model knows en-de, zh-en)" in err
+    assert "; LP de-en never seen in training: intervals widened x1.30" in err.splitlines()[-1]
+    records, summary = _jsonl((tmp_path / "out.jsonl").read_text())
+    assert (summary["lp"], summary["lp_source"], summary["lp_seen_in_training"]) == ("de-en", "detected", False)
+    assert [w.split(":")[0] for w in summary["warnings"]] == [
+        "language pair de-en was never seen in training (the model knows en-de, zh-en)",
+        "detected language pair de-en",
+    ]
+    # --lp of a known pair: no detection, no warning, intervals not widened.
+    argv[argv.index("--out") + 1] = str(tmp_path / "given.jsonl")
+    assert main([*argv, "--lp", "en-de"]) == 0
+    assert "language pair" not in capsys.readouterr().err
+    given_records, given = _jsonl((tmp_path / "given.jsonl").read_text())
+    assert (given["lp"], given["lp_source"], given["lp_seen_in_training"]) == ("en-de", "given", True)
+    assert "warnings" not in given
+    for a, b in zip(given_records, records, strict=True):
+        assert b["sigma"] == pytest.approx(1.3 * a["sigma"])
+    # --lp of an unseen pair: the widened global calibration, and the warning (it used to be silent).
+    argv[argv.index("--out") + 1] = str(tmp_path / "unseen.jsonl")
+    assert main([*argv, "--lp", "fr-en"]) == 0
+    assert "language pair fr-en was never seen in training" in capsys.readouterr().err
+    _, unseen = _jsonl((tmp_path / "unseen.jsonl").read_text())
+    assert (unseen["lp"], unseen["lp_source"], unseen["lp_seen_in_training"]) == ("fr-en", "given", False)
+
+
+def test_batch_score_without_lp_detects_the_pair_and_warns(lp_model, fake_encoder, tmp_path, capsys, scoring_tracking):
+    """``uamt score --input`` without ``--lp`` and without an lp column detects the pair on the first
+    partition; the parts are scored with it (widened: unseen) and the summary line says so."""
+    pd.DataFrame({"src": SRC, "mt": MT, "ref": REF}).to_csv(tmp_path / "in.csv", index=False)
+    argv = ["score", "--input", str(tmp_path / "in.csv"), "--out", str(tmp_path / "parts"), "--model", str(lp_model)]
+    assert main([*argv, "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "uamt score: detected language pair de-en" in err
+    assert err.splitlines()[-1].endswith("; LP de-en never seen in training: intervals widened x1.30")
+    detected = pd.read_parquet(tmp_path / "parts").sort_values("row")
+    argv[argv.index("--out") + 1] = str(tmp_path / "given")
+    assert main([*argv, "--no-progress", "--lp", "en-de"]) == 0
+    assert "language pair" not in capsys.readouterr().err
+    given = pd.read_parquet(tmp_path / "given").sort_values("row")
+    np.testing.assert_allclose(detected["sigma"], 1.3 * given["sigma"])
+
+
+def test_mlflow_predict_still_refuses_an_unknown_language_pair(uamt_model, fake_encoder):
+    """MLflow's own predict (``mlflow models serve``) has no channel for a warning: an lp the model
+    was neither trained nor calibrated on stays refused there."""
+    from uamt.data.loaders import WMT21_MQM_LPS
 
     lp = sorted(WMT21_MQM_LPS)[0]
-    service = ScoringService(load_predictor(str(uamt_model)), str(uamt_model))
     record = {"src": SRC[0], "mt": MT[0], "ref": REF[0]}
-    answer = service.invocations(json.dumps({"dataframe_records": [{**record, "lp": lp}]}).encode())
-    assert answer["predictions"][0]["calibration"] == "global"
-    with pytest.raises(RequestError, match=r"record 0\.lp 'xx-yy' is not a language pair this model was trained"):
-        service.invocations(json.dumps({"dataframe_records": [{**record, "lp": "xx-yy"}]}).encode())
     model = mlflow.pyfunc.load_model(str(uamt_model))  # MLflow's own path (mlflow models serve)
     assert len(model.predict(pd.DataFrame([{**record, "lp": lp}]))) == 1
     with pytest.raises(Exception, match=r"row 0: lp 'xx-yy' is not a language pair this model was trained"):

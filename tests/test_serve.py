@@ -132,18 +132,25 @@ def test_language_pair_is_passed_through(ref_server):
 
 
 def test_language_pair_picks_and_names_the_calibration(lp_server):
-    """Item 17: a known lp says which calibration it got; an unknown one is refused, never silently global."""
+    """Item 17: a known lp says which calibration it got; an unknown one is scored with the global
+    calibration and warned about (issue 15: never silently global)."""
     records = [{**RECORDS[0], "lp": "de-en"}, {**RECORDS[1], "lp": "en-de"}]
     status, data = request(lp_server, "POST", "/invocations", {"dataframe_records": records})
     assert status == 200, data
-    assert [p["calibration"] for p in json.loads(data)["predictions"]] == ["per-lp", "global"]
+    answer = json.loads(data)
+    assert [p["calibration"] for p in answer["predictions"]] == ["per-lp", "global"]
+    assert [p["lp_seen_in_training"] for p in answer["predictions"]] == [True, True]
+    assert "warnings" not in answer
     records[1]["lp"] = "xx-yy"
     status, data = request(lp_server, "POST", "/invocations", {"dataframe_records": records})
-    assert status == 400
-    assert json.loads(data)["error"] == (
-        "record 1.lp 'xx-yy' is not a language pair this model was trained or calibrated on; "
-        "known: ['de-en', 'en-de'] (leave lp out for the global calibration)"
-    )
+    assert status == 200, data
+    answer = json.loads(data)
+    assert [p["calibration"] for p in answer["predictions"]] == ["per-lp", "global"]
+    assert [p["lp_seen_in_training"] for p in answer["predictions"]] == [True, False]
+    assert answer["warnings"] == [
+        "language pair xx-yy was never seen in training (the model knows de-en, en-de): scores are "
+        "less reliable and the global calibration is used (the model has no fitted widening for unseen LPs)"
+    ]
     status, data = request(lp_server, "POST", "/invocations", {"dataframe_records": RECORDS})
     assert status == 200 and "calibration" not in json.loads(data)["predictions"][0]
 

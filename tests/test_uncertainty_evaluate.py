@@ -181,3 +181,18 @@ def test_existing_output_is_kept_on_error(tmp_path):
     bad = _write(tmp_path / "bad.csv", GOOD.drop(columns=["human"]))
     assert main(["evaluate-predictions", "--predictions", str(bad), "--out", str(out)]) == 2
     assert json.loads(out.read_text()) == {"old": True}
+
+
+def test_cli_reports_candidates_and_takes_sigma_source_and_calibration(files, tmp_path, capsys):
+    dev, pred = files
+    out = tmp_path / "m.json"
+    argv = ["evaluate-predictions", "--predictions", str(pred), "--dev", str(dev), "--out", str(out)]
+    assert main([*argv, "--sigma-from", "samples", "--calibration", "scale_nll"]) == 0
+    printed = capsys.readouterr().out
+    assert "calibration: scale_nll (rule min_goal_ratio" in printed and "affine_crps" in printed
+    written = json.loads(out.read_text())
+    assert written["settings"]["sigma_from_samples"] is True
+    assert written["calibration"]["selected"] == "scale_nll"
+    assert {"ence", "sigma_p90_p10"} <= set(written["methods"]["model"]["macro_avg"])
+    assert main([*argv, "--calibration", "isotonic"]) == 2
+    assert "--calibration: calibration='isotonic' not supported; choose from ['affine_crps'" in capsys.readouterr().err

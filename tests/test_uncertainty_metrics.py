@@ -280,3 +280,67 @@ def test_effective_sample_size_follows_the_design_effect():
     assert effective_sample_size(shared[order], groups[order]) == pytest.approx(effective_sample_size(shared, groups))
     with pytest.raises(ValueError, match="one label per value"):
         effective_sample_size(shared, groups[:5])
+
+
+# ---------------------------------------------------------------------------------- conditional calibration (issue 15)
+from uamt.uncertainty.metrics import (  # noqa: E402
+    conditional_coverage_error,
+    expected_normalized_calibration_error,
+    grouped_coverage,
+    quantile_groups,
+    sigma_spread_ratio,
+)
+
+
+def test_quantile_groups_by_hand():
+    np.testing.assert_array_equal(quantile_groups([5.0, 1.0, 3.0, 2.0, 4.0], 5), [4, 0, 2, 1, 3])
+    # ties by position; 7 rows in 2 groups: ranks 0..3 -> 0, 4..6 -> 1
+    np.testing.assert_array_equal(quantile_groups([1.0] * 7, 2), [0, 0, 0, 0, 1, 1, 1])
+    with pytest.raises(ValueError, match=r"n_groups=6 must lie in \[1, n=5\]"):
+        quantile_groups([1.0, 2.0, 3.0, 4.0, 5.0], 6)
+
+
+def test_grouped_coverage_and_conditional_error_by_hand():
+    # gamma = 0.9: inside iff |err| <= 1.6449 sigma
+    human = np.array([0.0, 0.0, 0.0, 0.0])
+    mu = np.array([1.0, 2.0, 1.0, 1.0])
+    sigma = np.ones(4)
+    groups = np.array(["a", "a", "b", "b"])
+    by_group = grouped_coverage(human, mu, sigma, groups, 0.9)
+    assert by_group == {"a": {"coverage": 0.5, "n": 2.0}, "b": {"coverage": 1.0, "n": 2.0}}
+    assert conditional_coverage_error(human, mu, sigma, groups, 0.9) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match=r"groups must have one label per segment \(4\)"):
+        grouped_coverage(human, mu, sigma, groups[:3], 0.9)
+
+
+def test_ence_by_hand():
+    # two bins of two rows: sigma 1 with errors 1, 1 (RMSE 1: gap 0); sigma 2 with errors 1, 1 (gap |2-1|/2)
+    human = np.zeros(4)
+    mu = np.array([1.0, -1.0, 1.0, -1.0])
+    sigma = np.array([1.0, 1.0, 2.0, 2.0])
+    assert expected_normalized_calibration_error(human, mu, sigma, 2) == pytest.approx((0.0 + 0.5) / 2)
+    with pytest.raises(ValueError, match=r"sigma\[0\] = 0: the ENCE divides"):
+        expected_normalized_calibration_error(human, mu, np.array([0.0, 1.0, 1.0, 1.0]), 2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000), st.floats(min_value=0.1, max_value=10.0))
+def test_ence_is_zero_when_sigma_is_the_error_and_scale_free(seed, scale):
+    rng = np.random.default_rng(seed)
+    sigma = rng.uniform(0.1, 3.0, size=40)
+    mu = rng.normal(size=40)
+    human = mu + sigma * rng.choice([-1.0, 1.0], size=40)
+    assert expected_normalized_calibration_error(human, mu, sigma, 4) == pytest.approx(0.0, abs=1e-12)
+    noisy = mu + rng.normal(size=40)
+    assert expected_normalized_calibration_error(scale * noisy, scale * mu, scale * sigma, 4) == pytest.approx(
+        expected_normalized_calibration_error(noisy, mu, sigma, 4)
+    )
+
+
+def test_sigma_spread_ratio_by_hand():
+    sigma = np.arange(1.0, 12.0)  # 1..11: P10 = 2, P90 = 10
+    assert sigma_spread_ratio(sigma) == pytest.approx(5.0)
+    assert sigma_spread_ratio(np.full(5, 0.7)) == 1.0
+    assert sigma_spread_ratio(np.array([0.0, 0.0, 1.0])) == math.inf
+    with pytest.raises(ValueError, match=r"lower=0.9 must be below upper=0.1"):
+        sigma_spread_ratio(sigma, upper=0.1, lower=0.9)

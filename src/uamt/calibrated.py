@@ -36,6 +36,7 @@ from uamt.uncertainty import (
     gaussian_interval,
     translation_risk,
 )
+from uamt.uncertainty.candidates import candidate_from_dict, candidate_sigma
 
 INTERVAL_MODES = ("gaussian", "conformal")
 
@@ -51,6 +52,12 @@ class Calibration:
     fixed: bool = False
     #: k -> {lp or GLOBAL: variance factor of predictions averaged over k references}.
     reference_factors: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: The candidate the calibration rule selected (:mod:`uamt.uncertainty.candidates`) and its fit;
+    #: None = the papers' affine fit (``affine``), as in files written before candidates existed.
+    selected: str = "affine_ece"
+    served: Any = None
+    #: Factor (>= 1) on the calibrated sigma of rows whose LP has no calibration of its own.
+    unseen_lp_sigma_factor: float = 1.0
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -66,6 +73,8 @@ class Calibration:
                     else None
                 ),
                 fixed=fixed,
+                selected=calibration.get("selected") or "affine_ece",
+                served=candidate_from_dict(calibration.get("candidates"), calibration.get("selected")),
             )
         except KeyError as exc:
             raise UamtError(f"calibration is missing {exc.args[0]!r}: was it fitted with a dev set?") from exc
@@ -77,7 +86,10 @@ class Calibration:
             "fixed_variance": self.fixed_variance.to_dict(),
             "conformal": self.conformal.to_dict() if self.conformal is not None else None,
             "fixed": self.fixed,
+            "selected": self.selected,
+            "candidates": {} if self.served is None else {self.selected: self.served.to_dict()},
             "reference_factors": {str(k): dict(f) for k, f in sorted(self.reference_factors.items())},
+            "unseen_lp_sigma_factor": self.unseen_lp_sigma_factor,
         }
 
     @classmethod
@@ -90,6 +102,11 @@ class Calibration:
             }
         except (AttributeError, TypeError, ValueError) as exc:
             raise UamtError(f"calibration: malformed reference_factors ({exc})") from exc
+        try:
+            # Files written before the factor existed read as 1 (no widening), as they behaved.
+            calibration.unseen_lp_sigma_factor = float(data.get("unseen_lp_sigma_factor", 1.0))
+        except (TypeError, ValueError) as exc:
+            raise UamtError(f"calibration: malformed unseen_lp_sigma_factor ({exc})") from exc
         return calibration
 
     def save(self, path: str | Path) -> None:
@@ -134,13 +151,15 @@ class Calibration:
             "affine_variance": self.affine,
             "fixed_variance": self.fixed_variance,
             "conformal": self.conformal,
+            f"candidates.{self.selected}": self.served,
         }
         for block, calibrator in blocks.items():
             if calibrator is None:
                 continue
             if calibrator.global_params is None:
                 return f"{block} is not fitted"
-            rules = self._RULES[block]
+            conformal = isinstance(calibrator, ConformalCalibrator)
+            rules = self._RULES.get(block) or self._RULES["conformal" if conformal else "affine_variance"]
             required = (*rules.get("positive", ()), *rules.get("nonnegative", ()), *rules.get("finite", ()))
             for group, params in (("global", calibrator.global_params), *calibrator.lp_params.items()):
                 for key in required:
@@ -148,7 +167,7 @@ class Calibration:
                         return f"{block}[{group}] is missing {key!r}"
                 for key, value in params.items():
                     where = f"{block}[{group}].{key} = {value!r}"
-                    conformal_threshold = block == "conformal" and key.startswith("q@")
+                    conformal_threshold = conformal and "q@" in key
                     if not isinstance(value, (int, float)) or math.isnan(value):
                         return f"{where} is not a number"
                     if math.isinf(value) and not (conformal_threshold and value > 0):
@@ -161,7 +180,31 @@ class Calibration:
             for lp, factor in factors.items():
                 if not (math.isfinite(factor) and factor > 0):
                     return f"reference_factors[{k}][{lp}] = {factor!r} must be a finite number > 0"
+        factor = self.unseen_lp_sigma_factor
+        if not (math.isfinite(factor) and factor >= 1):
+            return f"unseen_lp_sigma_factor = {factor!r} must be a finite number >= 1"
         return None
+
+    @property
+    def known_lps(self) -> list[str]:
+        """Language pairs with a calibration of their own (those of the dev data)."""
+        return sorted(self.standardizer.lp_params)
+
+    def unseen_lps(self, lp) -> list[str]:
+        """The distinct LPs in ``lp`` (None, a string or shape [n]) without a calibration of their own."""
+        if lp is None:
+            return []
+        names = {lp} if isinstance(lp, str) else set(np.asarray(lp, dtype=object).tolist())
+        return sorted(str(name) for name in names - set(self.known_lps) - {GLOBAL})
+
+    def _unseen_scale(self, lp, n: int) -> np.ndarray:
+        """Per-row factor on the calibrated sigma: ``unseen_lp_sigma_factor`` on unseen LPs, else 1."""
+        scale = np.ones(n)
+        if lp is None or self.unseen_lp_sigma_factor == 1.0:
+            return scale
+        lps = np.full(n, lp, dtype=object) if isinstance(lp, str) else np.asarray(lp, dtype=object)
+        scale[np.isin(lps, self.unseen_lps(lps))] = self.unseen_lp_sigma_factor
+        return scale
 
     def reference_scale(self, lp, n_refs) -> np.ndarray:
         """Per-row factor on the calibrated sigma for rows that averaged ``n_refs`` references.
@@ -196,31 +239,50 @@ class Calibration:
         mu_z, sigma_z = self._z(mu, sigma, lp)
         if self.fixed:
             cal_sigma_z = self.fixed_variance.transform(mu_z, lp=lp)
-        else:
-            cal_sigma_z = self.affine.transform(mu_z, sigma_z, lp)
-        if n_refs is not None and self.reference_factors:
-            cal_sigma_z = cal_sigma_z * self.reference_scale(lp, n_refs)
+        else:  # a conformal calibration reports its Gaussian-equivalent sigma at 0.9
+            cal_sigma_z = candidate_sigma(self.served or self.affine, mu_z, sigma_z, lp, 0.9)
+        cal_sigma_z = cal_sigma_z * self._widen(lp, n_refs, len(mu_z))
         return self.standardizer.to_human_scale(mu_z, cal_sigma_z, lp)
+
+    def _widen(self, lp, n_refs, n: int) -> np.ndarray:
+        """Per-row factor on the calibrated spread: reference factors times the unseen-LP factor."""
+        widen = self._unseen_scale(lp, n)
+        if n_refs is not None and self.reference_factors:
+            widen = widen * self.reference_scale(lp, n_refs)
+        return widen
 
     def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "gaussian", n_refs=None):
         """Central interval at ``gamma`` on the human scale: Gaussian-calibrated or split-conformal."""
         if mode not in INTERVAL_MODES:
             raise ValueError(f"interval={mode!r} not supported; choose from {sorted(INTERVAL_MODES)}")
-        if mode == "gaussian" or self.fixed:
+        served_conformal = isinstance(self.served, ConformalCalibrator) and not self.fixed
+        if (mode == "gaussian" and not served_conformal) or self.fixed:
             cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
             return gaussian_interval(cal_mu, cal_sigma, gamma)
-        if self.conformal is None:
+        if self.conformal is None and not served_conformal:
             raise UamtError("this model has no conformal calibration (a dev sigma was 0)")
         mu_z, sigma_z = self._z(mu, sigma, lp)
-        if n_refs is not None and self.reference_factors:
-            sigma_z = sigma_z * self.reference_scale(lp, n_refs)
-        low_z, high_z = self.conformal.interval(mu_z, sigma_z, gamma, lp)
+        if served_conformal:  # the served distribution: its interval at any level (interpolated)
+            low_z, high_z = self.served.interval_at(mu_z, sigma_z, gamma, lp)
+        else:
+            low_z, high_z = self.conformal.interval(mu_z, sigma_z, gamma, lp)
+        # The reference and unseen-LP factors widen the calibrated distribution around mu (its output,
+        # not the model's sigma: a conformal scale fitted with alpha ~ 0 would ignore the input).
+        widen = self._widen(lp, n_refs, len(mu_z))
+        low_z, high_z = mu_z - (mu_z - low_z) * widen, mu_z + (high_z - mu_z) * widen
         low, _ = self.standardizer.to_human_scale(low_z, np.zeros_like(low_z), lp)
         high, _ = self.standardizer.to_human_scale(high_z, np.zeros_like(high_z), lp)
         return low, high
 
     def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray:
-        """P(Q <= threshold) under the calibrated Gaussian (human scale)."""
+        """P(Q <= threshold) under the served calibrated distribution (human scale): the same one
+        the interval comes from (Gaussian, or the conformal |z| quantiles)."""
+        if isinstance(self.served, ConformalCalibrator) and not self.fixed:
+            mu_z, sigma_z = self._z(mu, sigma, lp)
+            chi_z = self.standardizer.transform_human(np.full(mu_z.size, float(threshold)), lp)
+            # As in interval(): Q = mu + widen * (Q0 - mu), so P(Q <= chi) = P(Q0 <= mu + (chi - mu) / widen).
+            chi_z = mu_z + (chi_z - mu_z) / self._widen(lp, n_refs, len(mu_z))
+            return self.served.risk(mu_z, sigma_z, chi_z, lp)
         cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
         return translation_risk(cal_mu, cal_sigma, threshold)
 
@@ -283,6 +345,7 @@ def fit_calibration(
         settings=settings if settings is not None else EvaluationSettings(),
         pred_source=source,
         dev_source=source,
+        scope="served",  # the candidates' in-sample dev blocks and k-fold ECE are never read
     )
     return Calibration.from_result(in_sample["calibration"], fixed=fixed), in_sample
 
@@ -290,3 +353,73 @@ def fit_calibration(
 def load_calibrations(calibration_dir: str | Path, methods) -> dict[str, Calibration]:
     """``{method: Calibration}`` of the calibrate stage's ``<calibration_dir>/<method>.json``."""
     return {method: Calibration.load(Path(calibration_dir) / f"{method}.json") for method in methods}
+
+
+def fit_unseen_lp_sigma_factor(
+    table, fit, *, level: float = 0.9, min_lp_rows: int = 50
+) -> tuple[float, dict[str, float]]:
+    """Sigma factor for language pairs the calibration never saw, fitted on dev by leaving each LP out.
+
+    For each LP ``L`` of ``table`` (dev predictions: columns ``lp``, ``human``, ``mu``, ``sigma``)
+    with at least ``min_lp_rows`` rows, ``fit`` (table -> :class:`Calibration`) is fitted on the
+    other LPs, so ``L`` gets the global fallback exactly as an unseen LP would, and
+
+    .. math:: c_L = \\frac{Q_{level}(|q^* - \\hat\\mu| / \\hat\\sigma)}{z_{(1+level)/2}}
+
+    is the factor by which its calibrated sigma had to grow for the central ``level`` interval to
+    cover a ``level`` share of its rows.  The factor is :math:`\\max(1, \\max_L c_L)`: an unseen
+    LP gets intervals as wide as the worst held-out LP needed, never narrower than the global ones.
+
+    Returns ``(factor, {L: c_L})``; ``(1.0, {})`` with fewer than two such LPs.
+    """
+    from scipy.stats import norm
+
+    lps = table["lp"].astype(str).to_numpy()
+    names = [name for name in sorted(set(lps.tolist())) if (lps == name).sum() >= min_lp_rows]
+    if len(names) < 2:
+        return 1.0, {}
+    z_level = float(norm.ppf(0.5 + level / 2))
+    needed: dict[str, float] = {}
+    for name in names:
+        held = table[lps == name]
+        calibration = fit(table[lps != name])
+        mu, sigma = calibration.apply(
+            held["mu"].to_numpy(dtype=float), held["sigma"].to_numpy(dtype=float), held["lp"].to_numpy(dtype=object)
+        )
+        z = np.abs(held["human"].to_numpy(dtype=float) - mu) / sigma
+        needed[name] = float(np.quantile(z, level) / z_level)
+    return max(1.0, max(needed.values())), needed
+
+
+def fit_model_unseen_lp_sigma_factor(
+    dev_table: pd.DataFrame,
+    method: str | None,
+    calibration: Calibration,
+    *,
+    settings: EvaluationSettings | None = None,
+) -> tuple[float, dict[str, float]]:
+    """:func:`fit_unseen_lp_sigma_factor` of a model whose :func:`fit_calibration` gave ``calibration``.
+
+    Each leave-one-LP-out fit is :func:`fit_calibration` on the other LPs with the candidate
+    ``calibration`` serves pinned (``calibration=selected``, the only candidate fitted): the held-out
+    LP is judged by the global fallback of the calibration an unseen LP really gets, and the
+    rule's choice among candidates, the costly part of a fit, is not re-run (~3x faster).  The level
+    is ``settings.coverage_gamma``, the rows an LP needs ``settings.min_lp_rows``.  A calibration
+    without LPs of its own (``per_lp=False``) treats every LP alike: ``(1.0, {})``.
+    """
+    import dataclasses
+
+    settings = settings if settings is not None else EvaluationSettings()
+    if not calibration.known_lps:
+        return 1.0, {}
+    pinned = dataclasses.replace(
+        settings, calibration=calibration.selected, calibration_candidates=(calibration.selected,)
+    )
+    if method is not None:
+        dev_table = with_model_sigma(dev_table, method)
+    return fit_unseen_lp_sigma_factor(
+        dev_table,
+        lambda subset: fit_calibration(subset, method, settings=pinned)[0],
+        level=settings.coverage_gamma,
+        min_lp_rows=settings.min_lp_rows,
+    )

@@ -308,7 +308,18 @@ def hypotheses_for_model(model, tokenizer, sources, cfg: GenerationConfig, progr
                 )
                 streams.append([o[0] for o in out])
         return streams
-    if cfg.method == "beam":
+    if cfg.method in ("beam", "sample"):
+        # The two differ only in the search: the n best beams, or n nucleus samples.
+        if cfg.method == "beam":
+            search = {"do_sample": False, "num_beams": max(cfg.n, cfg.num_beams)}
+        else:
+            search = {
+                "do_sample": True,
+                "num_beams": 1,
+                "top_p": cfg.top_p,
+                "top_k": 0,
+                "temperature": cfg.temperature,
+            }
         per_segment = decode(
             model,
             tokenizer,
@@ -317,24 +328,7 @@ def hypotheses_for_model(model, tokenizer, sources, cfg: GenerationConfig, progr
             seed=cfg.seed,
             num_return_sequences=cfg.n,
             progress=progress,
-            do_sample=False,
-            num_beams=max(cfg.n, cfg.num_beams),
-            **length,
-        )
-    elif cfg.method == "sample":
-        per_segment = decode(
-            model,
-            tokenizer,
-            sources,
-            batch_size=cfg.batch_size,
-            seed=cfg.seed,
-            num_return_sequences=cfg.n,
-            progress=progress,
-            do_sample=True,
-            num_beams=1,
-            top_p=cfg.top_p,
-            top_k=0,
-            temperature=cfg.temperature,
+            **search,
             **length,
         )
     else:  # diverse-beam

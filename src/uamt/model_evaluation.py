@@ -6,34 +6,48 @@ test): the dev predictions table (``predictions/dev/<model>.parquet``), the fitt
 affine sigma^2 calibration + fixed variance + conformal thresholds (``calibration/<model>.json``),
 and the in-sample dev metrics (``metrics/dev.json``).  A reference-based model also gets, for
 k = 2, 3, ... references, the factor by which averaging k references changed its squared error on
-the dev rows that have that many (:func:`uamt.references.fit_reference_factors`).
+the dev rows that have that many (:func:`uamt.references.fit_reference_factors`).  Every model
+gets the sigma factor for LPs absent from its dev data, fitted by leaving each dev LP out
+(:func:`uamt.calibrated.fit_model_unseen_lp_sigma_factor`; ``metrics/dev.json``: ``<model>.unseen_lp``).
 
 :func:`evaluate_models` predicts ``test`` and ``ood`` with each model, calibrates with the dev fit
 (standardisation, affine sigma^2, fixed variance for the point estimate), and writes
 ``metrics/test.json`` and ``metrics/ood.json`` (model x LP x PPS/UPS/NLL/ECE/sharpness/coverage/CRPS,
 with averages), ``metrics/intervals.json`` (Gaussian-calibrated vs conformal coverage and width per
-LP) and the plots: reliability diagram, sharpness in- vs out-of-domain, error vs sigma.
+LP), ``metrics/conditional.json`` (issue 15: conditional coverage, ENCE, sigma spread, the
+candidates table, fixed vs cross-fitted ECE, held-out LPs and the goals met;
+:func:`uamt.uncertainty.goals.interval_summary`) and the plots: reliability diagram, sharpness in- vs out-of-domain, error vs sigma.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from uamt.calibrated import fit_calibration, is_fixed_variance, with_model_sigma
+from uamt.calibrated import (
+    fit_calibration,
+    fit_model_unseen_lp_sigma_factor,
+    is_fixed_variance,
+    with_model_sigma,
+)
 from uamt.encoders import EncodeConfig
 from uamt.pipeline import PipelineConfig, open_features, predict_split, read_split
 from uamt.plots import pyplot, save_figure
 from uamt.references import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
 from uamt.uncertainty.evaluate import clustered_ece_floor
+from uamt.uncertainty.goals import interval_summary
 
 log = logging.getLogger(__name__)
 EVAL_SPLITS = ("test", "ood")
-REPORTED = ("pps", "ups", "nll", "ece", "ece_floor", "n_eff", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
+#: What :func:`evaluate_predictions` computes per split: the candidates table and the papers'
+#: k-fold ECE are reported on test only; ood needs the served calibration's metrics.
+SPLIT_SCOPES = {"test": "full", "ood": "served"}
+REPORTED = ("pps", "ups", "nll", "ece", "ece_floor", "n_eff", "sharpness", "coverage@0.9", "width@0.9", "crps", "ence", "sigma_p90_p10", "n")
 
 
 def _calibrated_block(result: dict, method: str) -> dict:
@@ -57,10 +71,24 @@ def calibrate_models(
         calibration.reference_factors = fit_reference_factors(
             pipe.model_dir(method), dev_df, features, calibration, settings.min_lp_rows
         )
+        started = time.perf_counter()
+        factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings)
+        calibration.unseen_lp_sigma_factor = factor
+        log.info(
+            "%s: unseen-LP sigma factor %.3f (leave-one-LP-out: %s; %.1f s)",
+            method,
+            factor,
+            ", ".join(f"{lp} {c:.3f}" for lp, c in held_out.items()) or "fewer than two LPs",
+            time.perf_counter() - started,
+        )
         out[method] = Path(calibration_dir) / f"{method}.json"
         calibration.save(out[method])
         block = _calibrated_block(in_sample, method)
-        metrics[method] = {"avg": block["macro_avg"], **block["per_lp"]}
+        metrics[method] = {
+            "avg": block["macro_avg"],
+            **block["per_lp"],
+            "unseen_lp": {"sigma_factor": factor, "held_out": held_out},
+        }
         log.info("calibrated %s on %d dev rows", method, len(table))
     Path(pipe.metrics_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics, Path(pipe.metrics_dir) / "dev.json")
@@ -99,10 +127,11 @@ def evaluate_models(pipe: PipelineConfig, settings: EvaluationSettings, encode: 
         "ood": read_split(pipe.prepared_dir, "ood", pipe.ood_datasets),
     }
     metrics: dict[str, dict] = {split: {} for split in EVAL_SPLITS}
-    intervals, reliability, scatter = {}, {}, {}
+    intervals, reliability, scatter, conditional = {}, {}, {}, {}
     for method in pipe.all_methods:
         dev = pd.read_parquet(Path(pipe.predictions_dir) / "dev" / f"{method}.parquet")
         dev = with_model_sigma(dev, method)
+        results = {}
         for split, frame in frames.items():
             table = predict_split(
                 pipe.model_dir(method),
@@ -116,18 +145,28 @@ def evaluate_models(pipe: PipelineConfig, settings: EvaluationSettings, encode: 
                 settings=settings,
                 pred_source=f"{split}/{method}",
                 dev_source=f"dev/{method}",
+                scope=SPLIT_SCOPES[split],
             )
             metrics[split][method] = method_metrics(result, method, table, settings.n_levels)
+            results[split] = result
             if split == "test":
                 reliability[method] = _calibrated_block(result, method)["reliability"]
                 intervals[method] = result.get("intervals")
                 scatter[method] = table
+        conditional[method] = interval_summary(
+            results["test"],
+            metrics["test"][method],
+            results["ood"],
+            metrics["ood"][method],
+            block="fixed_variance" if is_fixed_variance(method) else "model",
+        )
         log.info("evaluated %s", method)
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics["test"], metrics_dir / "test.json")
     write_json_atomic(metrics["ood"], metrics_dir / "ood.json")
     write_json_atomic(intervals, metrics_dir / "intervals.json")
+    write_json_atomic(conditional, metrics_dir / "conditional.json")
     plots = write_plots(Path(pipe.plots_dir), reliability, metrics, scatter)
     return {"test": metrics_dir / "test.json", "ood": metrics_dir / "ood.json", **plots}
 

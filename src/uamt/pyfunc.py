@@ -128,6 +128,18 @@ class CalibratedPredictor:
         own = set(self.calibration.standardizer.lp_params)
         return {lp: "per-lp" if lp in own else "global" for lp in sorted(trained | own)}
 
+    @property
+    def known_lps(self) -> list[str]:
+        """Language pairs with a calibration of their own; any other LP is scored with the global
+        calibration widened by :attr:`unseen_lp_sigma_factor` (empty: calibrated globally only)."""
+        return self.calibration.known_lps
+
+    @property
+    def unseen_lp_sigma_factor(self) -> float:
+        """Factor on the calibrated sigma of an LP outside :attr:`known_lps` (fitted on dev by
+        leaving each LP out; 1 for models calibrated before it existed)."""
+        return float(self.calibration.unseen_lp_sigma_factor)
+
     def check_lps(self, lps, row_label: str = "row") -> None:
         """Refuse (DataError naming the first row) an ``lp`` the model was neither trained nor
         calibrated on: it would silently get the global calibration."""
@@ -155,6 +167,8 @@ class CalibratedPredictor:
                 "variance": "fixed" if cal.fixed else "affine",
                 "conformal": cal.conformal is not None,
                 "reference_factors": {str(k): dict(f) for k, f in sorted(cal.reference_factors.items())},
+                "known_lps": self.known_lps,
+                "unseen_lp_sigma_factor": self.unseen_lp_sigma_factor,
             },
             "max_tokens": self.max_tokens,
         }
@@ -260,15 +274,13 @@ class CalibratedPredictor:
         lower, upper = self.calibration.interval(
             raw["mu"].to_numpy(dtype=float), sigma_raw, confidence, lp, interval, n_refs=n_refs
         )
-        from uamt.uncertainty import translation_risk
-
         out = pd.DataFrame(
             {
                 "mu": mu,
                 "sigma": sigma,
                 "lower": lower,
                 "upper": upper,
-                "risk": translation_risk(mu, sigma, threshold),
+                "risk": self.calibration.risk(raw["mu"].to_numpy(dtype=float), sigma_raw, threshold, lp, n_refs=n_refs),
             }
         )
         # Epistemic/aleatoric parts, rescaled like sigma^2 so that they add up to the calibrated variance.

@@ -54,6 +54,18 @@ def flat_metrics(metrics: dict, prefix: str) -> dict[str, float]:
     return out
 
 
+def conditional_headlines(path: Path) -> dict[str, float]:
+    """Issue 15's headline interval metrics of every model (``conditional.<method>.<goal>``) from the
+    evaluate stage's ``metrics/conditional.json``; none (with a warning) where an older evaluate
+    stage did not write it."""
+    from uamt.uncertainty.goals import headline_metrics
+
+    if not Path(path).is_file():
+        log.warning("%s missing (run `dvc repro evaluate`): no conditional-coverage metrics logged", path)
+        return {}
+    return headline_metrics(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
 def calibration_params(path: Path) -> dict[str, float]:
     """alpha, beta (affine sigma^2) and sigma^2_fixed per LP and global, as flat MLflow params."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -129,6 +141,7 @@ def register_model(
     metrics_dir.mkdir(parents=True, exist_ok=True)
     test = json.loads((metrics_dir / "test.json").read_text(encoding="utf-8"))
     ood = json.loads((metrics_dir / "ood.json").read_text(encoding="utf-8"))
+    conditional = conditional_headlines(metrics_dir / "conditional.json")
     candidate = {
         k: v for k, v in test[method]["avg"].items() if k in ("ece", "nll", "pps", "ups", "sharpness", "crps")
     }
@@ -155,7 +168,7 @@ def register_model(
             **{f"train.{k}": v for k, v in manifest["config"].items()},
             **calibration_params(calibration),
         },
-        run_metrics={**flat_metrics(test, "test"), **flat_metrics(ood, "ood")},
+        run_metrics={**flat_metrics(test, "test"), **flat_metrics(ood, "ood"), **conditional},
         tags={
             "method": method,
             "data_version": version_tag,

@@ -9,13 +9,18 @@ Request (``POST /invocations``), one of MLflow's JSON formats
     ``{"inputs": [records] | {column: [values]}}`` (``instances`` is an alias of ``inputs``).
     Each record has ``src``, ``mt`` (strings), for a reference-based model ``ref`` (string) or
     ``refs`` (list of strings, combined by averaging), and optionally ``lp`` (on all records or
-    none; it selects the per-LP calibration, and a pair the model was neither trained nor calibrated
-    on is refused).
+    none; it selects the per-LP calibration).  A pair the model has no calibration of its own for
+    (never seen in training) is scored with the global calibration widened by the model's
+    ``unseen_lp_sigma_factor`` and warned about.  Records without ``lp`` get the global calibration:
+    the pair is not detected per request (a few short records are too little text to detect a
+    language reliably, and detection would cost every request); send ``lp``.
 Answer
     ``{"predictions": [{"mu", "sigma", "lower", "upper", "risk"[, "epistemic_var",
-    "aleatoric_var"][, "clipped"][, "calibration"]}, ...]}`` in request order; ``clipped``: mu or
-    the interval was clipped to the scale's range; ``calibration`` (when ``lp`` is given):
-    ``"per-lp"`` or ``"global"`` (an LP the model was trained on without a calibration of its own).
+    "aleatoric_var"][, "clipped"][, "calibration", "lp_seen_in_training"]}, ...][, "warnings":
+    [...]]}`` in request order; ``clipped``: mu or the interval was clipped to the scale's range;
+    ``calibration`` (when ``lp`` is given): ``"per-lp"`` or ``"global"``; ``lp_seen_in_training``:
+    false for an LP outside the model's calibration, whose interval is widened; ``warnings``: one
+    message per such LP.
 
 Every malformed request raises :class:`RequestError` (HTTP 400, or 413 for a limit) with a message
 naming the record and field.  Calls into the model are serialised by the caller (torch modules
@@ -172,13 +177,16 @@ class ScoringService:
     def _check_lp(self, lp: Any, where: str) -> str:
         if not isinstance(lp, str) or not lp.strip() or len(lp) > MAX_LP_CHARS:
             raise RequestError(400, f"{where} must be a language pair string like 'en-de'")
-        if self.language_pairs is not None and lp not in self.language_pairs:
-            raise RequestError(
-                400,
-                f"{where} {lp!r} is not a language pair this model was trained or calibrated on; "
-                f"known: {sorted(self.language_pairs)} (leave lp out for the global calibration)",
-            )
         return lp
+
+    def _lp_choices(self, frame: pd.DataFrame) -> dict[str, Any]:
+        """lp -> :class:`~uamt.scoring.language_pair.LanguagePairChoice` of each distinct ``lp`` of
+        ``frame`` (an unseen one is scored with the widened global calibration and warned about)."""
+        from uamt.scoring.language_pair import predictor_language_pair
+
+        if "lp" not in frame.columns:
+            return {}
+        return {lp: predictor_language_pair(self.predictor, [], [], lp) for lp in sorted(set(frame["lp"]))}
 
     def _references(self, record: dict, where: str) -> list[str]:
         ref, ref_list = record.get("ref"), record.get("refs")
@@ -275,14 +283,30 @@ class ScoringService:
         if "clipped" in out.columns:
             for row, clipped in zip(rows, out["clipped"].astype(bool).tolist(), strict=True):
                 row["clipped"] = clipped
-        if "lp" in frame.columns and self.language_pairs is not None:
+        choices = self._lp_choices(frame)
+        if choices:
             for row, lp in zip(rows, frame["lp"].tolist(), strict=True):
-                row["calibration"] = self.language_pairs[lp]
+                if self.language_pairs is not None:
+                    row["calibration"] = self.language_pairs.get(lp, "global")
+                if choices[lp].known_lps:  # a predictor that names no LP cannot tell
+                    row["lp_seen_in_training"] = not choices[lp].unseen
         return rows
+
+    def warnings(self, frame: pd.DataFrame) -> list[str]:
+        """What the client should read about ``frame``'s LPs (unseen ones), most important first."""
+        return [message for choice in self._lp_choices(frame).values() for message in choice.messages()]
+
+    def answer(self, frame: pd.DataFrame) -> dict[str, Any]:
+        """The response body for a parsed request: ``predictions`` and, where any, ``warnings``."""
+        answer: dict[str, Any] = {"predictions": self.predict(frame)}
+        warnings = self.warnings(frame)
+        if warnings:
+            answer["warnings"] = warnings
+        return answer
 
     def invocations(self, body: bytes) -> dict[str, Any]:
         """Parse, validate and score one request body (RequestError for a client error)."""
-        return {"predictions": self.predict(self.parse(decode_body(body)))}
+        return self.answer(self.parse(decode_body(body)))
 
     # ------------------------------------------------------------------ what the server says about itself
     def describe(self) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def make_app(service: ScoringService) -> FastAPI:
             raise RequestError(408, f"body not received within {limits.body_timeout_s:g} s") from None
         frame = await asyncio.to_thread(lambda: service.parse(decode_body(body)))
         async with model_lock:
-            return {"predictions": await asyncio.to_thread(service.predict, frame)}
+            return await asyncio.to_thread(service.answer, frame)
 
     return app
 

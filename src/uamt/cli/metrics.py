@@ -45,21 +45,54 @@ def register(subparsers) -> None:
         "--n-levels", type=_positive_int, default=100, help="confidence levels of the ECE (default 100)"
     )
     parser.add_argument("--coverage-gamma", type=_gamma, default=0.9, help="level of coverage@ (default 0.9)")
+    parser.add_argument(
+        "--sigma-from",
+        choices=("auto", "samples", "model"),
+        default="auto",
+        help=(
+            "where sigma comes from: 'samples' (MC dropout / ensemble spread: it enters the standardiser), "
+            "'model' (predicted by HTS/KL/DUP, or a placeholder: mu is standardised by its own spread), "
+            "'auto' (samples layout or an 'epistemic' column -> samples, else model; default)"
+        ),
+    )
+    parser.add_argument(
+        "--calibration",
+        default="auto",
+        metavar="NAME",
+        help="served calibration: 'auto' (chosen by the rule, cross-fitted over dev documents) or a candidate "
+        "(affine_ece, affine_nll, affine_crps, scale_nll, conformal); every candidate is reported",
+    )
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from uamt.uncertainty.evaluate import EvaluationSettings, evaluate_prediction_files, metrics_table
-
-    settings = EvaluationSettings(
-        per_lp=not args.global_calibration,
-        min_lp_rows=args.min_lp_rows,
-        n_levels=args.n_levels,
-        coverage_gamma=args.coverage_gamma,
+    from uamt.errors import UamtError
+    from uamt.uncertainty.evaluate import (
+        EvaluationSettings,
+        candidates_table,
+        evaluate_prediction_files,
+        metrics_table,
     )
-    result = evaluate_prediction_files(args.predictions, args.out, dev=args.dev, settings=settings)
+
+    try:
+        settings = EvaluationSettings(
+            per_lp=not args.global_calibration,
+            min_lp_rows=args.min_lp_rows,
+            n_levels=args.n_levels,
+            coverage_gamma=args.coverage_gamma,
+            calibration=args.calibration,
+        )
+    except ValueError as exc:
+        raise UamtError(f"--calibration: {exc}") from None
+    result = evaluate_prediction_files(
+        args.predictions, args.out, dev=args.dev, settings=settings, sigma_source=args.sigma_from
+    )
     table = metrics_table(result)
     summary = table[table["lp"] == "macro_avg"].drop(columns=["lp"])
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if result.get("candidates"):
+        print(candidates_table(result).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        selection = result["calibration"]["selection"]
+        print(f"calibration: {result['calibration']['selected']} (rule {selection['rule']}, on {selection['on']})")
     print(f"wrote {args.out}")
     return 0

@@ -291,6 +291,19 @@ def _warn_truncated(command: str, predictor, texts: dict[str, list[list[str]]], 
     return truncated
 
 
+def _language_pair(command: str, predictor, frame, texts: dict, lp: str | None):
+    """The LP whose calibration scores ``frame`` (given, else detected from the first source and
+    translation files) with ``frame``'s ``lp`` column set to it; its messages go to stderr."""
+    from uamt.scoring.language_pair import predictor_language_pair
+
+    choice = predictor_language_pair(predictor, texts["src"][0], texts["mt"][0], lp)
+    if lp is None and choice.lp is not None:
+        frame = frame.assign(lp=choice.lp)
+    for message in choice.messages():
+        print(f"uamt {command}: {message}", file=sys.stderr)
+    return frame, choice
+
+
 def run_score(args: argparse.Namespace) -> int:
     from uamt.errors import UamtError
     from uamt.scoring.io import check_output_path, read_aligned, render_segments
@@ -331,6 +344,7 @@ def run_score(args: argparse.Namespace) -> int:
         args.model, has_references=bool(args.ref), params_path=args.params
     )
     truncated = _warn_truncated("score", predictor, texts, args)
+    frame, lp_choice = _language_pair("score", predictor, frame, texts, args.lp)
     chi = args.risk_threshold
     if chi is None:
         chi = args.flag_below if args.flag_below is not None else predictor.scale.default_risk_threshold
@@ -359,6 +373,9 @@ def run_score(args: argparse.Namespace) -> int:
         truncated=truncated,
         max_tokens=getattr(predictor, "max_tokens", None),
     )
+    summary.update(lp_choice.to_summary())
+    if lp_choice.messages():
+        summary["warnings"] = lp_choice.messages()
     if fmt in ("csv", "tsv"):
         records = [{**r, "scale": summary["scale"]} for r in records]
     text = render_segments(fmt, records, summary)
@@ -366,7 +383,7 @@ def run_score(args: argparse.Namespace) -> int:
         from uamt.scoring.io import atomic_write_text
 
         atomic_write_text(args.out, text)
-        print(_summary_line(summary, args.out), file=sys.stderr)
+        print(_summary_line(summary, args.out) + lp_choice.note(), file=sys.stderr)
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -375,11 +392,14 @@ def run_score(args: argparse.Namespace) -> int:
 
 def run_score_batch(args: argparse.Namespace) -> int:
     """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.scoring.batch`."""
+    import dataclasses
+
     from uamt.errors import UamtError
     from uamt.registry import tracking_uri
     from uamt.scoring.batch import (
         DEFAULT_PARTITION_ROWS,
         BatchSettings,
+        batch_language_pair,
         input_columns,
         print_progress,
         score_file,
@@ -411,10 +431,15 @@ def run_score_batch(args: argparse.Namespace) -> int:
         lp=args.lp,
         tracking_uri=tracking_uri(),
     )
+    lp_choice = batch_language_pair(args.input, settings)
+    if lp_choice is not None:
+        for message in lp_choice.messages():
+            print(f"uamt score: {message}", file=sys.stderr)
+        settings = dataclasses.replace(settings, lp=lp_choice.lp)
     result = score_file(
         args.input, args.out, settings, dask=args.dask, log=None if args.no_progress else print_progress
     )
-    print(summary_line(result), file=sys.stderr)
+    print(summary_line(result) + ("" if lp_choice is None else lp_choice.note()), file=sys.stderr)
     return 0
 
 
@@ -477,7 +502,8 @@ def run_compare(args: argparse.Namespace) -> int:
     _warn_truncated("compare", predictor, texts, args)
     chi = args.risk_threshold if args.risk_threshold is not None else predictor.scale.default_risk_threshold
     n = len(frames[0])
-    joined = pd.concat(frames, ignore_index=True)
+    # One LP for every system (detected on the first one's translations): the comparison stays paired.
+    joined, lp_choice = _language_pair("compare", predictor, pd.concat(frames, ignore_index=True), texts, args.lp)
     out = predict(
         predictor,
         joined,
@@ -501,6 +527,8 @@ def run_compare(args: argparse.Namespace) -> int:
         "n_references": len(args.ref),
         **({"ref_combination": args.ref_combination} if len(args.ref) > 1 else {}),
         "risk_threshold": chi,
+        **lp_choice.to_summary(),
+        **({"warnings": lp_choice.messages()} if lp_choice.messages() else {}),
         **result,
     }
     for system, name in zip(result["systems"], names, strict=True):

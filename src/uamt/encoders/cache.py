@@ -43,6 +43,31 @@ FORMAT_VERSION = 1
 DTYPES = ("float32", "float16")
 
 
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """``texts`` as a list, refusing a bare string or any item that is not a string.
+
+    Parameters
+    ----------
+    texts : sequence of str
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    TypeError
+        ``texts`` is a single string, or ``texts[i]`` is not a string (the message names ``i``).
+    """
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, not a single string")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
+    return texts
+
+
 def text_key(text: str) -> str:
     """sha256 hex digest of the UTF-8 text: the cache key within one encoder."""
     return sha256_text(text)
@@ -254,12 +279,7 @@ class EmbeddingCache:
         -------
         np.ndarray, float32, shape [n, num_layers, dim], in the order of ``texts``.
         """
-        if isinstance(texts, str):
-            raise TypeError("texts must be a sequence of strings, not a single string")
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
+        texts = check_texts(texts)
         keys = [text_key(text) for text in texts]
         self._refresh()
         missing: dict[str, str] = {}

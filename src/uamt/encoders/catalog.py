@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from uamt.encoders.cache import check_texts
 from uamt.errors import UamtError
 from uamt.fileio import sha256_file_cached
 
@@ -110,16 +111,6 @@ class PooledEncoder:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(encoder_id={self.encoder_id!r}, num_layers={self.num_layers}, dim={self.dim})"
-
-
-def _check_texts(texts: Sequence[str]) -> list[str]:
-    if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of strings, not a single string")
-    texts = list(texts)
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
-    return texts
 
 
 def _identity_files(model_dir: Path) -> list[Path]:
@@ -309,7 +300,7 @@ class CometPooledEncoder(PooledEncoder):
             ``out[i, l] = sum_t m_it h_itl / sum_t m_it`` with ``m`` the attention mask and
             ``h_l`` the hidden states of layer ``l`` (``l = 0`` the embeddings layer).
         """
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         batch_size = batch_size or self.config.batch_size
         if not texts:
             return torch.empty((0, self.num_layers, self.dim))
@@ -368,7 +359,7 @@ class USEPooledEncoder(PooledEncoder):
         """USE sentence vectors as a single layer: float32 tensor ``[n, 1, 512]``."""
         if train:
             raise ValueError("encoder=use is a frozen numpy model: train=True is not supported")
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         if not texts:
             return torch.empty((0, 1, self.dim))
         vectors = np.asarray(self._model.encode(texts), dtype=np.float32).reshape(len(texts), self.dim)

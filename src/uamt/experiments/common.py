@@ -101,7 +101,10 @@ def calibrated_indicators(
     if fixed_variance:
         table = table.assign(sigma=np.ones(len(table)))
         dev_table = dev_table.assign(sigma=np.ones(len(dev_table)))
-    result = evaluate_predictions(table, dev_table, settings=settings)
+    # Only the one block read here is computed: the served calibration (candidates cross-fitted on
+    # dev) for the model, nothing of the candidates for the fixed-variance baseline.
+    scope = "fixed_variance" if fixed_variance else "served"
+    result = evaluate_predictions(table, dev_table, settings=settings, scope=scope)
     block = result["methods"]["fixed_variance" if fixed_variance else "model"]
     return {"avg": block["macro_avg"], **block["per_lp"]}
 

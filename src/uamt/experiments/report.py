@@ -27,7 +27,7 @@ from pathlib import Path
 
 from uamt.errors import DataError
 from uamt.experiments import rendering
-from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, read_result
+from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, read_json, read_result
 
 #: The optional function of a section module that lists its findings for the summary table.
 FINDINGS_HOOK = "report_findings"
@@ -99,8 +99,11 @@ def build_report(
     metrics_dir: str | Path = METRICS_DIR,
     figures_dir: str | Path = FIGURES_DIR,
     prepared_dir: str | Path = "data/prepared",
+    conditional_path: str | Path | None = None,
 ) -> str:
-    """The whole ``reports/experiments.md``: header, summary of findings, then every section.
+    """The whole ``reports/experiments.md``: header, summary of findings, every section, then
+    issue 15's interval goals per model (:func:`render_goals` of ``conditional_path``, by default
+    ``conditional.json`` beside ``metrics_dir``: the evaluate stage's ``metrics/conditional.json``).
 
     Raises
     ------
@@ -129,6 +132,20 @@ def build_report(
         titles=[section_title(markdown, name) for name, (markdown, _) in rendered.items()],
         summary=summary,
         tally=tally,
-        sections=[markdown for markdown, _ in rendered.values()],
+        sections=[
+            *(markdown for markdown, _ in rendered.values()),
+            render_goals(conditional_path or Path(metrics_dir).parent / "conditional.json"),
+        ],
     )
     return text.rstrip() + "\n"
+
+
+def render_goals(path: str | Path) -> str:
+    """Issue 15's goals table (and the candidates table) of every model in ``path``
+    (``metrics/conditional.json``, :func:`uamt.uncertainty.goals.interval_summary` per model); a
+    note naming the stage to run when the file is missing (analyses can be reported without it)."""
+    path = Path(path)
+    if not path.is_file():
+        return f"## Issue 15 goals: intervals that adapt per segment\n\n`{path.as_posix()}` missing: run `dvc repro evaluate`.\n"
+    methods = read_json(path, "evaluate")
+    return rendering.render("goals", {}, path=path.as_posix(), methods=methods).rstrip() + "\n"

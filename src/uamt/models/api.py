@@ -54,6 +54,9 @@ FORMAT = "uamt-model/1"
 #: Columns of the predictions table (docs/architecture.md); optional ones follow when present.
 TABLE_COLUMNS = ("dataset", "lp", "seg_id", "system", "human", "mu", "sigma")
 OPTIONAL_COLUMNS = ("epistemic", "aleatoric", "q_hat")
+#: Labels of the prepared rows a predictions table carries (when present and never missing):
+#: ``doc`` (folds of the cross-fitted calibration) and ``domain`` (coverage per domain).
+CARRIED_LABELS = ("doc", "domain")
 
 
 # --------------------------------------------------------------------------- saving
@@ -449,11 +452,17 @@ class TrainedModel:
         self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None
     ) -> pd.DataFrame:
         """The predictions table of docs/architecture.md: ``dataset, lp, seg_id, system, human, mu, sigma``
-        plus ``epistemic``, ``aleatoric``, ``q_hat`` where the method gives them."""
+        plus ``epistemic``, ``aleatoric``, ``q_hat`` where the method gives them, and ``doc`` /
+        ``domain`` where the prepared rows have them (calibration is cross-fitted over documents and
+        coverage reported per domain)."""
         pred = self.predict(df, features, n_samples, encoder)
         table = pd.DataFrame(index=range(len(df)))
         for column in ("dataset", "lp", "seg_id", "system"):
             table[column] = df[column].to_numpy() if column in df.columns else None
+        for column in CARRIED_LABELS:
+            # a partly missing label would lump its missing rows into one "None" document/domain
+            if column in df.columns and df[column].notna().all():
+                table[column] = df[column].astype(str).to_numpy()
         table["human"] = (
             pd.to_numeric(df["score"], errors="coerce").to_numpy() if "score" in df.columns else np.nan
         )

@@ -9,10 +9,12 @@ with q_hat entering through a bottleneck layer between the feed-forward layers::
              -> softplus + 1e-6 = eps_hat > 0
 
 with loss ``abs`` (Eq. 5), ``sq`` (Eq. 6) or ``hts`` (Eq. 7, default).  Prediction: mu = q_hat,
-sigma = eps_hat.
+sigma = eps_hat (times sqrt(pi/2) for ``abs``: :func:`dup_sigma`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from comet.modules import FeedForward
@@ -24,6 +26,28 @@ from uamt.models.losses import get_loss
 
 #: Keeps eps_hat strictly positive (Eq. 7 divides by eps_hat^2).
 EPS_FLOOR = 1e-6
+
+
+#: Standard deviation per unit of DUP's predicted error, by second-stage loss (Zerva et al., 2022,
+#: Eqs. 5-7).  For a Gaussian error eps ~ N(0, sigma^2), the ABS loss (eps* - eps_hat)^2 is minimised
+#: by eps_hat = E|eps| = sigma sqrt(2/pi), so sigma = eps_hat sqrt(pi/2); the SQ and HTS losses are
+#: minimised by eps_hat^2 = E[eps^2] = sigma^2.
+DUP_SIGMA_PER_ERROR = {"abs": math.sqrt(math.pi / 2.0), "sq": 1.0, "hts": 1.0}
+
+
+def dup_sigma(eps_hat, loss: str):
+    """DUP's predicted error ``eps_hat`` (array or tensor, any shape) as a standard deviation.
+
+    .. math:: \\hat\\sigma = c_{loss}\\,\\hat\\epsilon, \\qquad c_{abs} = \\sqrt{\\pi/2}, \\; c_{sq} = c_{hts} = 1
+
+    Raises
+    ------
+    ValueError
+        For a loss not in :data:`DUP_SIGMA_PER_ERROR`.
+    """
+    if loss not in DUP_SIGMA_PER_ERROR:
+        raise ValueError(f"loss={loss!r} not supported; choose from {sorted(DUP_SIGMA_PER_ERROR)}")
+    return eps_hat * DUP_SIGMA_PER_ERROR[loss]
 
 
 class BottleneckHead(nn.Module):
@@ -76,4 +100,4 @@ class DUPEstimator(Estimator):
     def predict_distribution(self, batch: dict, n_samples: int | None = None) -> dict[str, torch.Tensor]:
         eps_hat = self(batch).view(-1)
         q_hat = batch["q_hat"].to(eps_hat.dtype)
-        return {"mu": q_hat, "var": eps_hat**2, "q_hat": q_hat}
+        return {"mu": q_hat, "var": dup_sigma(eps_hat, self.cfg.dup_loss) ** 2, "q_hat": q_hat}

@@ -108,27 +108,33 @@ def head_samples(model: Estimator, rows, n_samples: int | None) -> tuple[np.ndar
     return np.concatenate(mus), (np.concatenate(variances) if model.has_variance_output else None)
 
 
-class MCDHeadEstimator(PointEstimator):
+class _MCDropoutEstimator(PointEstimator):
+    """Point model trained with MSE; inference = N dropout passes (``mc_outputs``), Gaussian fit."""
+
+    #: Where dropout stays on at inference ("head" or "full").
+    scope: str
+    #: ``(model, batch, n) -> [n, B, out_dim]``: the outputs of the n dropout passes.
+    mc_outputs = None
+
+    @classmethod
+    def dropout_scope(cls, cfg) -> str:
+        return cls.scope
+
+    def predict_distribution(self, batch: dict, n_samples: int | None = None) -> dict[str, torch.Tensor]:
+        samples = type(self).mc_outputs(self, batch, n_passes(self, n_samples))[..., 0]
+        mu, var = sample_moments(samples)
+        return {"mu": mu, "var": var, "epistemic": var}
+
+
+class MCDHeadEstimator(_MCDropoutEstimator):
     """Point model trained with MSE; inference = N dropout passes of the head (one batched forward)."""
 
-    @classmethod
-    def dropout_scope(cls, cfg) -> str:
-        return "head"
-
-    def predict_distribution(self, batch: dict, n_samples: int | None = None) -> dict[str, torch.Tensor]:
-        samples = head_mc_outputs(self, batch, n_passes(self, n_samples))[..., 0]
-        mu, var = sample_moments(samples)
-        return {"mu": mu, "var": var, "epistemic": var}
+    scope = "head"
+    mc_outputs = staticmethod(head_mc_outputs)
 
 
-class MCDFullEstimator(PointEstimator):
+class MCDFullEstimator(_MCDropoutEstimator):
     """Point model; inference = N dropout passes through encoder + layer mix + head (paper's MCD)."""
 
-    @classmethod
-    def dropout_scope(cls, cfg) -> str:
-        return "full"
-
-    def predict_distribution(self, batch: dict, n_samples: int | None = None) -> dict[str, torch.Tensor]:
-        samples = full_mc_outputs(self, batch, n_passes(self, n_samples))[..., 0]
-        mu, var = sample_moments(samples)
-        return {"mu": mu, "var": var, "epistemic": var}
+    scope = "full"
+    mc_outputs = staticmethod(full_mc_outputs)

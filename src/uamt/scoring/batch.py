@@ -3,7 +3,8 @@
 Input
     A ``.parquet`` or ``.csv`` file with columns ``src``, ``mt`` (str, required), ``ref`` (str;
     required by a reference-based model, refused by a reference-free one) and ``lp`` (optional,
-    selects per-LP calibration).  It is streamed in partitions of ``partition_rows`` rows
+    selects per-LP calibration; without it, ``--lp`` or the pair detected on the first partition,
+    :func:`batch_language_pair`).  It is streamed in partitions of ``partition_rows`` rows
     (:meth:`pyarrow.parquet.ParquetFile.iter_batches`, :func:`pandas.read_csv` with ``chunksize``):
     the whole input is never in memory, only the partitions being scored.
 Output
@@ -263,6 +264,23 @@ def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings)
     with atomic_path(out_path) as tmp:
         out.to_parquet(tmp, index=False)
     return len(out)
+
+
+def batch_language_pair(input_path: str | Path, settings: BatchSettings):
+    """The LP choice of a batch without an ``lp`` column (:func:`predictor_language_pair`): the
+    ``settings.lp`` given, else the pair detected on the first partition's texts; None when the
+    input has its own ``lp`` column (rows of an unseen LP are widened there, without a warning).
+
+    Loads the model in this process (:func:`cached_predictor`: in-process scoring reuses it; with
+    Dask it is one more load, on the driver) to know which LPs it was calibrated on.
+    """
+    from uamt.scoring.language_pair import predictor_language_pair
+
+    if "lp" in input_columns(input_path):
+        return None
+    predictor = cached_predictor(settings.model, settings.tracking_uri)
+    _, first = next(iter_partitions(input_path, settings.partition_rows))
+    return predictor_language_pair(predictor, first["src"].tolist(), first["mt"].tolist(), settings.lp)
 
 
 # ----------------------------------------------------------------------------- output folder

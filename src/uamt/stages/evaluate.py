@@ -1,7 +1,7 @@
 """Stage ``evaluate``: every model on the in-domain test set and the out-of-domain (TED) set.
 
 Calibrated with the dev fit of the ``calibrate`` stage; writes ``metrics/test.json``,
-``metrics/ood.json``, ``metrics/intervals.json`` and the plots (reliability, sharpness in- vs
+``metrics/ood.json``, ``metrics/intervals.json``, ``metrics/conditional.json`` (issue 15 goals) and the plots (reliability, sharpness in- vs
 out-of-domain, error vs sigma) (:func:`uamt.model_evaluation.evaluate_models`).
 """
 

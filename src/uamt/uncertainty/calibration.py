@@ -10,7 +10,11 @@ the global one):
   (population, ddof=0) standard deviation of the human scores, and every model sample with the
   mean and standard deviation of *all* the model's dev samples pooled.  With ``(mu, sigma)``
   inputs those pooled moments are ``mean(mu)`` and ``sqrt(var(mu) + mean(sigma**2))`` -- exactly
-  the pooled-sample moments when sigma is the ddof=0 sample std of equally many samples.
+  the pooled-sample moments when sigma is the ddof=0 sample std of equally many samples.  That
+  holds only where sigma *is* a spread of real samples (MC dropout, deep ensembles, the epistemic
+  part of HTS+MCD): a method that predicts sigma (HTS, KL, DUP) has one sample per segment, its
+  mu, so its pooled spread is ``std(mu)``; adding its predicted sigma would shrink mu towards the
+  dev mean and lower its residuals (``sigma_from_samples=False``).
 * :class:`FixedVarianceCalibrator` -- the baseline of §5.2: one variance for every segment,
   :math:`\\sigma^2_{fixed} = \\frac{1}{|D|}\\sum_j (q^*_j - \\hat\\mu_j)^2` (Eq. 6, the NLL minimiser).
 * :class:`AffineVarianceCalibrator` -- §3.5: :math:`\\sigma^2 \\mapsto \\alpha\\sigma^2 + \\beta`,
@@ -176,7 +180,12 @@ class Standardizer(_PerLanguagePair):
     ``pred_mean``, ``pred_std`` of the pooled model samples,
 
     .. math::
-        m_p = \\overline{\\hat\\mu}, \\qquad s_p = \\sqrt{\\operatorname{Var}(\\hat\\mu) + \\overline{\\hat\\sigma^2}}
+        m_p = \\overline{\\hat\\mu}, \\qquad s_p = \\sqrt{\\operatorname{Var}(\\hat\\mu) + \\overline{\\hat\\sigma_s^2}}
+
+    where :math:`\\hat\\sigma_s` is the spread of the model's real samples around :math:`\\hat\\mu`
+    (MC dropout, ensemble members, the epistemic part of HTS+MCD) and 0 for a method that predicts
+    its sigma or has none (HTS, KL, DUP, the point estimate): ``fit(..., sigma_from_samples=False)``
+    or ``sigma=None``.
 
     Then :math:`q^*_z = (q^* - m_h)/s_h`, :math:`\\hat\\mu_z = (\\hat\\mu - m_p)/s_p` and
     :math:`\\hat\\sigma_z = \\hat\\sigma / s_p` (sigma is a standard deviation).  A group whose
@@ -185,11 +194,19 @@ class Standardizer(_PerLanguagePair):
 
     kind = "standardizer"
 
-    def fit(self, human, mu, sigma=None, lp=None) -> Standardizer:
-        """Fit on dev: ``human``, ``mu`` shape [n]; ``sigma`` (std, shape [n]) or None for point estimates."""
+    def fit(self, human, mu, sigma=None, lp=None, *, sigma_from_samples: bool = True) -> Standardizer:
+        """Fit on dev: ``human``, ``mu`` shape [n]; ``sigma`` (std, shape [n]) or None.
+
+        ``sigma_from_samples``: whether ``sigma`` is the spread of real model samples around ``mu``
+        (then it enters the pooled spread :math:`s_p`).  With False -- a predicted sigma, or the
+        point estimate's placeholder -- ``sigma`` is ignored and :math:`s_p = \\operatorname{std}(\\hat\\mu)`.
+        """
         human = _as_1d("human", human)
         mu = _as_1d("mu", mu)
-        sigma = np.zeros_like(mu) if sigma is None else _as_1d("sigma", sigma, nonnegative=True)
+        if sigma is None or not sigma_from_samples:
+            sigma = np.zeros_like(mu)
+        else:
+            sigma = _as_1d("sigma", sigma, nonnegative=True)
         _check_same_length(human=human, mu=mu, sigma=sigma)
         return self._fit_groups(lp, human=human, mu=mu, sigma=sigma)
 

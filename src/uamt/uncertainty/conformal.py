@@ -29,6 +29,7 @@ from uamt.uncertainty.metrics import (
     _as_1d,
     _check_gamma,
     _check_same_length,
+    _z_abs,
     gaussian_interval,
     standardized_abs_error,
 )
@@ -65,6 +66,13 @@ def conformal_quantile(scores, gamma: float) -> float:
     if rank > n:
         return math.inf
     return float(scores[max(rank, 1) - 1])
+
+
+def cdf_knots(params: dict[str, float], gammas: Sequence[float], prefix: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """``(levels, thresholds)`` of the piecewise-linear CDF of |z| through (0, 0) and the finite
+    fitted thresholds ``params[prefix + "q@<gamma>"]``."""
+    levels = [g for g in gammas if math.isfinite(params[prefix + _key(g)])]
+    return np.array([0.0, *levels]), np.array([0.0, *[params[prefix + _key(g)] for g in levels]])
 
 
 class ConformalCalibrator(_PerLanguagePair):
@@ -133,6 +141,50 @@ class ConformalCalibrator(_PerLanguagePair):
             q = self.quantile(gamma, None if name == GLOBAL else name)
             half[rows] = np.inf if math.isinf(q) else q * sigma[rows]
         return mu - half, mu + half
+
+
+    def interval_at(self, mu, sigma, gamma: float, lp=None) -> tuple[np.ndarray, np.ndarray]:
+        """Interval at any level: the threshold interpolated linearly between the fitted levels
+        (the inverse of the CDF :meth:`risk` uses); ``+inf`` above the last finite threshold."""
+        mu = _as_1d("mu", mu)
+        sigma = _as_1d("sigma", sigma, nonnegative=True)
+        _check_same_length(mu=mu, sigma=sigma)
+        gamma = _check_gamma(gamma)
+        lp_arr = _as_lp(lp, mu.size)
+        half = np.empty(mu.size)
+        for name in sorted(set(lp_arr.tolist())):
+            rows = lp_arr == name
+            levels, knots = self._cdf_knots(None if name == GLOBAL else name)
+            q = float(np.interp(gamma, levels, knots)) if gamma <= levels[-1] else math.inf
+            half[rows] = np.inf if math.isinf(q) else q * sigma[rows]
+        return mu - half, mu + half
+
+    def _cdf_knots(self, lp: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """``(levels, thresholds)`` of the piecewise-linear |z| CDF through (0, 0) and the finite fits."""
+        return cdf_knots(self.params_for(lp)[0], self.gammas)
+
+    def risk(self, mu, sigma, threshold, lp=None) -> np.ndarray:
+        """P(Q <= threshold) from the same fitted quantiles as :meth:`interval`, shape [n].
+
+        The conformal predictive distribution is symmetric about :math:`\\hat\\mu` with
+        :math:`|Q - \\hat\\mu|/\\hat\\sigma` distributed as the calibration scores: with
+        :math:`t = |\\chi - \\hat\\mu|/\\hat\\sigma` and :math:`G` the piecewise-linear CDF through
+        :math:`(0, 0)` and the fitted :math:`(\\hat q_\\gamma, \\gamma)`,
+        :math:`P(Q \\le \\chi) = \\tfrac12 + \\tfrac12\\operatorname{sign}(\\chi - \\hat\\mu)\\,G(t)`.
+        Beyond the last finite threshold G is held at its level (a conservative tail).
+        """
+        mu = _as_1d("mu", mu)
+        sigma = _as_1d("sigma", sigma, nonnegative=True)
+        _check_same_length(mu=mu, sigma=sigma)
+        chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
+        lp_arr = _as_lp(lp, mu.size)
+        cdf = np.empty(mu.size)
+        t = _z_abs(np.abs(chi - mu), sigma)
+        for name in sorted(set(lp_arr.tolist())):
+            rows = lp_arr == name
+            levels, knots = self._cdf_knots(None if name == GLOBAL else name)
+            cdf[rows] = np.interp(t[rows], knots, levels)
+        return 0.5 + 0.5 * np.sign(chi - mu) * cdf
 
 
 def _coverage_and_width(human, lower, upper) -> tuple[float, float]:

@@ -29,14 +29,41 @@ import pandas as pd
 
 from uamt.errors import DataError
 from uamt.fileio import atomic_write_json
-from uamt.uncertainty.calibration import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
+from uamt.uncertainty.calibration import AffineVarianceCalibrator, FixedVarianceCalibrator
+from uamt.uncertainty.candidates import (
+    CANDIDATES,
+    RULES,
+    candidate_sigma,
+    candidate_summary,
+    check_candidates,
+    conditional_report,
+    cross_fitted_ece,
+    cross_fitted_sigmas,
+    document_folds,
+    fit_candidate,
+    select_candidate,
+    standardize,
+)
 from uamt.uncertainty.conformal import REPORT_GAMMAS, ConformalCalibrator, interval_report
-from uamt.uncertainty.metrics import N_CONFIDENCE_LEVELS, reliability_curve, uncertainty_metrics
+from uamt.uncertainty.metrics import (
+    N_CONFIDENCE_LEVELS,
+    expected_normalized_calibration_error,
+    reliability_curve,
+    sigma_spread_ratio,
+    uncertainty_metrics,
+)
 from uamt.uncertainty.samples import PAPER_DDOF, parse_samples_field
 
 MU_SIGMA_COLUMNS = ("lp", "human", "mu", "sigma")
 SAMPLES_COLUMNS = ("lp", "human", "samples")
 METRIC_KEYS = ("pps", "ups", "nll", "ece", "sharpness", "crps")
+#: What :func:`evaluate_predictions` computes (``scope``): ``full`` -- the served calibration, every
+#: candidate's test block and the papers' cross-fitted ECE (the evaluate stage on test, ``uamt
+#: evaluate-predictions``); ``served`` -- the served calibration only (fitting it on dev, analyses
+#: that read the calibrated model's metrics); ``fixed_variance`` -- no candidate at all (analyses
+#: that read only the fixed-variance baseline).  Cross-fitting 6 candidates x 5 folds is most of the
+#: cost, and the papers' k-fold ECE most of the rest.
+SCOPES = ("full", "served", "fixed_variance")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +82,23 @@ class EvaluationSettings:
         Level of the reported ``coverage@`` / ``width@``.
     conformal_gammas : tuple of float
         Levels of the Gaussian-vs-conformal interval report.
+    calibration : str
+        The served calibration: ``"auto"`` (the one ``calibration_rule`` picks from the cross-fitted
+        dev metrics of ``calibration_candidates``) or a candidate name
+        (:data:`uamt.uncertainty.candidates.CANDIDATES`).
+    calibration_candidates : tuple of str
+        Candidates fitted, cross-fitted on dev and reported.
+    calibration_rule : str
+        :data:`uamt.uncertainty.candidates.RULES`.
+    lp_coverage_tolerance, quintile_coverage_tolerance : float
+        Goals the ``min_goal_ratio`` rule measures the worst per-LP and per-quintile
+        ``|coverage - coverage_gamma|`` against.
+    ece_bound : float
+        Slack on the dev ECE of the proper-score fits.
+    cross_fit_folds : int
+        Document folds of the cross-fitting (dev: candidate choice; test: the papers' k-fold ECE).
+    low_score_threshold : float or None
+        Human scores at or below it (raw scale; MQM -5 = a major error) get their own coverage.
     """
 
     per_lp: bool = True
@@ -62,6 +106,24 @@ class EvaluationSettings:
     n_levels: int = N_CONFIDENCE_LEVELS
     coverage_gamma: float = 0.9
     conformal_gammas: tuple[float, ...] = REPORT_GAMMAS
+    calibration: str = "auto"
+    calibration_candidates: tuple[str, ...] = tuple(CANDIDATES)
+    calibration_rule: str = "min_goal_ratio"
+    lp_coverage_tolerance: float = 0.03
+    quintile_coverage_tolerance: float = 0.05
+    ece_bound: float = 0.01
+    cross_fit_folds: int = 5
+    low_score_threshold: float | None = -5.0
+
+    def __post_init__(self) -> None:
+        check_candidates(self.calibration_candidates)
+        if self.calibration != "auto" and self.calibration not in self.calibration_candidates:
+            raise ValueError(
+                f"calibration={self.calibration!r} not supported; choose from "
+                f"{sorted(['auto', *self.calibration_candidates])}"
+            )
+        if self.calibration_rule not in RULES:
+            raise ValueError(f"calibration_rule={self.calibration_rule!r} not supported; choose from {sorted(RULES)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +136,17 @@ class PredictionArrays:
     sigma: np.ndarray
     layout: str  # "mu_sigma" or "samples"
     source: str
+    #: Spread (std) of the model's real samples around mu -- MC dropout runs, ensemble members, the
+    #: ``epistemic`` variance column -- or None where sigma is predicted (HTS, KL, DUP) or a
+    #: placeholder (the point estimate).  Only this enters the standardiser's pooled spread.
+    sample_sigma: np.ndarray | None = None
+    #: Document id per row (``doc`` column, else the source segment ``dataset/lp/seg_id``) for
+    #: cross-fitting over documents, or None.
+    doc: np.ndarray | None = None
+    #: Domain per row (``domain`` column), or None.
+    domain: np.ndarray | None = None
+    #: What ``doc`` holds: "documents", "source segments" (the fallback), or None.
+    doc_unit: str | None = None
 
     def __len__(self) -> int:
         return int(self.human.size)
@@ -103,8 +176,15 @@ def _number(value: Any, source: str, row: int, column: str, from_file: bool) -> 
     return number
 
 
+#: Where sigma comes from (``sigma_source``): ``samples`` -- the spread of real model samples (MC
+#: dropout, ensembles); ``model`` -- predicted by the model (HTS, KL, DUP) or a placeholder; ``auto``
+#: -- ``samples`` for the samples layout, the ``epistemic`` column's std where there is one (MCD/DE:
+#: all of sigma, HTS+MCD: its sample part), else ``model``.
+SIGMA_SOURCES = ("auto", "samples", "model")
+
+
 def prediction_arrays(
-    frame: pd.DataFrame, source: str = "predictions", *, from_file: bool = False
+    frame: pd.DataFrame, source: str = "predictions", *, from_file: bool = False, sigma_source: str = "auto"
 ) -> PredictionArrays:
     """Validate a predictions DataFrame and turn it into arrays.
 
@@ -114,6 +194,8 @@ def prediction_arrays(
     are present, ``mu``/``sigma`` are used.  Extra columns are ignored.
 
     Rows are numbered from 1; with ``from_file`` the CSV line (header = line 1) is named too.
+    ``sigma_source`` (:data:`SIGMA_SOURCES`) sets :attr:`PredictionArrays.sample_sigma`; optional
+    ``doc`` and ``domain`` columns are kept for cross-fitting and conditional coverage.
 
     Raises
     ------
@@ -121,6 +203,8 @@ def prediction_arrays(
         Naming ``source``, the row and the column: missing column, unknown layout, empty table,
         empty / non-numeric / NaN / inf value, negative sigma, empty lp, fewer than 2 samples.
     """
+    if sigma_source not in SIGMA_SOURCES:
+        raise ValueError(f"sigma_source={sigma_source!r} not supported; choose from {sorted(SIGMA_SOURCES)}")
     if not isinstance(frame, pd.DataFrame):
         raise DataError(f"{source}: expected a table (pandas DataFrame), got {type(frame).__name__}")
     columns = [str(c).strip() for c in frame.columns]
@@ -189,10 +273,52 @@ def prediction_arrays(
                 )
             mu[i] = values.mean()
             sigma[i] = values.std(ddof=PAPER_DDOF)
-    return PredictionArrays(lp=lp, human=human, mu=mu, sigma=sigma, layout=layout, source=source)
+    return PredictionArrays(
+        lp=lp,
+        human=human,
+        mu=mu,
+        sigma=sigma,
+        layout=layout,
+        source=source,
+        sample_sigma=_sample_sigma(frame, sigma, layout, sigma_source, source, from_file),
+        doc=_document_labels(frame),
+        doc_unit="documents" if "doc" in frame.columns else "source segments" if "seg_id" in frame.columns else None,
+        domain=_labels(frame, "domain"),
+    )
 
 
-def read_predictions(path: str | Path) -> PredictionArrays:
+def _sample_sigma(frame, sigma, layout: str, sigma_source: str, source: str, from_file: bool):
+    if sigma_source == "model":
+        return None
+    if layout == "samples" or sigma_source == "samples" and "epistemic" not in frame.columns:
+        return sigma
+    if "epistemic" not in frame.columns:
+        return None
+    values = frame["epistemic"].tolist()
+    var = np.array([_number(v, source, i + 1, "epistemic", from_file) for i, v in enumerate(values)])
+    if np.any(var < 0):
+        row = int(np.flatnonzero(var < 0)[0]) + 1
+        raise DataError(f"{_where(source, row, 'epistemic', from_file)}: negative; epistemic is a variance")
+    return np.sqrt(var)
+
+
+def _document_labels(frame: pd.DataFrame) -> np.ndarray | None:
+    """The ``doc`` column; else the source segment (``dataset``, ``lp``, ``seg_id``: every system's
+    translation of one source stays in one fold), which the pipeline's predictions tables carry."""
+    docs = _labels(frame, "doc")
+    if docs is not None or not {"lp", "seg_id"} <= set(frame.columns):
+        return docs
+    parts = [frame[c].astype(str) for c in ("dataset", "lp", "seg_id") if c in frame.columns]
+    return np.array(["/".join(p) for p in zip(*parts, strict=True)], dtype=object)
+
+
+def _labels(frame: pd.DataFrame, column: str) -> np.ndarray | None:
+    if column not in frame.columns:
+        return None
+    return np.array([str(v) for v in frame[column].tolist()], dtype=object)
+
+
+def read_predictions(path: str | Path, sigma_source: str = "auto") -> PredictionArrays:
     """Read and validate a predictions CSV, or parquet by suffix (see :func:`prediction_arrays`).
 
     Raises
@@ -208,14 +334,14 @@ def read_predictions(path: str | Path) -> PredictionArrays:
             frame = pd.read_parquet(path)
         except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
             raise DataError(f"{path}: not a readable parquet file (truncated or corrupt?): {exc}") from None
-        return prediction_arrays(frame, str(path))
+        return prediction_arrays(frame, str(path), sigma_source=sigma_source)
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: file is empty (no header, no rows)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: not a readable CSV file: {exc}") from None
-    return prediction_arrays(frame, str(path), from_file=True)
+    return prediction_arrays(frame, str(path), from_file=True, sigma_source=sigma_source)
 
 
 # =========================================================================== evaluation
@@ -233,13 +359,24 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _method_block(human, mu, sigma, lp, settings: EvaluationSettings) -> dict[str, Any]:
+def _lp_metrics(human, mu, sigma, **kwargs) -> dict[str, Any]:
+    """:func:`uncertainty_metrics` plus the ENCE (5 sigma bins) and the sigma P90/P10 of one set."""
+    metrics = uncertainty_metrics(human, mu, sigma, **kwargs)
+    positive = bool(np.all(sigma > 0)) and sigma.size >= 5
+    metrics["ence"] = expected_normalized_calibration_error(human, mu, sigma, 5) if positive else None
+    metrics["sigma_p90_p10"] = sigma_spread_ratio(sigma) if sigma.size else None
+    return metrics
+
+
+def _method_block(
+    human, mu, sigma, lp, settings: EvaluationSettings, *, domain=None, low_human=None
+) -> dict[str, Any]:
     kwargs = {"n_levels": settings.n_levels, "coverage_gamma": settings.coverage_gamma}
     per_lp = {}
     for name in sorted(set(lp.tolist())):
         rows = lp == name
-        per_lp[name] = uncertainty_metrics(human[rows], mu[rows], sigma[rows], **kwargs)
-    pooled = uncertainty_metrics(human, mu, sigma, **kwargs)
+        per_lp[name] = _lp_metrics(human[rows], mu[rows], sigma[rows], **kwargs)
+    pooled = _lp_metrics(human, mu, sigma, **kwargs)
     macro: dict[str, Any] = {"n": int(human.size), "n_lps": len(per_lp)}
     for key in pooled:
         if key == "n":
@@ -252,6 +389,9 @@ def _method_block(human, mu, sigma, lp, settings: EvaluationSettings) -> dict[st
         "macro_avg": macro,
         "pooled": pooled,
         "reliability": {"expected": expected.tolist(), "observed": observed.tolist()},
+        "conditional": conditional_report(
+            human, mu, sigma, lp, settings.coverage_gamma, domain=domain, low_human=low_human
+        ),
     }
 
 
@@ -263,8 +403,10 @@ def _applied_params(calibrator, lps) -> dict[str, Any]:
     return applied
 
 
-def _as_arrays(data, source: str) -> PredictionArrays:
-    return data if isinstance(data, PredictionArrays) else prediction_arrays(data, source)
+def _as_arrays(data, source: str, sigma_source: str = "auto") -> PredictionArrays:
+    if isinstance(data, PredictionArrays):
+        return data
+    return prediction_arrays(data, source, sigma_source=sigma_source)
 
 
 def evaluate_predictions(
@@ -274,42 +416,62 @@ def evaluate_predictions(
     settings: EvaluationSettings = EvaluationSettings(),
     pred_source: str = "predictions",
     dev_source: str = "dev",
+    sigma_source: str = "auto",
+    scope: str = "full",
 ) -> dict[str, Any]:
     """Indicators of the model and of the fixed-variance baseline on a predictions table.
 
     Parameters
     ----------
     pred_df : DataFrame or PredictionArrays
-        The evaluated split (``lp, human, mu, sigma`` or ``lp, human, samples``).
+        The evaluated split (``lp, human, mu, sigma`` or ``lp, human, samples``; optional ``doc``,
+        ``domain``, ``epistemic``).
     dev_df : DataFrame or PredictionArrays, optional
-        The calibration split, same layout.  With it: standardisation, affine calibration, fixed
-        variance and conformal thresholds are fitted on dev and applied to ``pred_df``.  Without it:
-        raw scores, the model's sigma as is, and the fixed variance fitted in-sample on ``pred_df``
-        (optimistic; flagged in ``settings.baseline_fitted_on``).
+        The calibration split, same layout.  With it: standardisation, the calibration candidates,
+        fixed variance and conformal thresholds are fitted on dev and applied to ``pred_df``.
+        Without it: raw scores, the model's sigma as is, and the fixed variance fitted in-sample on
+        ``pred_df`` (optimistic; flagged in ``settings.baseline_fitted_on``).
     settings : EvaluationSettings
+    sigma_source : {"auto", "samples", "model"}
+        Whether sigma is a spread of real samples (only then does it enter the standardiser); see
+        :data:`SIGMA_SOURCES`.  Ignored for tables passed as :class:`PredictionArrays`.
+    scope : {"full", "served", "fixed_variance"}
+        How much is computed (:data:`SCOPES`); the served calibration and every block that is
+        computed are the same in each scope.  ``"full"``: everything below.  ``"served"``: no
+        ``candidates`` test blocks and no ``cross_fitted_ece`` (None) -- the candidates are still
+        fitted and cross-fitted on dev, since that picks the served one.  ``"fixed_variance"``: only
+        the ``fixed_variance`` block; no candidate is fitted, so the result has no ``model`` block and
+        its ``calibration`` (``selected`` None) cannot be served.
 
     Returns
     -------
     dict (JSON-safe; undefined values are None)
-        ``settings``; ``n_segments``; ``lps``; ``methods`` with ``model``, ``fixed_variance`` and,
-        with dev, ``model_uncalibrated`` -- each ``{per_lp: {lp: metrics}, macro_avg, pooled,
-        reliability}`` where metrics are ``n, pps, ups, nll, ece, sharpness, coverage@g, width@g,
-        crps``; ``calibration`` (serialised calibrators and the parameters applied to each LP);
-        ``intervals`` (Gaussian vs conformal coverage/width rows, with dev only).
+        ``settings``; ``n_segments``; ``lps``; ``methods`` with ``model`` (the selected calibration),
+        ``fixed_variance`` and, with dev, ``model_uncalibrated`` -- each ``{per_lp: {lp: metrics},
+        macro_avg, pooled, reliability, conditional}`` where metrics are ``n, pps, ups, nll, ece,
+        ece_floor, sharpness, coverage@g, width@g, crps, ence, sigma_p90_p10`` and ``conditional`` the
+        coverage by LP / domain / mu and sigma quintile / low human score (``conditional_report``);
+        ``calibration`` (serialised calibrators, the parameters applied to each LP, ``selected`` and
+        ``candidates``); ``candidates`` (per candidate: cross-fitted dev summary and test metrics);
+        ``cross_fitted_ece`` (the papers' k-fold protocol on the evaluated split, where it has a
+        ``doc`` column); ``intervals`` (Gaussian vs conformal coverage/width rows, with dev only).
 
     Raises
     ------
     uamt.errors.DataError
         Invalid tables, or dev data on which nothing can be fitted (e.g. constant scores).
     """
-    test = _as_arrays(pred_df, pred_source)
-    dev = None if dev_df is None else _as_arrays(dev_df, dev_source)
+    if scope not in SCOPES:
+        raise ValueError(f"scope={scope!r} not supported; choose from {sorted(SCOPES)}")
+    test = _as_arrays(pred_df, pred_source, sigma_source)
+    dev = None if dev_df is None else _as_arrays(dev_df, dev_source, sigma_source)
     lps = sorted(set(test.lp.tolist()))
     result: dict[str, Any] = {
         "settings": {
             **dataclasses.asdict(settings),
             "sigma_ddof": PAPER_DDOF,
             "standardised": dev is not None,
+            "sigma_from_samples": None if dev is None else dev.sample_sigma is not None,
             "baseline_fitted_on": "dev" if dev is not None else "predictions (in-sample, optimistic)",
         },
         "predictions": {"source": test.source, "layout": test.layout, "n": len(test)},
@@ -318,6 +480,7 @@ def evaluate_predictions(
         "lps": lps,
     }
     common = {"per_lp": settings.per_lp, "min_lp_rows": settings.min_lp_rows}
+    low_human = None if settings.low_score_threshold is None else test.human <= settings.low_score_threshold
     try:
         if dev is None:
             human, mu, sigma = test.human, test.mu, test.sigma
@@ -325,49 +488,34 @@ def evaluate_predictions(
             methods = {"model": sigma}
             calibration: dict[str, Any] = {"fixed_variance": fixed.to_dict()}
         else:
-            standardizer = Standardizer(**common).fit(dev.human, dev.mu, dev.sigma, lp=dev.lp)
-            dev_h = standardizer.transform_human(dev.human, dev.lp)
-            dev_mu, dev_sigma = standardizer.transform_predictions(dev.mu, dev.sigma, dev.lp)
+            everything = np.ones(len(dev), dtype=bool)
+            standardizer, (dev_h, dev_mu, dev_sigma), _ = standardize(dev, everything, everything, common)
             human = standardizer.transform_human(test.human, test.lp)
             mu, raw_sigma = standardizer.transform_predictions(test.mu, test.sigma, test.lp)
             affine = AffineVarianceCalibrator(**common, n_levels=settings.n_levels).fit(
                 dev_h, dev_mu, dev_sigma, lp=dev.lp
             )
             fixed = FixedVarianceCalibrator(**common).fit(dev_h, dev_mu, lp=dev.lp)
-            model_sigma = affine.transform(mu, raw_sigma, test.lp)
-            methods = {"model": model_sigma, "model_uncalibrated": raw_sigma}
-            calibration = {
-                "standardizer": standardizer.to_dict(),
-                "affine_variance": affine.to_dict(),
-                "fixed_variance": fixed.to_dict(),
-                "applied": {
-                    "standardizer": _applied_params(standardizer, lps),
-                    "affine_variance": _applied_params(affine, lps),
-                    "fixed_variance": _applied_params(fixed, lps),
-                },
-            }
-            if np.all(dev_sigma > 0):
-                conformal = ConformalCalibrator(gammas=settings.conformal_gammas, **common).fit(
-                    dev_h, dev_mu, dev_sigma, lp=dev.lp
-                )
-                calibration["conformal"] = conformal.to_dict()
-                result["intervals"] = interval_report(
-                    human,
-                    mu,
-                    gaussian_sigma=model_sigma,
-                    conformal=conformal,
-                    conformal_sigma=raw_sigma,
-                    lp=test.lp,
-                    gammas=settings.conformal_gammas,
-                )
+            if scope == "fixed_variance":
+                methods = {}
+                calibration = {
+                    "standardizer": standardizer.to_dict(),
+                    "affine_variance": affine.to_dict(),
+                    "fixed_variance": fixed.to_dict(),
+                    "selected": None,
+                    "selection": {"skipped": f"scope={scope!r}"},
+                }
             else:
-                result["intervals"] = None
-                calibration["conformal"] = None
-                calibration["conformal_skipped"] = "some dev sigma is 0: cannot normalise conformal scores"
+                methods, calibration = _served(
+                    test, dev, (human, mu, raw_sigma), (dev_h, dev_mu, dev_sigma), standardizer, affine, fixed,
+                    settings, common, result, low_human, lps, report_candidates=scope == "full",
+                )
         methods["fixed_variance"] = fixed.transform(mu, lp=test.lp)
         result["methods"] = {
-            name: _method_block(human, mu, sig, test.lp, settings) for name, sig in methods.items()
+            name: _method_block(human, mu, sig, test.lp, settings, domain=test.domain, low_human=low_human)
+            for name, sig in methods.items()
         }
+        result["cross_fitted_ece"] = _papers_cross_fitted_ece(test, settings, common) if scope == "full" else None
     except DataError:
         raise
     except ValueError as exc:
@@ -375,6 +523,121 @@ def evaluate_predictions(
         raise DataError(f"{where}: cannot evaluate/calibrate: {exc}") from None
     result["calibration"] = calibration
     return _json_safe(result)
+
+
+def _served(
+    test, dev, test_z, dev_z, standardizer, affine, fixed, settings, common, result, low_human, lps, *, report_candidates
+):
+    """Fit the candidates on dev, pick the served one, and (``report_candidates``) put every
+    candidate's test block in ``result["candidates"]``; returns ``(methods sigmas, calibration)``."""
+    (human, mu, raw_sigma), (dev_h, dev_mu, dev_sigma) = test_z, dev_z
+    candidates = _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings, common)
+    selected, selection = _select(dev, candidates, settings, common)
+    test_sigmas = {
+        name: candidate_sigma(calibrator, mu, raw_sigma, test.lp, settings.coverage_gamma)
+        for name, calibrator in candidates.items()
+    }
+    methods = {"model": test_sigmas[selected], "model_uncalibrated": raw_sigma}
+    calibration = {
+        "standardizer": standardizer.to_dict(),
+        "affine_variance": affine.to_dict(),
+        "fixed_variance": fixed.to_dict(),
+        "selected": selected,
+        "selection": selection,
+        "candidates": {name: c.to_dict() for name, c in candidates.items()},
+        "applied": {
+            "standardizer": _applied_params(standardizer, lps),
+            "affine_variance": _applied_params(affine, lps),
+            "fixed_variance": _applied_params(fixed, lps),
+        },
+    }
+    if report_candidates:
+        result["candidates"] = {
+            name: {
+                "cross_fitted_dev": selection["summaries"].get(name),
+                "test": _method_block(
+                    human, mu, sig, test.lp, settings, domain=test.domain, low_human=low_human
+                ),
+            }
+            for name, sig in test_sigmas.items()
+        }
+    if np.all(dev_sigma > 0):
+        conformal = ConformalCalibrator(gammas=settings.conformal_gammas, **common).fit(
+            dev_h, dev_mu, dev_sigma, lp=dev.lp
+        )
+        calibration["conformal"] = conformal.to_dict()
+        result["intervals"] = interval_report(
+            human,
+            mu,
+            gaussian_sigma=methods["model"],
+            conformal=conformal,
+            conformal_sigma=raw_sigma,
+            lp=test.lp,
+            gammas=settings.conformal_gammas,
+        )
+    else:
+        result["intervals"] = None
+        calibration["conformal"] = None
+        calibration["conformal_skipped"] = "some dev sigma is 0: cannot normalise conformal scores"
+    return methods, calibration
+
+
+def _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings: EvaluationSettings, common) -> dict[str, Any]:
+    """Every candidate fitted on the whole (standardised) dev set; the papers' affine fit is reused."""
+    fitted = {}
+    for name in settings.calibration_candidates:
+        if name == "affine_ece":
+            fitted[name] = affine
+            continue
+        try:
+            fitted[name] = fit_candidate(
+                name, dev_h, dev_mu, dev_sigma, dev.lp, common=common, n_levels=settings.n_levels, ece_bound=settings.ece_bound
+            )
+        except ValueError:  # e.g. conformal or a proper-score fit with a zero sigma on dev
+            continue
+    return fitted
+
+
+def _select(dev: PredictionArrays, candidates: dict[str, Any], settings: EvaluationSettings, common) -> tuple[str, dict]:
+    """The served candidate and how it was chosen: the rule on out-of-fold dev predictions, where
+    dev has enough documents for ``cross_fit_folds`` folds (else on in-sample dev predictions)."""
+    names = list(candidates)
+    gamma = settings.coverage_gamma
+    n_docs = 0 if dev.doc is None else np.unique(dev.doc).size
+    if n_docs >= settings.cross_fit_folds:
+        folds = document_folds(dev.doc, settings.cross_fit_folds)
+        human_z, mu_z, sigmas = cross_fitted_sigmas(
+            dev, folds, names, common=common, n_levels=settings.n_levels, ece_bound=settings.ece_bound, gamma=gamma
+        )
+        on = f"dev, {settings.cross_fit_folds}-fold cross-fitted over {n_docs} {dev.doc_unit}"
+    else:
+        everything = np.ones(len(dev), dtype=bool)
+        _, (human_z, mu_z, sigma_z), _ = standardize(dev, everything, everything, common)
+        sigmas = {n: candidate_sigma(c, mu_z, sigma_z, dev.lp, gamma) for n, c in candidates.items()}
+        on = "dev, in-sample (no doc column to cross-fit over)"
+    summaries = {
+        name: (
+            candidate_summary(human_z, mu_z, sig, dev.lp, gamma, settings.n_levels)
+            if np.all(np.isfinite(sig)) and np.all(sig > 0)
+            else None
+        )
+        for name, sig in sigmas.items()
+    }
+    chosen = select_candidate(
+        summaries, settings.calibration_rule, settings.lp_coverage_tolerance, settings.quintile_coverage_tolerance
+    )
+    selected = chosen if settings.calibration == "auto" else settings.calibration
+    if selected not in candidates:
+        raise ValueError(f"calibration={selected!r} could not be fitted on dev")
+    return selected, {"rule": settings.calibration_rule, "rule_choice": chosen, "on": on, "summaries": summaries}
+
+
+def _papers_cross_fitted_ece(test: PredictionArrays, settings: EvaluationSettings, common) -> dict[str, Any] | None:
+    """The papers' k-fold protocol on the evaluated split itself, where it has document ids."""
+    if test.doc is None or np.unique(test.doc).size < settings.cross_fit_folds:
+        return None
+    folds = document_folds(test.doc, settings.cross_fit_folds)
+    return {**cross_fitted_ece(test, folds, common=common, n_levels=settings.n_levels), "folds_over": test.doc_unit}
 
 
 def metrics_table(result: dict[str, Any], methods: list[str] | None = None) -> pd.DataFrame:
@@ -398,6 +661,47 @@ def metrics_table(result: dict[str, Any], methods: list[str] | None = None) -> p
         )
         rows.append({"method": method, "lp": "pooled", **block["pooled"]})
     return pd.DataFrame(rows)
+
+
+#: Columns of :func:`candidates_table` (test metrics of each calibration candidate).
+CANDIDATE_COLUMNS = (
+    "coverage@g",
+    "lp_coverage_error",
+    "sigma_quintile_coverage_error",
+    "mu_quintile_coverage_error",
+    "low_score_coverage",
+    "ence",
+    "sigma_p90_p10",
+    "ece",
+    "nll",
+)
+
+
+def candidates_table(result: dict[str, Any]) -> pd.DataFrame:
+    """One row per calibration candidate: its test metrics (macro over LPs where per LP) and
+    whether the rule selected it; ``coverage@g`` is the pooled coverage at ``coverage_gamma``."""
+    tag = f"coverage@{result['settings']['coverage_gamma']:g}"
+    rows = []
+    for name, block in (result.get("candidates") or {}).items():
+        test = block["test"]
+        conditional = test["conditional"]
+        low = conditional.get("low_score") or {}
+        rows.append(
+            {
+                "candidate": name,
+                "selected": name == result["calibration"]["selected"],
+                "coverage@g": test["pooled"][tag],
+                "lp_coverage_error": conditional["lp_coverage_error"],
+                "sigma_quintile_coverage_error": conditional["sigma_quintile_coverage_error"],
+                "mu_quintile_coverage_error": conditional["mu_quintile_coverage_error"],
+                "low_score_coverage": low.get("coverage"),
+                "ence": test["macro_avg"]["ence"],
+                "sigma_p90_p10": test["macro_avg"]["sigma_p90_p10"],
+                "ece": test["macro_avg"]["ece"],
+                "nll": test["macro_avg"]["nll"],
+            }
+        )
+    return pd.DataFrame(rows, columns=["candidate", "selected", *CANDIDATE_COLUMNS])
 
 
 # =========================================================================== files
@@ -443,6 +747,7 @@ def evaluate_prediction_files(
     out: str | Path,
     dev: str | Path | None = None,
     settings: EvaluationSettings = EvaluationSettings(),
+    sigma_source: str = "auto",
 ) -> dict[str, Any]:
     """CSV files in, metrics JSON out (atomically); returns the result dict.
 
@@ -452,8 +757,8 @@ def evaluate_prediction_files(
     out = Path(out)
     if not out.parent.is_dir():
         raise DataError(f"{out}: output folder {out.parent} does not exist")
-    test = read_predictions(predictions)
-    dev_arrays = read_predictions(dev) if dev is not None else None
+    test = read_predictions(predictions, sigma_source)
+    dev_arrays = read_predictions(dev, sigma_source) if dev is not None else None
     result = evaluate_predictions(test, dev_arrays, settings=settings)
     write_json_atomic(result, out)
     return result

@@ -604,3 +604,159 @@ def uncertainty_metrics(
         f"width@{tag}": mean_interval_width(sigma, coverage_gamma),
         "crps": gaussian_crps_loss(human, mu, sigma),
     }
+
+
+# --------------------------------------------------------------------------- conditional calibration
+def quantile_groups(values, n_groups: int = 5) -> np.ndarray:
+    """Equal-count quantile group of each value (0 = smallest values), e.g. quintiles of sigma.
+
+    Rows are ranked by value (ties broken by position, so every group gets
+    :math:`\\lfloor n/G \\rfloor` or :math:`\\lceil n/G \\rceil` rows) and row of rank :math:`r`
+    (0-based) goes to group :math:`\\lfloor r G / n \\rfloor`.
+
+    Parameters
+    ----------
+    values : array_like, shape [n]
+    n_groups : int
+        Number G of groups (5 for quintiles), at most n.
+
+    Returns
+    -------
+    numpy.ndarray of int, shape [n]
+        Values in ``0 .. G-1``.
+    """
+    values = _as_1d("values", values)
+    n_groups = int(n_groups)
+    if not 1 <= n_groups <= values.size:
+        raise ValueError(f"n_groups={n_groups} must lie in [1, n={values.size}]")
+    rank = np.empty(values.size, dtype=np.int64)
+    rank[np.argsort(values, kind="stable")] = np.arange(values.size)
+    return (rank * n_groups) // values.size
+
+
+def grouped_coverage(human, mu, sigma, groups, gamma: float = 0.9) -> dict[str, dict[str, float]]:
+    """Coverage :math:`\\mathrm{acc}_g(\\gamma)` of the central Gaussian interval within each group.
+
+    .. math:: \\mathrm{acc}_g(\\gamma) = \\frac{1}{|D_g|} \\sum_{j \\in D_g}
+              \\mathbb 1\\left(|q^*_j - \\hat\\mu_j| \\le \\hat\\sigma_j \\operatorname{probit}((1+\\gamma)/2)\\right)
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+    groups : array_like, shape [n_segments]
+        Any labels (LP, domain, :func:`quantile_groups` of sigma, ...); keys are ``str(label)``.
+    gamma : float
+        Confidence level in [0, 1].
+
+    Returns
+    -------
+    dict
+        ``{str(label): {"coverage": acc_g, "n": |D_g|}}`` in sorted label order.
+    """
+    human, mu, sigma = _triple(human, mu, sigma)
+    labels = np.asarray(groups)
+    if labels.shape != human.shape:
+        raise ValueError(f"groups must have one label per segment ({human.size}), got shape {labels.shape}")
+    gamma = _check_gamma(gamma)
+    inside = _z_abs(np.abs(human - mu), sigma) <= probit((1.0 + gamma) / 2.0)
+    out = {}
+    for label in sorted(set(labels.tolist()), key=str):
+        rows = labels == label
+        out[str(label)] = {"coverage": float(np.mean(inside[rows])), "n": float(rows.sum())}
+    return out
+
+
+def conditional_coverage_error(human, mu, sigma, groups, gamma: float = 0.9) -> float:
+    """Worst coverage gap over groups, :math:`\\max_g |\\mathrm{acc}_g(\\gamma) - \\gamma|` (lower is better).
+
+    Marginal calibration can hide intervals that are far too wide in one group and far too narrow
+    in another (e.g. error-free vs major-error translations); this is the gap a user of the worst
+    group sees.  See :func:`grouped_coverage` for :math:`\\mathrm{acc}_g`.
+
+    Parameters
+    ----------
+    human, mu, sigma, groups : array_like, shape [n_segments]
+        As in :func:`grouped_coverage`.
+    gamma : float
+        Confidence level in [0, 1].
+
+    Returns
+    -------
+    float
+        In [0, max(gamma, 1 - gamma)].
+    """
+    by_group = grouped_coverage(human, mu, sigma, groups, gamma)
+    return float(max(abs(g["coverage"] - gamma) for g in by_group.values()))
+
+
+def expected_normalized_calibration_error(human, mu, sigma, n_bins: int = 10) -> float:
+    """Expected normalised calibration error (ENCE, Levi et al., 2019) over equal-count sigma bins.
+
+    Segments are sorted by :math:`\\hat\\sigma` into B bins of (almost) equal size
+    (:func:`quantile_groups`); in each bin the root mean predicted variance is compared with the
+    root mean squared error:
+
+    .. math:: \\mathrm{ENCE} = \\frac1B \\sum_{b=1}^B \\frac{|\\mathrm{RMV}_b - \\mathrm{RMSE}_b|}{\\mathrm{RMV}_b},
+              \\quad \\mathrm{RMV}_b = \\sqrt{\\overline{\\hat\\sigma^2}_b}, \\quad
+              \\mathrm{RMSE}_b = \\sqrt{\\overline{(q^* - \\hat\\mu)^2}_b}
+
+    0 when the predicted sigma matches the error it announces in every bin; lower is better.  Unlike
+    the ECE it sees whether *large* sigmas go with large errors, not only the pooled coverage.
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), > 0.
+    n_bins : int
+        Number B of bins, at most n_segments.
+
+    Returns
+    -------
+    float
+        >= 0.
+    """
+    human, mu, sigma = _triple(human, mu, sigma)
+    if np.any(sigma <= 0):
+        bad = int(np.flatnonzero(sigma <= 0)[0])
+        raise ValueError(f"sigma[{bad}] = 0: the ENCE divides by the root mean variance of a bin")
+    bins = quantile_groups(sigma, n_bins)
+    squared_error = (human - mu) ** 2
+    gaps = []
+    for b in range(int(n_bins)):
+        rows = bins == b
+        rmv = math.sqrt(float(np.mean(sigma[rows] ** 2)))
+        rmse = math.sqrt(float(np.mean(squared_error[rows])))
+        gaps.append(abs(rmv - rmse) / rmv)
+    return float(np.mean(gaps))
+
+
+def sigma_spread_ratio(sigma, upper: float = 0.9, lower: float = 0.1) -> float:
+    """How much the predicted sigma varies between segments: :math:`P_{90}(\\hat\\sigma) / P_{10}(\\hat\\sigma)`.
+
+    .. math:: \\frac{Q_{\\hat\\sigma}(u)}{Q_{\\hat\\sigma}(l)}
+
+    with :math:`Q` the empirical quantile (numpy's linear interpolation).  1 means every segment
+    gets (almost) the same interval -- the fixed-variance baseline; compute it within one LP.
+    Neither a score nor a loss: it describes how informative sigma is, not whether it is right.
+
+    Parameters
+    ----------
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0.
+    upper, lower : float
+        Quantile levels, ``0 <= lower < upper <= 1``.
+
+    Returns
+    -------
+    float
+        >= 1; ``inf`` when the lower quantile is 0.
+    """
+    sigma = _as_1d("sigma", sigma, nonnegative=True)
+    lower, upper = _check_gamma(lower), _check_gamma(upper)
+    if not lower < upper:
+        raise ValueError(f"lower={lower!r} must be below upper={upper!r}")
+    low, high = np.quantile(sigma, [lower, upper])
+    return float(high / low) if low > 0 else float("inf")

@@ -13,7 +13,6 @@ import numpy as np
 #: Degrees of freedom of the sample variance used by the papers (1/N estimator).
 PAPER_DDOF = 0
 
-
 def _as_samples(samples, name: str = "samples") -> np.ndarray:
     array = np.asarray(samples, dtype=float)
     if array.ndim != 2:

@@ -1,0 +1,579 @@
+"""Calibration candidates, cross-fitted over documents on dev, and the rule that picks one.
+
+The papers' affine fit :math:`\\sigma^2 \\mapsto \\alpha\\sigma^2 + \\beta` minimises the ECE, which
+only looks at *pooled* coverage: on MQM it drives :math:`\\alpha \\to 0`, so every segment of an LP
+gets the same interval (the fixed-variance baseline with extra steps).  The candidates here keep
+marginal calibration but differ in how much of the model's per-segment sigma they keep:
+
+``affine_ece``
+    :class:`~uamt.uncertainty.calibration.AffineVarianceCalibrator` (the papers', kept for comparison).
+``affine_nll`` / ``affine_crps``
+    :class:`ScoreVarianceCalibrator`: the same affine map fitted by a proper scoring rule (mean
+    Gaussian NLL or CRPS) among the grid points whose dev ECE is within ``ece_bound`` of the best.
+``scale_nll``
+    :class:`ScoreVarianceCalibrator` with ``scale_only=True``: :math:`\\sigma \\mapsto c\\sigma`, which
+    keeps the ratio between any two segments' sigmas.
+``conformal``
+    :class:`~uamt.uncertainty.conformal.ConformalCalibrator`: the interval
+    :math:`\\hat\\mu \\pm \\hat q_\\gamma \\hat\\sigma` with the finite-sample quantile of
+    :math:`|q^* - \\hat\\mu|/\\hat\\sigma` per LP; its risk comes from the same quantiles
+    (:meth:`ConformalCalibrator.risk`).
+``mondrian_conformal``
+    :class:`MondrianConformalCalibrator`: the same per LP *and per quintile of predicted mu*, on the
+    sigma of ``affine_nll`` -- MQM's errors depend on where mu lies (zero-inflated, long-tailed).
+
+Every candidate is fitted in standardised units (after :class:`Standardizer`) per LP with global
+fallback, like the papers' calibration.  :func:`cross_fitted_sigmas` fits each candidate on all but
+one fold of documents and applies it to the held-out fold, so that a candidate is judged on rows it
+never saw; :func:`select_candidate` applies the rule written in params (``evaluate.calibration_rule``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from scipy.special import ndtr
+
+from uamt.uncertainty.calibration import (
+    GLOBAL,
+    AffineVarianceCalibrator,
+    Standardizer,
+    _as_lp,
+    _ece_columns,
+)
+from uamt.uncertainty.conformal import ConformalCalibrator, _key, cdf_knots, conformal_quantile
+from uamt.uncertainty.metrics import (
+    N_CONFIDENCE_LEVELS,
+    _as_1d,
+    _check_gamma,
+    _check_same_length,
+    _triple,
+    expected_calibration_error,
+    expected_normalized_calibration_error,
+    grouped_coverage,
+    interval_coverage,
+    probit,
+    quantile_groups,
+    standardized_abs_error,
+)
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+
+#: Levels the conformal candidate is fitted for: its |z| quantile function, from which intervals at
+#: these levels and the risk (interpolated) are read.
+CONFORMAL_LEVELS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1, 20)) + (0.975, 0.99)
+
+
+# =========================================================================== proper-score affine fit
+def _mean_scores(abs_err: np.ndarray, var: np.ndarray, score: str) -> np.ndarray:
+    """Mean Gaussian NLL or CRPS of each column of calibrated variances ``var`` [n, n_candidates]."""
+    if score == "nll":
+        return np.mean(0.5 * (_LOG_2PI + np.log(var)) + abs_err[:, None] ** 2 / (2.0 * var), axis=0)
+    sd = np.sqrt(var)
+    z = abs_err[:, None] / sd
+    pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
+    return np.mean(sd * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * pdf - _INV_SQRT_PI), axis=0)
+
+
+SCORES = ("nll", "crps")
+
+
+def fit_variance_by_score(
+    human,
+    mu,
+    sigma,
+    *,
+    score: str = "nll",
+    scale_only: bool = False,
+    ece_bound: float = 0.01,
+    n_levels: int = N_CONFIDENCE_LEVELS,
+    grid_size: int = 25,
+    alpha_decades: float = 3.0,
+) -> dict[str, float]:
+    """Fit :math:`\\sigma^2_{calib} = \\alpha\\sigma^2 + \\beta` by a proper score under an ECE bound.
+
+    .. math:: (\\alpha, \\beta) = \\arg\\min_{(\\alpha,\\beta) \\in G:\\; \\mathrm{ECE}(\\alpha,\\beta) \\le
+              \\min_G \\mathrm{ECE} + \\epsilon} \\; \\frac1n \\sum_j S\\left(\\mathcal N(\\hat\\mu_j,
+              \\alpha\\hat\\sigma_j^2 + \\beta), q^*_j\\right)
+
+    with S the Gaussian NLL or CRPS and G the grid of :func:`~uamt.uncertainty.calibration.fit_affine_variance`
+    (``grid_size`` log-spaced alphas around :math:`\\sigma^2_{fixed}/\\overline{\\sigma^2}` over
+    :math:`\\pm` ``alpha_decades``; per alpha, 6 betas from :math:`-(1-10^{-3})\\min_j\\alpha\\sigma_j^2`
+    to 0 and ``grid_size`` log-spaced ones from :math:`3 \\cdot 10^{-4}\\sigma^2_{fixed}` to
+    :math:`3\\sigma^2_{fixed}`), or betas = {0} with ``scale_only``.  The ECE alone is flat over many
+    (alpha, beta) (it only sees pooled coverage); the score decides among those, which keeps the
+    per-segment information a proper score rewards.
+
+    Parameters
+    ----------
+    human, mu : array_like, shape [n_segments]
+    sigma : array_like, shape [n_segments]
+        Standard deviations (not variances), >= 0, not all 0.
+    score : {"nll", "crps"}
+    scale_only : bool
+        Fit :math:`\\sigma \\mapsto \\sqrt\\alpha\\,\\sigma` only.
+    ece_bound : float
+        Slack :math:`\\epsilon` >= 0 on the ECE.
+
+    Returns
+    -------
+    dict
+        ``alpha``, ``beta``, ``var_floor``, ``ece_before``, ``ece_after``, ``score`` (the mean score
+        at the fit), ``n`` -- the keys :class:`AffineVarianceCalibrator` reads, plus ``score``.
+    """
+    if score not in SCORES:
+        raise ValueError(f"score={score!r} not supported; choose from {sorted(SCORES)}")
+    if not ece_bound >= 0:
+        raise ValueError(f"ece_bound={ece_bound!r} must be >= 0")
+    human, mu, sigma = _triple(human, mu, sigma)
+    abs_err, var = np.abs(human - mu), sigma**2
+    mse = float(np.mean(abs_err**2))
+    if mse == 0.0 or float(var.mean()) == 0.0:
+        raise ValueError("a proper-score fit needs some error and some sigma > 0 on dev")
+    tiny = 1e-9 * mse
+    alphas = mse / float(var.mean()) * 10.0 ** np.linspace(-alpha_decades, alpha_decades, grid_size)
+    columns = []  # (alpha, beta) of each candidate
+    for alpha in alphas:
+        if scale_only:
+            betas = np.zeros(1)
+        else:
+            # beta = 0 and small betas matter (a proportional sigma); a linear grid would step over them
+            negative = np.linspace(-(1.0 - 1e-3) * alpha * float(var.min()), 0.0, 6)
+            betas = np.unique(np.concatenate([negative, 3.0 * mse * np.logspace(-4.0, 0.0, grid_size)]))
+        columns.extend((float(alpha), float(beta)) for beta in betas)
+    params = np.asarray(columns)
+    calibrated = np.maximum(params[:, 0][None, :] * var[:, None] + params[:, 1][None, :], tiny)
+    ece = _ece_columns(abs_err, calibrated, n_levels)
+    scores = _mean_scores(abs_err, calibrated, score)
+    feasible = ece <= ece.min() + ece_bound
+    best = int(np.flatnonzero(feasible)[np.argmin(scores[feasible])])
+    alpha, beta = params[best]
+    chosen = calibrated[:, best]
+    return {
+        "alpha": float(alpha),
+        "beta": float(beta),
+        "var_floor": float(chosen.min()),
+        "ece_before": expected_calibration_error(human, mu, sigma, n_levels),
+        "ece_after": expected_calibration_error(human, mu, np.sqrt(chosen), n_levels),
+        "score": float(scores[best]),
+        "n": float(human.size),
+    }
+
+
+class ScoreVarianceCalibrator(AffineVarianceCalibrator):
+    """Affine (or scale-only) variance calibration fitted by a proper score under an ECE bound.
+
+    ``fit`` runs :func:`fit_variance_by_score` per LP (global fallback); ``transform`` is the
+    affine one, :math:`\\hat\\sigma_{calib} = \\sqrt{\\max(\\alpha\\hat\\sigma^2 + \\beta, v_{floor})}`.
+    """
+
+    kind = "score_variance"
+
+    def __init__(
+        self, *, score: str = "nll", scale_only: bool = False, ece_bound: float = 0.01, grid_size: int = 25, **settings
+    ) -> None:
+        # refine_size is unused here (one grid, no refinement) but kept for the shared serialisation
+        super().__init__(grid_size=grid_size, **{"refine_size": 3, **settings})
+        if score not in SCORES:
+            raise ValueError(f"score={score!r} not supported; choose from {sorted(SCORES)}")
+        self.score = score
+        self.scale_only = bool(scale_only)
+        self.ece_bound = float(ece_bound)
+
+    @classmethod
+    def _setting_keys(cls):
+        return (*super()._setting_keys(), "score", "scale_only", "ece_bound")
+
+    def _settings(self):
+        return {**super()._settings(), "score": self.score, "scale_only": self.scale_only, "ece_bound": self.ece_bound}
+
+    def _fit_group(self, human, mu, sigma):
+        if np.all(human == mu) or np.all(sigma == 0):
+            return None
+        return fit_variance_by_score(
+            human,
+            mu,
+            sigma,
+            score=self.score,
+            scale_only=self.scale_only,
+            ece_bound=self.ece_bound,
+            n_levels=self.n_levels,
+            grid_size=self.grid_size,
+        )
+
+
+# =========================================================================== Mondrian conformal
+class MondrianConformalCalibrator(ConformalCalibrator):
+    """Split-conformal per LP *and per bin of predicted mu*, normalised by a proper-score-fitted sigma.
+
+    MQM is zero-inflated and long-tailed: a segment predicted near 0 (no errors) has small errors,
+    one predicted low has large ones in both directions, so one threshold per LP over-covers the
+    first and under-covers the second whatever sigma does.  Fit on dev: first
+    :class:`ScoreVarianceCalibrator` (NLL under the ECE bound) gives the scale :math:`s_j`; then
+    per LP the dev mu is cut at its ``n_bins`` equal-count quantiles (``edge<k>``) and in each bin
+    b the thresholds ``b<b>:q@<gamma>`` are the conformal quantiles of :math:`|q^* - \\hat\\mu|/s`.
+    The finite-sample guarantee then holds within each (LP, mu bin) -- "Mondrian" conformal
+    prediction (Vovk et al., 2005) -- so coverage is close to nominal in every predicted-mu quintile.
+    Intervals and the risk come from the same thresholds (:meth:`interval_at`, :meth:`risk`).
+    """
+
+    kind = "mondrian_conformal"
+
+    def __init__(
+        self, *, gammas: Sequence[float] = CONFORMAL_LEVELS, n_bins: int = 5, ece_bound: float = 0.01,
+        n_levels: int = N_CONFIDENCE_LEVELS, **settings
+    ) -> None:
+        super().__init__(gammas=gammas, **settings)
+        if int(n_bins) < 1:
+            raise ValueError(f"n_bins={n_bins!r} must be >= 1")
+        self.n_bins, self.ece_bound, self.n_levels = int(n_bins), float(ece_bound), int(n_levels)
+        self.variance: ScoreVarianceCalibrator | None = None
+
+    @classmethod
+    def _setting_keys(cls):
+        return (*super()._setting_keys(), "n_bins", "ece_bound", "n_levels")
+
+    def _settings(self) -> dict[str, Any]:
+        return {**super()._settings(), "n_bins": self.n_bins, "ece_bound": self.ece_bound, "n_levels": self.n_levels}
+
+    def fit(self, human, mu, sigma, lp=None) -> MondrianConformalCalibrator:
+        """Fit on the calibration split: arrays of shape [n]; ``sigma`` a std > 0."""
+        self.variance = ScoreVarianceCalibrator(
+            per_lp=self.per_lp, min_lp_rows=self.min_lp_rows, n_levels=self.n_levels, ece_bound=self.ece_bound
+        ).fit(human, mu, sigma, lp=lp)
+        return super().fit(human, mu, self.variance.transform(mu, sigma, lp), lp=lp)
+
+    def _fit_group(self, human, mu, sigma):
+        edges = np.quantile(mu, np.arange(1, self.n_bins) / self.n_bins)
+        bins = np.searchsorted(edges, mu)
+        params = {f"edge{k + 1}": float(e) for k, e in enumerate(edges)}
+        for b in range(self.n_bins):
+            rows = bins == b
+            scores = standardized_abs_error(human[rows], mu[rows], sigma[rows]) if rows.any() else np.array([np.inf])
+            params.update({f"b{b}:{_key(g)}": conformal_quantile(scores, g) for g in self.gammas})
+        params["n"] = float(human.size)
+        return params
+
+    def _cells(self, mu, sigma, lp):
+        """``(rows, prefix, params, scale)`` for each (LP, mu bin) present; ``scale`` shape [n]."""
+        mu = _as_1d("mu", mu)
+        sigma = _as_1d("sigma", sigma, nonnegative=True)
+        _check_same_length(mu=mu, sigma=sigma)
+        if self.variance is None:
+            raise RuntimeError("MondrianConformalCalibrator is not fitted; call fit() on dev first")
+        scale = self.variance.transform(mu, sigma, lp)
+        lp_arr = _as_lp(lp, mu.size)
+        for name in sorted(set(lp_arr.tolist())):
+            params, _ = self.params_for(None if name == GLOBAL else name)
+            bins = np.searchsorted([params[f"edge{k}"] for k in range(1, self.n_bins)], mu)
+            for b in range(self.n_bins):
+                rows = (lp_arr == name) & (bins == b)
+                if rows.any():
+                    yield rows, f"b{b}:", params, scale
+
+    def interval(self, mu, sigma, gamma: float, lp=None) -> tuple[np.ndarray, np.ndarray]:
+        return self.interval_at(mu, sigma, gamma, lp)
+
+    def interval_at(self, mu, sigma, gamma: float, lp=None) -> tuple[np.ndarray, np.ndarray]:
+        """Interval ``(lower, upper)`` at level gamma, each shape [n] (thresholds interpolated between levels)."""
+        mu = _as_1d("mu", mu)
+        gamma = _check_gamma(gamma)
+        half = np.empty(mu.size)
+        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
+            levels, knots = cdf_knots(params, self.gammas, prefix)
+            q = float(np.interp(gamma, levels, knots)) if gamma <= levels[-1] else math.inf
+            half[rows] = np.inf if math.isinf(q) else q * scale[rows]
+        return mu - half, mu + half
+
+    def risk(self, mu, sigma, threshold, lp=None) -> np.ndarray:
+        """P(Q <= threshold), shape [n], from the row's (LP, mu bin) thresholds (see the parent class)."""
+        mu = _as_1d("mu", mu)
+        chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
+        cdf = np.empty(mu.size)
+        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
+            levels, knots = cdf_knots(params, self.gammas, prefix)
+            cdf[rows] = np.interp(np.abs(chi[rows] - mu[rows]) / scale[rows], knots, levels)
+        return 0.5 + 0.5 * np.sign(chi - mu) * cdf
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.variance is None:
+            raise RuntimeError("MondrianConformalCalibrator is not fitted; nothing to serialise")
+        return {**super().to_dict(), "variance": self.variance.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        obj = super().from_dict(data)
+        obj.variance = ScoreVarianceCalibrator.from_dict(data["variance"])
+        return obj
+
+
+# =========================================================================== the candidates
+def _affine(common: dict[str, Any], n_levels: int, ece_bound: float):
+    return AffineVarianceCalibrator(**common, n_levels=n_levels)
+
+
+#: Candidate name -> factory ``(common kwargs, n_levels, ece_bound) -> unfitted calibrator``.
+CANDIDATES: dict[str, Callable[..., Any]] = {
+    "affine_ece": _affine,
+    "affine_nll": lambda common, n_levels, ece_bound: ScoreVarianceCalibrator(
+        **common, n_levels=n_levels, score="nll", ece_bound=ece_bound
+    ),
+    "affine_crps": lambda common, n_levels, ece_bound: ScoreVarianceCalibrator(
+        **common, n_levels=n_levels, score="crps", ece_bound=ece_bound
+    ),
+    "scale_nll": lambda common, n_levels, ece_bound: ScoreVarianceCalibrator(
+        **common, n_levels=n_levels, score="nll", scale_only=True, ece_bound=ece_bound
+    ),
+    "conformal": lambda common, n_levels, ece_bound: ConformalCalibrator(gammas=CONFORMAL_LEVELS, **common),
+    "mondrian_conformal": lambda common, n_levels, ece_bound: MondrianConformalCalibrator(
+        **common, n_levels=n_levels, ece_bound=ece_bound
+    ),
+}
+
+
+def candidate_from_dict(candidates: dict[str, Any] | None, selected: str | None):
+    """The fitted calibrator ``candidates[selected]`` (serialised), or None for the papers' affine fit."""
+    if not selected or selected == "affine_ece" or not candidates:
+        return None
+    data = candidates[selected]
+    served = (AffineVarianceCalibrator, ScoreVarianceCalibrator, ConformalCalibrator, MondrianConformalCalibrator)
+    kinds = {cls.kind: cls for cls in served}
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in kinds:
+        raise ValueError(f"calibration kind={kind!r} not supported; choose from {sorted(kinds)}")
+    return kinds[kind].from_dict(data)
+
+
+def check_candidates(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` as a tuple, refusing unknown ones."""
+    for name in names:
+        if name not in CANDIDATES:
+            raise ValueError(f"calibration candidate={name!r} not supported; choose from {sorted(CANDIDATES)}")
+    if not names:
+        raise ValueError("at least one calibration candidate is needed")
+    return tuple(names)
+
+
+def fit_candidate(name: str, human_z, mu_z, sigma_z, lp, *, common: dict[str, Any], n_levels: int, ece_bound: float):
+    """Fit candidate ``name`` on standardised dev arrays (shape [n]); returns the fitted calibrator."""
+    calibrator = CANDIDATES[check_candidates([name])[0]](common, n_levels, ece_bound)
+    return calibrator.fit(human_z, mu_z, sigma_z, lp=lp)
+
+
+def candidate_sigma(calibrator, mu_z, sigma_z, lp, gamma: float) -> np.ndarray:
+    """Calibrated standard deviation of each row, shape [n], in standardised units.
+
+    For a variance calibrator its ``transform``; for the conformal one the Gaussian-equivalent sigma
+    at ``gamma``, :math:`\\hat q_\\gamma \\hat\\sigma / \\operatorname{probit}((1+\\gamma)/2)`, whose
+    Gaussian interval at ``gamma`` is the conformal interval (other levels then follow the Gaussian
+    shape, so its ECE is only indicative).
+    """
+    if isinstance(calibrator, ConformalCalibrator):
+        low, high = calibrator.interval(mu_z, sigma_z, gamma, lp)
+        return (high - low) / (2.0 * float(probit((1.0 + gamma) / 2.0)))
+    return calibrator.transform(mu_z, sigma_z, lp)
+
+
+# =========================================================================== folds and cross-fitting
+def document_folds(groups, n_folds: int = 5, seed: int = 0) -> np.ndarray:
+    """Fold index (0..k-1) of each row so that no document spans two folds.
+
+    Documents are shuffled with ``seed`` and dealt round-robin, so each fold holds about the same
+    number of documents (the papers' k-fold protocol: "documents are disjunct across the folds").
+
+    Parameters
+    ----------
+    groups : array_like, shape [n]
+        Document id of each row (any labels).
+    n_folds : int
+        k, at most the number of documents.
+
+    Returns
+    -------
+    numpy.ndarray of int, shape [n]
+    """
+    labels = np.asarray(groups).astype(str)
+    unique = np.unique(labels)
+    if not 2 <= int(n_folds) <= unique.size:
+        raise ValueError(f"n_folds={n_folds} must lie in [2, number of documents={unique.size}]")
+    order = np.random.default_rng(seed).permutation(unique.size)
+    fold_of_doc = np.empty(unique.size, dtype=np.int64)
+    fold_of_doc[order] = np.arange(unique.size) % int(n_folds)
+    return fold_of_doc[np.searchsorted(unique, labels)]
+
+
+def standardize(dev, rows_fit, rows_apply, common: dict[str, Any]):
+    """Standardiser fitted on ``dev`` rows ``rows_fit``; returns it and the z-arrays of both row sets.
+
+    ``dev`` is a :class:`~uamt.uncertainty.evaluate.PredictionArrays`; its ``sample_sigma`` (None for
+    a predicted sigma) decides what enters the pooled spread.
+    """
+    sample = dev.sample_sigma
+    standardizer = Standardizer(**common).fit(
+        dev.human[rows_fit],
+        dev.mu[rows_fit],
+        None if sample is None else sample[rows_fit],
+        lp=dev.lp[rows_fit],
+        sigma_from_samples=sample is not None,
+    )
+    out = []
+    for rows in (rows_fit, rows_apply):
+        human_z = standardizer.transform_human(dev.human[rows], dev.lp[rows])
+        mu_z, sigma_z = standardizer.transform_predictions(dev.mu[rows], dev.sigma[rows], dev.lp[rows])
+        out.append((human_z, mu_z, sigma_z))
+    return standardizer, out[0], out[1]
+
+
+def cross_fitted_sigmas(
+    arrays, folds: np.ndarray, names: Sequence[str], *, common: dict[str, Any], n_levels: int, ece_bound: float, gamma: float
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Out-of-fold standardised ``human_z``, ``mu_z`` and calibrated sigma per candidate, each shape [n].
+
+    For each fold f: the standardiser and every candidate are fitted on the rows outside f and
+    applied to the rows of f.  Candidates that cannot be fitted on a fold (degenerate data) get NaN.
+    """
+    n = len(arrays)
+    human_z, mu_z = np.full(n, np.nan), np.full(n, np.nan)
+    sigmas = {name: np.full(n, np.nan) for name in names}
+    for fold in np.unique(folds):
+        held_out = folds == fold
+        _, (fit_h, fit_mu, fit_sigma), (h, m, s) = standardize(arrays, ~held_out, held_out, common)
+        human_z[held_out], mu_z[held_out] = h, m
+        for name in names:
+            try:
+                calibrator = fit_candidate(
+                    name, fit_h, fit_mu, fit_sigma, arrays.lp[~held_out], common=common, n_levels=n_levels, ece_bound=ece_bound
+                )
+            except ValueError:
+                continue
+            sigmas[name][held_out] = candidate_sigma(calibrator, m, s, arrays.lp[held_out], gamma)
+    return human_z, mu_z, sigmas
+
+
+# =========================================================================== the rule
+#: Rules that pick the served candidate from cross-fitted dev metrics (``evaluate.calibration_rule``).
+RULES = ("min_goal_ratio", "min_ece", "min_ence")
+
+def candidate_summary(human, mu, sigma, lp, gamma: float, n_levels: int = N_CONFIDENCE_LEVELS) -> dict[str, float]:
+    """The quantities the rules compare, on one candidate's (out-of-fold) predictions, shape [n].
+
+    ``lp_coverage_error`` (max over LPs of :math:`|\\mathrm{acc} - \\gamma|`), ``sigma_quintile_error`` and
+    ``mu_quintile_error`` (the same over quintiles of sigma / mu taken within each LP),
+    ``conditional_coverage_error`` (the larger of the two quintile errors), ``ence`` and ``ece``
+    (means over LPs).
+    """
+    human, mu, sigma = (np.asarray(a, dtype=float) for a in (human, mu, sigma))
+    lp = np.asarray(lp, dtype=object)
+    report = conditional_report(human, mu, sigma, lp, gamma)
+    lps = sorted(set(lp.tolist()))
+    out = {
+        "lp_coverage_error": report["lp_coverage_error"],
+        "sigma_quintile_error": report["sigma_quintile_coverage_error"],
+        "mu_quintile_error": report["mu_quintile_coverage_error"],
+        "ence": float(
+            np.mean([expected_normalized_calibration_error(human[lp == n], mu[lp == n], sigma[lp == n], 5) for n in lps])
+        ),
+        "ece": float(np.mean([expected_calibration_error(human[lp == n], mu[lp == n], sigma[lp == n], n_levels) for n in lps])),
+    }
+    out["conditional_coverage_error"] = max(out["sigma_quintile_error"], out["mu_quintile_error"])
+    return out
+
+
+def _within_lp_quintiles(values: np.ndarray, lp: np.ndarray) -> np.ndarray:
+    """Quintile (0..4) of each value among the rows of its LP (LPs with < 5 rows: all 0)."""
+    out = np.zeros(values.size, dtype=np.int64)
+    for name in set(lp.tolist()):
+        rows = lp == name
+        if rows.sum() >= 5:
+            out[rows] = quantile_groups(values[rows], 5)
+    return out
+
+
+def select_candidate(
+    summaries: dict[str, dict[str, float] | None],
+    rule: str,
+    lp_tolerance: float = 0.03,
+    quintile_tolerance: float = 0.05,
+) -> str:
+    """The candidate the ``rule`` picks from cross-fitted dev ``summaries`` (None = could not be fitted).
+
+    ``min_goal_ratio``: the smallest worst coverage gap measured against its goal,
+
+    .. math:: \\max\\left(\\frac{\\max_{lp} |\\mathrm{acc}_{lp} - \\gamma|}{t_{lp}},\\;
+              \\frac{\\max_{quintile} |\\mathrm{acc}_q - \\gamma|}{t_q}\\right)
+
+    (quintiles of sigma and of mu within each LP, :func:`candidate_summary`), ties to the smaller
+    ENCE -- a candidate that is calibrated per LP but covers 0.6 in the top sigma quintile loses to
+    one that is a little off per LP and close everywhere.  ``min_ece``: the papers' criterion.
+    ``min_ence``: the smallest ENCE.  Remaining ties go to the earlier candidate.
+    """
+    if rule not in RULES:
+        raise ValueError(f"calibration_rule={rule!r} not supported; choose from {sorted(RULES)}")
+    if not (lp_tolerance > 0 and quintile_tolerance > 0):
+        raise ValueError(f"tolerances must be > 0, got {lp_tolerance!r}, {quintile_tolerance!r}")
+    usable = {name: s for name, s in summaries.items() if s is not None}
+    if not usable:
+        raise ValueError("no calibration candidate could be fitted")
+    if rule == "min_ece":
+        return min(usable, key=lambda name: usable[name]["ece"])
+    if rule == "min_ence":
+        return min(usable, key=lambda name: usable[name]["ence"])
+
+    def goal_ratio(name: str) -> tuple[float, float]:
+        s = usable[name]
+        ratio = max(s["lp_coverage_error"] / lp_tolerance, s["conditional_coverage_error"] / quintile_tolerance)
+        return ratio, s["ence"]
+
+    return min(usable, key=goal_ratio)
+
+
+def conditional_report(human, mu, sigma, lp, gamma: float, *, domain=None, low_human=None) -> dict[str, Any]:
+    """Coverage at ``gamma`` by LP, domain, mu quintile and sigma quintile (within LP), with the worst gap of each.
+
+    ``low_human``: boolean mask [n] of the rows whose human score is at or below the low-score
+    threshold (e.g. MQM <= -5, the major-error translations); their coverage is reported too.
+    """
+    groupings = {"lp": np.asarray(lp, dtype=object)}
+    if domain is not None:
+        groupings["domain"] = np.asarray(domain, dtype=object)
+    groupings["mu_quintile"] = _within_lp_quintiles(np.asarray(mu, dtype=float), groupings["lp"])
+    groupings["sigma_quintile"] = _within_lp_quintiles(np.asarray(sigma, dtype=float), groupings["lp"])
+    report: dict[str, Any] = {}
+    for key, groups in groupings.items():
+        by_group = grouped_coverage(human, mu, sigma, groups, gamma)
+        report[f"by_{key}"] = by_group
+        report[f"{key}_coverage_error"] = max(abs(g["coverage"] - gamma) for g in by_group.values())
+    if low_human is not None:
+        low = np.asarray(low_human, dtype=bool)
+        report["low_score"] = {
+            "coverage": interval_coverage(human[low], mu[low], sigma[low], gamma) if low.any() else None,
+            "n": int(low.sum()),
+        }
+    return report
+
+
+def cross_fitted_ece(arrays, folds: np.ndarray, *, common: dict[str, Any], n_levels: int = N_CONFIDENCE_LEVELS) -> dict[str, Any]:
+    """The papers' k-fold protocol (Glushkova et al., 2021, §5.1) on one split: ECE per LP, mean over folds.
+
+    For each fold: standardise and fit the papers' affine ECE calibration on the other k-1 folds,
+    evaluate the ECE on the held-out fold per LP.  Returns ``{"per_lp": {lp: mean ECE}, "macro_avg":
+    ..., "n_folds": k}``; an LP with fewer than 2 rows in a fold skips that fold.  Comparable with
+    the papers' published ECEs, which are in-split -- unlike the fixed dev -> test ECE.
+    """
+    per_lp: dict[str, list[float]] = {}
+    for fold in np.unique(folds):
+        held_out = folds == fold
+        _, (fit_h, fit_mu, fit_sigma), (h, m, s) = standardize(arrays, ~held_out, held_out, common)
+        calibrator = AffineVarianceCalibrator(**common, n_levels=n_levels).fit(fit_h, fit_mu, fit_sigma, lp=arrays.lp[~held_out])
+        lp = arrays.lp[held_out]
+        sigma = calibrator.transform(m, s, lp)
+        for name in sorted(set(lp.tolist())):
+            rows = lp == name
+            if rows.sum() >= 2:
+                per_lp.setdefault(name, []).append(expected_calibration_error(h[rows], m[rows], sigma[rows], n_levels))
+    means = {name: float(np.mean(v)) for name, v in sorted(per_lp.items())}
+    return {"per_lp": means, "macro_avg": float(np.mean(list(means.values()))), "n_folds": int(np.unique(folds).size)}
