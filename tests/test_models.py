@@ -7,6 +7,9 @@ one feature (heteroscedastic), so the methods have something to learn.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +155,24 @@ def test_same_seed_same_predictions_other_seed_differs(tmp_path):
     c = load(train("hts", cfg.replace(seed=7), TRAIN, DEV, FEATURES, tmp_path / "c")).predict(TEST, FEATURES)
     pd.testing.assert_frame_equal(a, b)
     assert not np.allclose(a["mu"], c["mu"])
+    # equal weights, equal bytes: DVC sees a re-trained identical model as unchanged
+    assert (tmp_path / "a" / "weights.pt").read_bytes() == (tmp_path / "b" / "weights.pt").read_bytes()
+
+
+def test_loading_and_predicting_never_imports_lightning(tmp_path):
+    """Scoring start-up: pytorch-lightning (with torchmetrics and transformers) costs seconds; only
+    training needs it."""
+    path = train("hts", CFG.replace(max_epochs=1), TRAIN, DEV, FEATURES, tmp_path / "m")
+    code = (
+        "import sys; from tests.fakes import FEATURES; from tests.test_models import TEST;"
+        "from uamt.models import load; import uamt.pyfunc;"
+        f"load({str(path)!r}).predict(TEST, FEATURES);"
+        "print(sorted(m for m in ('pytorch_lightning', 'torchmetrics', 'transformers', 'comet') if m in sys.modules))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "src")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_kl_missing_annotator_rules(tmp_path):

@@ -25,10 +25,10 @@ from uamt.data import loaders
 from uamt.encoders import EncoderConfig, get_encoder
 from uamt.errors import DataError, UamtError
 from uamt.models import FeatureSource, TrainConfig, load, train
-from uamt.models.base import Estimator
 from uamt.models.data import features_from_encoder
 from uamt.models.mcd import full_mc_outputs
 from uamt.models.point import PointEstimator
+from uamt.models.training import LightningAdapter
 
 CFG = TrainConfig(
     hidden_sizes=(16,),
@@ -89,11 +89,11 @@ def finetuned(tiny_dirs, splits, tmp_path_factory) -> dict:
     probe = splits["test"]["mt"].tolist()
     probe_before = features(probe)
     seen = []
-    original = Estimator.on_train_batch_start
+    original = LightningAdapter.on_train_batch_start
 
     def recording(self, batch, batch_idx):
         original(self, batch, batch_idx)
-        model = self.comet_encoder.model
+        model = self.estimator.comet_encoder.model
         seen.append(
             (
                 self.current_epoch,
@@ -103,7 +103,7 @@ def finetuned(tiny_dirs, splits, tmp_path_factory) -> dict:
             )
         )
 
-    Estimator.on_train_batch_start = recording
+    LightningAdapter.on_train_batch_start = recording
     try:
         path = train(
             "point",
@@ -114,7 +114,7 @@ def finetuned(tiny_dirs, splits, tmp_path_factory) -> dict:
             tmp_path_factory.mktemp("finetuned") / "point",
         )
     finally:
-        Estimator.on_train_batch_start = original
+        LightningAdapter.on_train_batch_start = original
     return {
         "path": path,
         "before": before,
@@ -164,7 +164,7 @@ def test_layerwise_learning_rates(tiny_dirs):
         encoder = encoder_for(tiny_dirs[name])
         cfg = CFG.replace(finetune=True)
         module = PointEstimator(cfg, encoder.num_layers, encoder.dim, encoder=encoder)
-        groups = module.configure_optimizers().param_groups
+        groups = LightningAdapter(module).configure_optimizers().param_groups
         lr, decay = cfg.encoder_learning_rate, cfg.layerwise_decay
         expected = [lr * decay**i for i in range(hidden_layers)] + [lr * decay ** (hidden_layers + 1)]
         assert [g["lr"] for g in groups] == pytest.approx([*expected, cfg.learning_rate])

@@ -20,8 +20,8 @@ from tests import test_models_encoder_path as cpu_paths
 from tests.test_encoders import make_tiny_bert
 from uamt.encoders import EncoderConfig, get_encoder
 from uamt.models import load, train
-from uamt.models.base import Estimator
 from uamt.models.data import features_from_encoder
+from uamt.models.training import LightningAdapter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -56,13 +56,13 @@ def test_finetune_trains_the_encoder_where_the_accelerator_says(
     encoder = encoder_on(tiny_bert, encoder_device)
     before = layer_tensors(encoder)
     seen = []
-    original = Estimator.on_train_batch_start
+    original = LightningAdapter.on_train_batch_start
 
     def recording(self, batch, batch_idx):
         original(self, batch, batch_idx)
-        seen.append((next(self.comet_encoder.parameters()).device.type, batch["y"].device.type))
+        seen.append((next(self.estimator.comet_encoder.parameters()).device.type, batch["y"].device.type))
 
-    Estimator.on_train_batch_start = recording
+    LightningAdapter.on_train_batch_start = recording
     try:
         path = train(
             "hts",
@@ -73,7 +73,7 @@ def test_finetune_trains_the_encoder_where_the_accelerator_says(
             tmp_path / "hts",
         )
     finally:
-        Estimator.on_train_batch_start = original
+        LightningAdapter.on_train_batch_start = original
     expected = "cuda" if accelerator == "gpu" else "cpu"
     assert seen and all(pair == (expected, expected) for pair in seen)
     state = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)

@@ -26,14 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pytorch_lightning as pl
 import torch
 
 from uamt.config import from_dict
 from uamt.errors import DataError, UamtError
 from uamt.fileio import atomic_dir as fileio_atomic_dir
 from uamt.fileio import atomic_write_text
-from uamt.models.base import Estimator, fit, save_weights
+from uamt.models.base import Estimator, save_weights
 from uamt.models.config import TrainConfig
 from uamt.models.data import (
     EncodedRows,
@@ -196,7 +195,9 @@ def _train_single(
     dev_cols, dev_keep = cls.target_columns(dev_df, scaler, cfg, "dev split", state)
     train_rows = _subset(train_rows.with_columns(**train_cols), train_keep)
     dev_rows = _subset(dev_rows.with_columns(**dev_cols), dev_keep)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)  # initial weights depend on the seed
+    from uamt.models.training import fit, seed_everything  # Lightning: imported only to train
+
+    seed_everything(cfg.seed)  # initial weights depend on the seed
     module = cls(cfg, train_rows.num_layers, train_rows.dim, encoder=encoder)
     fit(module, train_rows, dev_rows, folder)
     save_weights(module, folder / WEIGHTS)
@@ -343,7 +344,9 @@ def _train_dup(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, e
     train_rows = train_rows.with_columns(**columns["training split"])
     dev_rows = dev_rows.with_columns(**columns["dev split"])
     cls = get_method(cfg.method)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    from uamt.models.training import fit, seed_everything
+
+    seed_everything(cfg.seed)
     module = cls(cfg, train_rows.num_layers, train_rows.dim, encoder=encoder)
     with atomic_dir(out_dir) as tmp:
         fit(module, train_rows, dev_rows, tmp)

@@ -28,20 +28,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
-import math
-import tempfile
-import warnings
+import io
 from pathlib import Path
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from comet.modules import FeedForward, LayerwiseAttention
 from torch import nn
 
-from uamt.errors import DataError, UamtError
-from uamt.fileio import atomic_path
+from uamt.errors import UamtError
+from uamt.fileio import atomic_write_bytes
+from uamt.models.comet_parts import FeedForward, LayerwiseAttention
 from uamt.models.config import TrainConfig
 from uamt.models.data import EncodedRows, make_loader, targets_of
 
@@ -86,8 +82,8 @@ def inputs_follow_weights(encoder) -> None:
         encoder.config = dataclasses.replace(config, device=str(device))
 
 
-class Estimator(pl.LightningModule):
-    """Base LightningModule: layer-wise attention + COMET features + a head filled by the method.
+class Estimator(nn.Module):
+    """Base network (a plain torch module; :mod:`uamt.models.training` trains it with Lightning): layer-wise attention + COMET features + a head filled by the method.
 
     Parameters
     ----------
@@ -129,6 +125,12 @@ class Estimator(pl.LightningModule):
             # Registered as a sub-module: its (fine-tuned) weights are part of this model's state.
             # In this module's mode (get_encoder leaves encoders in eval mode for feature extraction).
             self.comet_encoder = own.comet_encoder.train(self.training)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (CPU for a module without parameters)."""
+        weights = next(self.parameters(), None)
+        return torch.device("cpu") if weights is None else weights.device
 
     # ----------------------------------------------------------------- hooks
     def build_head(self, in_dim: int) -> nn.Module:
@@ -216,27 +218,11 @@ class Estimator(pl.LightningModule):
         return self.head_forward(self.sentence_features(batch), batch)
 
     # ------------------------------------------------------------- training
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.loss(self(batch), batch)
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"{type(self).__name__}: training loss is {loss.item()} at epoch {self.current_epoch}, "
-                f"batch {batch_idx}; lower train_base.learning_rate or check the targets"
-            )
-        self.log("train_loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["y"]))
-        return loss
-
-    def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.loss(self(batch), batch)
-        self.log("val_loss", loss, on_step=False, on_epoch=True, batch_size=len(batch["y"]))
-        return loss
-
-    def on_validation_epoch_end(self) -> None:
-        value = self.trainer.callback_metrics.get("val_loss")
-        if value is not None and not torch.isfinite(value) and not self.trainer.sanity_checking:
-            raise NonFiniteLossError(f"{type(self).__name__}: dev loss is {value.item()}")
-
-    def configure_optimizers(self):
+    # What training needs from the network; the Lightning loop that calls these lives in
+    # uamt.models.training, so loading and scoring a model never imports pytorch-lightning.
+    def param_groups(self) -> list[dict]:
+        """Optimiser parameter groups: the head and layer mix at ``learning_rate``; a fine-tuned
+        encoder with COMET's layer-wise learning-rate decay."""
         top = list(self.head.parameters()) + list(self.layerwise_attention.parameters())
         groups = [{"params": top, "lr": self.cfg.learning_rate}]
         if self.comet_encoder is not None:
@@ -244,10 +230,11 @@ class Estimator(pl.LightningModule):
                 self.comet_encoder.layerwise_lr(self.cfg.encoder_learning_rate, self.cfg.layerwise_decay)
                 + groups
             )
-        return torch.optim.Adam(groups, lr=self.cfg.learning_rate)
+        return groups
 
     # Frozen encoder for the first nr_frozen_epochs (fractions allowed), as COMET does.
-    def on_train_start(self) -> None:
+    def before_training(self) -> None:
+        """Freeze the fine-tuned encoder (and its embeddings) for the first ``nr_frozen_epochs``."""
         if self.comet_encoder is None:
             return
         if self.cfg.nr_frozen_epochs > 0:
@@ -256,11 +243,12 @@ class Estimator(pl.LightningModule):
         if self.cfg.keep_embeddings_frozen:
             self.comet_encoder.freeze_embeddings()
 
-    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+    def before_train_batch(self, epochs_done: float) -> None:
+        """Unfreeze the encoder once ``epochs_done`` (epoch + fraction of its batches) reaches
+        ``nr_frozen_epochs``."""
         if not self._frozen:
             return
-        n_batches = max(int(self.trainer.num_training_batches), 1)
-        if self.current_epoch + batch_idx / n_batches >= self.cfg.nr_frozen_epochs:
+        if epochs_done >= self.cfg.nr_frozen_epochs:
             self.comet_encoder.unfreeze()
             if self.cfg.keep_embeddings_frozen:
                 self.comet_encoder.freeze_embeddings()
@@ -283,77 +271,14 @@ class Estimator(pl.LightningModule):
         return {key: torch.cat(values) for key, values in parts.items()}
 
 
-def fit(module: Estimator, train_rows: EncodedRows, dev_rows: EncodedRows, workdir: Path) -> Estimator:
-    """Train ``module`` with pytorch-lightning; returns it holding the best-dev-loss weights.
-
-    ModelCheckpoint keeps the best ``val_loss`` epoch and EarlyStopping stops after ``cfg.patience``
-    epochs without improvement.  With ``cfg.deterministic`` the same data, config and seed give the
-    same weights.
-
-    Raises
-    ------
-    DataError
-        The training split has fewer rows than ``batch_size`` or the dev split is empty.
-    NonFiniteLossError
-        A NaN / infinite loss appeared (nothing is saved).
-    """
-    cfg = module.cfg
-    if len(train_rows) < cfg.batch_size:
-        raise DataError(
-            f"training split has {len(train_rows)} rows, fewer than batch_size={cfg.batch_size}; "
-            "lower train_base.batch_size or add data"
-        )
-    if len(dev_rows) == 0:
-        raise DataError("dev split has no rows; early stopping needs a dev set")
-    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    texts = module.needs_texts
-    train_loader = make_loader(
-        train_rows, cfg.batch_size, shuffle=True, seed=cfg.seed, with_texts=texts, drop_last=False
-    )
-    dev_loader = make_loader(dev_rows, cfg.predict_batch_size, shuffle=False, with_texts=texts)
-    ckpt_dir = Path(tempfile.mkdtemp(prefix=".ckpt-", dir=workdir))
-    checkpoint = pl.callbacks.ModelCheckpoint(
-        dirpath=ckpt_dir, monitor="val_loss", mode="min", save_top_k=1, save_weights_only=True
-    )
-    stopper = pl.callbacks.EarlyStopping(monitor="val_loss", mode="min", patience=cfg.patience)
-    trainer = pl.Trainer(
-        max_epochs=cfg.max_epochs,
-        accelerator=cfg.accelerator,
-        devices=1,
-        deterministic=cfg.deterministic,
-        callbacks=[checkpoint, stopper],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=str(ckpt_dir),
-    )
-    try:
-        with warnings.catch_warnings():
-            # Single-process loaders are deliberate (rows are gathered from an in-memory table).
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*")
-            trainer.fit(module, train_loader, dev_loader)
-        best = checkpoint.best_model_path
-        if not best:
-            raise NonFiniteLossError(f"{type(module).__name__}: no valid epoch finished; nothing saved")
-        state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
-        module.load_state_dict(state)
-        module.best_val_loss = float(checkpoint.best_model_score)
-        if not math.isfinite(module.best_val_loss):
-            raise NonFiniteLossError(f"{type(module).__name__}: best dev loss is {module.best_val_loss}")
-    finally:
-        for path in sorted(ckpt_dir.rglob("*"), reverse=True):
-            path.unlink() if path.is_file() else path.rmdir()
-        ckpt_dir.rmdir()
-    module.eval()
-    return module
-
-
 def save_weights(module: nn.Module, path: Path) -> None:
-    """``torch.save(state_dict)`` to a temp file in the same folder, then ``os.replace``."""
+    """``torch.save(state_dict)`` written atomically, the same bytes for the same weights.
+
+    ``torch.save`` to a file names the zip archive's root folder after the file, so saving through
+    a temp name gave different bytes on every run; saved to a buffer, the archive is always called
+    ``archive`` and equal weights give equal files (DVC sees an identical output).
+    """
+    buffer = io.BytesIO()
+    torch.save(module.state_dict(), buffer)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        torch.save(module.state_dict(), tmp)
+    atomic_write_bytes(path, buffer.getvalue())

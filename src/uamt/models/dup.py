@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 
 import torch
-from comet.modules import FeedForward
 from torch import nn
 from torch.nn import functional as F
 
 from uamt.models.base import Estimator
+from uamt.models.comet_parts import FeedForward
 from uamt.models.losses import get_loss
 
 #: Keeps eps_hat strictly positive (Eq. 7 divides by eps_hat^2).

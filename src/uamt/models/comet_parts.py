@@ -1,0 +1,45 @@
+"""unbabel-comet's ``FeedForward`` and ``LayerwiseAttention``, without importing the ``comet`` package.
+
+``import comet.modules`` runs ``comet/__init__.py``, which imports ``comet.models`` and with it
+pytorch-lightning, torchmetrics and transformers: about 5 s and 300 MB that scoring (a trained
+head on embeddings) does not need.  The two modules themselves import only torch, so they are
+loaded straight from the installed unbabel-comet's files.  Where ``comet.modules`` is already
+imported (training), its own classes are used.  The classes' code, and so the weights' layout,
+is unbabel-comet's either way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from uamt.errors import UamtError
+
+
+def _comet_module(name: str) -> ModuleType:
+    """``comet.modules.<name>``: the imported one, else loaded from its file under a private name."""
+    imported = sys.modules.get(f"comet.modules.{name}")
+    if imported is not None:
+        return imported
+    private = f"uamt.models._comet_{name}"
+    if private in sys.modules:
+        return sys.modules[private]
+    package = importlib.util.find_spec("comet")  # locates the package without running its __init__
+    if package is None or not package.submodule_search_locations:
+        raise UamtError("unbabel-comet is not installed (pip install unbabel-comet==2.2.7)")
+    path = Path(next(iter(package.submodule_search_locations))) / "modules" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(private, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise UamtError(f"{path}: unbabel-comet's {name} module is missing")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[private] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+FeedForward = _comet_module("feedforward").FeedForward
+LayerwiseAttention = _comet_module("layerwise_attention").LayerwiseAttention
+
+__all__ = ["FeedForward", "LayerwiseAttention"]
