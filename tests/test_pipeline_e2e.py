@@ -82,6 +82,16 @@ def test_chain_writes_metrics_for_every_method_and_lp(pipeline_run):
         assert (pipeline_run / "plots" / plot).stat().st_size > 1000
 
 
+def assert_valid_intervals(out) -> None:
+    """sigma > 0 and lower <= mu <= upper, strictly where nothing was clipped to the scale's bounds
+    (MQM: a mu predicted above 0 is clipped to 0, and so is the upper end)."""
+    assert (out["sigma"] > 0).all()
+    assert (out["lower"] <= out["mu"]).all() and (out["mu"] <= out["upper"]).all()
+    free = ~out["clipped"].astype(bool)
+    assert (out["lower"][free] < out["mu"][free]).all() and (out["mu"][free] < out["upper"][free]).all()
+    assert (out["lower"] < out["upper"]).all()
+
+
 @pytest.mark.slow
 def test_registered_champion_scores_new_text(pipeline_run):
     from uamt.predictor import load_predictor
@@ -108,7 +118,7 @@ def test_registered_champion_scores_new_text(pipeline_run):
     )
     out = predictor.predict_frame(frame, confidence=0.9, risk_threshold=-5.0)
     assert list(out.columns[:5]) == ["mu", "sigma", "lower", "upper", "risk"]
-    assert (out["sigma"] > 0).all() and (out["lower"] < out["mu"]).all() and (out["mu"] < out["upper"]).all()
+    assert_valid_intervals(out)
     assert out["risk"].between(0, 1).all()
     multi = predictor.predict_frame(
         frame.assign(refs=[["The dog is barking.", "The dog barks."]] * 2).drop(columns="ref")
@@ -140,4 +150,4 @@ def test_reference_free_model_is_registered_and_scores_without_references(pipeli
         del os.environ["MLFLOW_TRACKING_URI"]
     frame = pd.DataFrame({"src": ["Der Hund bellt.", "Das ist ein Test."], "mt": ["The dog barks.", "Banana."]})
     out = predictor.predict_frame(frame, confidence=0.9, risk_threshold=-5.0)
-    assert (out["sigma"] > 0).all() and (out["lower"] < out["mu"]).all() and (out["mu"] < out["upper"]).all()
+    assert_valid_intervals(out)
