@@ -245,6 +245,11 @@ def test_features_from_another_encoder(models):
     other = FeatureSource(embed, encoder_id="another-encoder-111")
     with pytest.raises(DataError, match="encoder 'fake-encoder-000'.*another-encoder-111"):
         model.predict(TEST, other)
+    # another runtime of the same weights is accepted; of other weights it is not
+    same_weights = FeatureSource(embed, encoder_id="fake-encoder-000+ort-int8")
+    assert len(model.predict(TEST, same_weights)["mu"]) == len(TEST)
+    with pytest.raises(DataError, match="encoder 'fake-encoder-000'.*another-encoder-111\\+ort"):
+        model.predict(TEST, FeatureSource(embed, encoder_id="another-encoder-111+ort"))
     wider = FeatureSource(lambda texts: np.zeros((len(texts), N_LAYERS, DIM + 1), np.float32))
     with pytest.raises(DataError, match="another encoder"):
         model.predict(TEST, wider)
