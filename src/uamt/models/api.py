@@ -505,10 +505,15 @@ class SingleModel(TrainedModel):
         self.module = module
 
     def _check_encoder_object(self, encoder) -> None:
+        # Another runtime of the same weights serves frozen features; a fine-tuned network runs
+        # the torch encoder itself, so it needs exactly the training one.
         found = getattr(encoder, "encoder_id", None)
-        if self.encoder_id is not None and found is not None and found != self.encoder_id:
+        if self.encoder_id is None or found is None:
+            return
+        if weights_id(found) != weights_id(self.encoder_id) or (self.cfg.finetune and found != self.encoder_id):
             raise DataError(
                 f"{self.model_dir}: model trained with encoder {self.encoder_id!r}, got encoder {found!r}"
+                + (" (a fine-tuned model runs its encoder: runtime 'torch' only)" if self.cfg.finetune else "")
             )
 
     def attach_encoder(self, encoder) -> None:
