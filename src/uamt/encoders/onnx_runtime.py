@@ -117,7 +117,6 @@ class _PooledGraph(torch.nn.Module):
 def _export_into(encoder: CometPooledEncoder, folder: Path, runtime: str) -> None:
     """Write encoder.onnx, tokenizer.json and onnx_meta.json of ``encoder`` into ``folder``."""
     uses_token_type_ids = bool(encoder.comet_encoder.uses_token_type_ids)
-    graph = _PooledGraph(encoder.comet_encoder, uses_token_type_ids).cpu().eval()
     # Two texts of different lengths: the traced graph must not bake in a batch or sequence size.
     ids = encoder.tokenize(["An example sentence for the export.", "Short."])
     input_ids, attention_mask = (
@@ -134,6 +133,8 @@ def _export_into(encoder: CometPooledEncoder, folder: Path, runtime: str) -> Non
     device = next(encoder.comet_encoder.parameters()).device
     was_training = encoder.comet_encoder.training
     try:
+        # Exported from the CPU (the ONNX session runs there); the caller's encoder is moved back.
+        graph = _PooledGraph(encoder.comet_encoder, uses_token_type_ids).cpu().eval()
         with torch.no_grad(), warnings.catch_warnings():
             # transformers builds the attention-mask constant 1.0 with torch.tensor, which the
             # tracer flags; the mask itself stays an input (parity is tested on padded batches).
