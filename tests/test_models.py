@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -266,6 +267,14 @@ def test_features_from_another_encoder(models):
     other = FeatureSource(embed, encoder_id="another-encoder-111")
     with pytest.raises(DataError, match="encoder 'fake-encoder-000'.*another-encoder-111"):
         model.predict(TEST, other)
+    # another runtime of the same weights is accepted; of other weights it is not
+    onnx = SimpleNamespace(encoder_id="fake-encoder-000+ort-int8")  # the features' encoder object
+    same_weights = FeatureSource(embed, encoder_id=onnx.encoder_id, encoder=onnx)
+    assert len(model.predict(TEST, same_weights)["mu"]) == len(TEST)
+    with pytest.raises(DataError, match="encoder 'fake-encoder-000'.*another-encoder-111\\+ort"):
+        model.predict(TEST, FeatureSource(embed, encoder_id="another-encoder-111+ort"))
+    with pytest.raises(DataError, match="trained with encoder 'fake-encoder-000', got encoder 'another-encoder-111'"):
+        model.predict(TEST, FEATURES, encoder=SimpleNamespace(encoder_id="another-encoder-111"))
     wider = FeatureSource(lambda texts: np.zeros((len(texts), N_LAYERS, DIM + 1), np.float32))
     with pytest.raises(DataError, match="another encoder"):
         model.predict(TEST, wider)

@@ -23,6 +23,13 @@ Encoders, looked up by name in :data:`ENCODERS`:
 
 unbabel-comet's own ``MiniLMEncoder`` is deliberately not used: it downloads the XLM-R tokenizer
 from the hub and fails offline.
+
+Runtimes, looked up by ``EncoderConfig.runtime`` in :data:`RUNTIMES`: ``torch`` (the default, the
+transformer through unbabel-comet), ``onnx`` and ``onnx-int8`` (the same weights exported to ONNX
+Runtime, float32 or with dynamically quantised int8 weights: :mod:`uamt.encoders.onnx_runtime`).
+An ONNX encoder's id is the torch id plus the runtime's suffix (``minilm-1ffd763853fa+ort``), so
+the embedding cache never mixes runtimes; :func:`weights_id` strips the suffix where only the weights
+matter (a model trained on torch embeddings accepts the ONNX encoder of the same weights).
 """
 
 from __future__ import annotations
@@ -72,7 +79,14 @@ class EncoderConfig:
     batch_size : int
         Texts per forward pass (batches are formed from texts of similar length).
     device : str
-        torch device, e.g. ``cpu`` or ``cuda``.
+        torch device, e.g. ``cpu`` or ``cuda`` (runtime ``torch`` only).
+    runtime : str
+        Key of :data:`RUNTIMES`: ``torch``, ``onnx`` or ``onnx-int8`` (the latter two for the
+        transformer encoders ``minilm`` and ``hf``; exported on first use, see
+        :mod:`uamt.encoders.onnx_runtime`).
+    threads : int
+        ONNX Runtime intra-op threads; 0 = ONNX Runtime's default (one per physical core).  The
+        torch runtime follows torch's process-wide setting instead.
     """
 
     name: str = "minilm"
@@ -80,6 +94,33 @@ class EncoderConfig:
     max_length: int = 256
     batch_size: int = 64
     device: str = "cpu"
+    runtime: str = "torch"
+    threads: int = 0
+
+
+#: runtime -> suffix of the encoder id (the cache key says which runtime produced an embedding)
+RUNTIMES: dict[str, str] = {"torch": "", "onnx": "+ort", "onnx-int8": "+ort-int8"}
+
+
+def check_runtime(runtime: str) -> str:
+    """``runtime`` when it is a key of :data:`RUNTIMES`, else ``ValueError`` naming the choices."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime={runtime!r} not supported; choose from {sorted(RUNTIMES)}")
+    return runtime
+
+
+def runtime_encoder_id(weights: str, runtime: str) -> str:
+    """The encoder id of the weights id ``weights`` run by ``runtime`` (``minilm-…+ort``)."""
+    return weights + RUNTIMES[check_runtime(runtime)]
+
+
+def weights_id(encoder_id: str) -> str:
+    """``encoder_id`` without its runtime suffix: the id of the weights, tokenizer and max_length.
+
+    ``weights_id("minilm-1ffd763853fa+ort-int8") == weights_id("minilm-1ffd763853fa") ==
+    "minilm-1ffd763853fa"``.  Encoder ids never contain ``+`` otherwise (names are slugged).
+    """
+    return str(encoder_id).split("+", 1)[0]
 
 
 class PooledEncoder:
@@ -142,8 +183,42 @@ def _fingerprint(files: Sequence[Path], *extra: str) -> str:
     return digest.hexdigest()[:12]
 
 
+def _comet_encoder_id(label: str, model_dir: Path, max_length: int) -> str:
+    """``<label>-<12 hex>`` over the weight files, the vocabulary and the effective max_length."""
+    return f"{label}-{_fingerprint(_identity_files(model_dir), f'max_length={max_length}')}"
+
+
+def effective_max_length(config: EncoderConfig, max_position_embeddings: int) -> int:
+    """Tokens per text: ``config.max_length`` capped by the model's positions.
+
+    Every unbabel-comet encoder reports ``max_positions = max_position_embeddings - 2``; uamt caps
+    at ``max_positions - 2`` as it always has (the value is part of every existing encoder id), and
+    computing it from ``config.json`` lets :func:`local_encoder_id` skip loading the model.
+    """
+    return min(config.max_length, max_position_embeddings - 4)
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.").lower() or "model"
+
+
+def length_sorted_batches(ids: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
+    """Positions of ``ids`` grouped ``batch_size`` at a time by token count (shortest first), so
+    each batch pads little."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def pad_ids(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(input_ids, attention_mask)``, int64 ``[n, longest]``: ``ids`` right-padded with ``pad_id``,
+    the mask 1 on real tokens."""
+    longest = max(len(seq) for seq in ids)
+    input_ids = np.full((len(ids), longest), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(ids), longest), dtype=np.int64)
+    for row, seq in enumerate(ids):
+        input_ids[row, : len(seq)] = seq
+        attention_mask[row, : len(seq)] = 1
+    return input_ids, attention_mask
 
 
 def default_minilm_path() -> Path:
@@ -238,12 +313,10 @@ class CometPooledEncoder(PooledEncoder):
         self.comet_encoder.eval()
         model_dir = local if is_local else self._hub_snapshot(model)
         self.tokenizer = self.comet_encoder.tokenizer
-        self.max_length = min(config.max_length, self.comet_encoder.max_positions - 2)
+        self.max_length = effective_max_length(config, hf_config.max_position_embeddings)
         self.num_layers = int(self.comet_encoder.num_layers)
         self.dim = int(self.comet_encoder.output_units)
-        self.encoder_id = (
-            f"{label}-{_fingerprint(_identity_files(model_dir), f'max_length={self.max_length}')}"
-        )
+        self.encoder_id = _comet_encoder_id(label, model_dir, self.max_length)
         self.model_dir = model_dir
 
     @staticmethod
@@ -259,14 +332,9 @@ class CometPooledEncoder(PooledEncoder):
 
     def _forward_pooled(self, ids: list[list[int]]) -> torch.Tensor:
         device = torch.device(self.config.device)
-        longest = max(len(seq) for seq in ids)
-        pad_id = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(ids), longest), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(ids), longest), dtype=torch.long)
-        for row, seq in enumerate(ids):
-            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            attention_mask[row, : len(seq)] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        input_ids, attention_mask = (
+            torch.from_numpy(array).to(device) for array in pad_ids(ids, self.tokenizer.pad_token_id)
+        )
         kwargs = {}
         if self.comet_encoder.uses_token_type_ids:
             kwargs["token_type_ids"] = torch.zeros_like(input_ids)
@@ -305,8 +373,8 @@ class CometPooledEncoder(PooledEncoder):
         if not texts:
             return torch.empty((0, self.num_layers, self.dim))
         ids = self.tokenize(texts)
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        batches = length_sorted_batches(ids, batch_size)
+        order = [i for batch in batches for i in batch]
         was_training = self.comet_encoder.training
         self.comet_encoder.train(train)
         try:
@@ -366,17 +434,22 @@ class USEPooledEncoder(PooledEncoder):
         return torch.from_numpy(vectors).unsqueeze(1)
 
 
-def _build_minilm(config: EncoderConfig) -> PooledEncoder:
-    if config.path is None:
-        model_dir = default_minilm_path()
-    else:
+def comet_source(config: EncoderConfig) -> tuple[str, str]:
+    """``(model, label)`` of a transformer encoder (``minilm`` / ``hf``): the folder or hub id to
+    load, and the readable part of its encoder id.
+
+    Raises
+    ------
+    UamtError
+        A path that does not exist or is not a folder, or ``hf`` without a path.
+    """
+    if config.name == "minilm":
+        if config.path is None:
+            return str(default_minilm_path()), "minilm"
         model_dir = Path(config.path).expanduser()
         if not model_dir.is_dir():
             raise UamtError(f"encoder=minilm: path {config.path!r} does not exist or is not a folder")
-    return CometPooledEncoder(config, str(model_dir), label="minilm")
-
-
-def _build_hf(config: EncoderConfig) -> PooledEncoder:
+        return str(model_dir), "minilm"
     if not config.path:
         raise UamtError("encoder=hf needs encode.encoder.path: a model folder or Hugging Face hub id")
     local = Path(config.path).expanduser()
@@ -384,7 +457,32 @@ def _build_hf(config: EncoderConfig) -> PooledEncoder:
         raise UamtError(f"encoder=hf: path {config.path!r} does not exist")
     if local.exists() and not local.is_dir():
         raise UamtError(f"encoder=hf: path {config.path!r} is not a folder")
-    return CometPooledEncoder(config, config.path, label=f"hf-{_slug(local.name)}")
+    return config.path, f"hf-{_slug(local.name)}"
+
+
+def local_encoder_id(config: EncoderConfig) -> str | None:
+    """The id :class:`CometPooledEncoder` would get for ``config``, computed from the files alone.
+
+    Reads ``config.json`` and hashes the weight files without importing transformers, so a runtime
+    that only needs the id (to find an exported ONNX folder) starts fast.  ``None`` for a hub id or
+    a folder whose ``config.json`` has no ``max_position_embeddings``: build the encoder to know.
+    """
+    import json
+
+    model, label = comet_source(config)
+    model_dir = Path(model).expanduser()
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        positions = int(json.loads(config_file.read_text(encoding="utf-8"))["max_position_embeddings"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return _comet_encoder_id(label, model_dir, effective_max_length(config, positions))
+
+
+def _build_comet(config: EncoderConfig) -> PooledEncoder:
+    return CometPooledEncoder(config, *comet_source(config))
 
 
 def _build_use(config: EncoderConfig) -> PooledEncoder:
@@ -393,27 +491,43 @@ def _build_use(config: EncoderConfig) -> PooledEncoder:
 
 #: name -> builder(EncoderConfig) -> PooledEncoder
 ENCODERS: dict[str, Callable[[EncoderConfig], PooledEncoder]] = {
-    "minilm": _build_minilm,
-    "hf": _build_hf,
+    "minilm": _build_comet,
+    "hf": _build_comet,
     "use": _build_use,
 }
 
 
 def get_encoder(config: EncoderConfig | None = None) -> PooledEncoder:
-    """Build the encoder named by ``config.name`` (default: ``EncoderConfig()`` = MiniLM on CPU).
+    """Build the encoder named by ``config.name`` (default: ``EncoderConfig()`` = MiniLM on CPU, torch).
+
+    A ``runtime`` other than ``torch`` loads the ONNX export of the same weights, exporting it on
+    first use (:func:`uamt.encoders.onnx_runtime.get_onnx_encoder`).
 
     Raises
     ------
     ValueError
-        Unknown encoder name, or a model whose ``model_type`` has no unbabel-comet encoder.
+        Unknown encoder name or runtime, an ONNX runtime for ``use``, or a model whose
+        ``model_type`` has no unbabel-comet encoder.
     UamtError
         A path that does not exist, or a hub id that cannot be reached.
     """
     config = config or EncoderConfig()
     if config.name not in ENCODERS:
         raise ValueError(f"encoder={config.name!r} not supported; choose from {sorted(ENCODERS)}")
+    check_runtime(config.runtime)
     if config.max_length < 3:
         raise ValueError(f"encoder max_length={config.max_length} is too small (need >= 3)")
     if config.batch_size < 1:
         raise ValueError(f"encoder batch_size={config.batch_size} must be >= 1")
+    if config.threads < 0:
+        raise ValueError(f"encoder threads={config.threads} must be >= 0 (0 = ONNX Runtime's default)")
+    if config.runtime != "torch":
+        if config.name == "use":
+            raise ValueError(
+                f"encoder=use runs only as runtime='torch' (it is a numpy model, not a transformer), "
+                f"got runtime={config.runtime!r}"
+            )
+        from uamt.encoders.onnx_runtime import get_onnx_encoder
+
+        return get_onnx_encoder(config)
     return ENCODERS[config.name](config)

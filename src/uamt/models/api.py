@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 from uamt.config import from_dict
+from uamt.encoders.catalog import weights_id
 from uamt.errors import DataError, UamtError
 from uamt.fileio import atomic_dir as fileio_atomic_dir
 from uamt.fileio import atomic_write_text
@@ -394,9 +395,14 @@ class TrainedModel:
         self.shape = (int(meta["num_layers"]), int(meta["dim"]))
 
     def check_features(self, features) -> None:
-        """DataError when ``features`` come from another encoder than the one the model was trained on."""
+        """DataError when ``features`` come from other encoder weights than the model was trained on.
+
+        The runtime may differ (torch vs ONNX of the same weights: ids equal up to the ``+ort``
+        suffix, see :func:`uamt.encoders.catalog.weights_id`); how close its features are is
+        measured by ``benchmarks/encoder_runtimes.py``.
+        """
         found = encoder_id_of(features)
-        if self.encoder_id is not None and found is not None and found != self.encoder_id:
+        if self.encoder_id is not None and found is not None and weights_id(found) != weights_id(self.encoder_id):
             raise DataError(
                 f"{self.model_dir}: model trained on embeddings of encoder {self.encoder_id!r}, but the "
                 f"features come from {found!r}; use the cache of the training encoder"
@@ -502,10 +508,15 @@ class SingleModel(TrainedModel):
         self.module = module
 
     def _check_encoder_object(self, encoder) -> None:
+        # Another runtime of the same weights serves frozen features; a fine-tuned network runs
+        # the torch encoder itself, so it needs exactly the training one.
         found = getattr(encoder, "encoder_id", None)
-        if self.encoder_id is not None and found is not None and found != self.encoder_id:
+        if self.encoder_id is None or found is None:
+            return
+        if weights_id(found) != weights_id(self.encoder_id) or (self.cfg.finetune and found != self.encoder_id):
             raise DataError(
                 f"{self.model_dir}: model trained with encoder {self.encoder_id!r}, got encoder {found!r}"
+                + (" (a fine-tuned model runs its encoder: runtime 'torch' only)" if self.cfg.finetune else "")
             )
 
     def attach_encoder(self, encoder) -> None:

@@ -1,0 +1,424 @@
+"""ONNX Runtime encoders: the transformer exported once, run without transformers or unbabel-comet.
+
+Importing transformers and unbabel-comet costs ~4-5 s of every ``uamt score`` start-up.  An
+exported folder holds everything scoring needs, read with onnxruntime, ``tokenizers`` and numpy::
+
+    encoder.onnx      inputs input_ids, attention_mask [, token_type_ids] (int64 [batch, sequence]);
+                      output pooled (float32 [batch, num_layers, dim]): the attention-masked mean
+                      of every layer, embeddings layer included, as CometPooledEncoder computes it
+    tokenizer.json    the transformer's fast tokenizer (truncation and padding are set on load)
+    onnx_meta.json    source encoder id, runtime, max_length, pad id, shape, onnxruntime version,
+                      sha256 of encoder.onnx (checked on load)
+
+``runtime="onnx-int8"`` quantises the float graph's weights to int8 (``quantize_dynamic``;
+activations are quantised per batch at run time): ~1.5x faster than ``onnx`` but not within
+issue 17's PPS tolerance (see :func:`_quantize`); ``onnx`` matches torch to ~1e-6.
+
+>>> from uamt.encoders import EncoderConfig, get_encoder
+>>> encoder = get_encoder(EncoderConfig(runtime="onnx"))     # doctest: +SKIP
+>>> encoder.encoder_id                                       # doctest: +SKIP
+'minilm-1ffd763853fa+ort'
+
+:func:`get_encoder` exports into ``$UAMT_ONNX_CACHE`` (default ``~/.cache/uamt/onnx``) under
+``<torch encoder id>-<runtime>/`` on first use; :func:`load_onnx_encoder` loads any exported folder
+(for instance one shipped with a registered model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import filelock
+import numpy as np
+import onnxruntime as ort
+import torch
+from tokenizers import Tokenizer
+
+from uamt.encoders.cache import check_texts
+from uamt.encoders.catalog import (
+    ENCODERS,
+    RUNTIMES,
+    CometPooledEncoder,
+    EncoderConfig,
+    PooledEncoder,
+    check_runtime,
+    length_sorted_batches,
+    local_encoder_id,
+    pad_ids,
+    runtime_encoder_id,
+    weights_id,
+)
+from uamt.errors import UamtError
+from uamt.fileio import atomic_dir, atomic_write_json, sha256_file_cached
+
+__all__ = [
+    "META_FILE",
+    "MODEL_FILE",
+    "TOKENIZER_FILE",
+    "OnnxPooledEncoder",
+    "export_onnx",
+    "get_onnx_encoder",
+    "load_onnx_encoder",
+    "onnx_cache_dir",
+    "weights_id",
+]
+
+MODEL_FILE = "encoder.onnx"
+TOKENIZER_FILE = "tokenizer.json"
+META_FILE = "onnx_meta.json"
+FORMAT_VERSION = 1
+#: Opset of the legacy TorchScript exporter's well-trodden path (no onnxscript needed).
+OPSET = 17
+#: Seconds a process waits for another one exporting the same folder (MiniLM takes ~20 s).
+EXPORT_LOCK_TIMEOUT_S = 1800.0
+_META_KEYS = (
+    "format_version",
+    "source_encoder_id",
+    "runtime",
+    "max_length",
+    "pad_token_id",
+    "num_layers",
+    "dim",
+    "uses_token_type_ids",
+    "onnxruntime_version",
+    "sha256",
+)
+
+
+class _PooledGraph(torch.nn.Module):
+    """The comet encoder plus the per-layer masked mean, so the exported graph returns pooled layers."""
+
+    def __init__(self, comet_encoder: torch.nn.Module, uses_token_type_ids: bool) -> None:
+        super().__init__()
+        self.comet_encoder = comet_encoder
+        self.uses_token_type_ids = uses_token_type_ids
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        kwargs = {"token_type_ids": token_type_ids} if self.uses_token_type_ids else {}
+        out = self.comet_encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        mask = attention_mask.unsqueeze(-1).to(torch.float32)
+        counts = mask.sum(dim=1).clamp(min=1.0)
+        pooled = [(layer * mask).sum(dim=1) / counts for layer in out["all_layers"]]
+        return torch.stack(pooled, dim=1)
+
+
+def _export_into(encoder: CometPooledEncoder, folder: Path, runtime: str) -> None:
+    """Write encoder.onnx, tokenizer.json and onnx_meta.json of ``encoder`` into ``folder``."""
+    uses_token_type_ids = bool(encoder.comet_encoder.uses_token_type_ids)
+    # Two texts of different lengths: the traced graph must not bake in a batch or sequence size.
+    ids = encoder.tokenize(["An example sentence for the export.", "Short."])
+    input_ids, attention_mask = (
+        torch.from_numpy(array) for array in pad_ids(ids, encoder.tokenizer.pad_token_id)
+    )
+    inputs: tuple[torch.Tensor, ...] = (input_ids, attention_mask)
+    names = ["input_ids", "attention_mask"]
+    if uses_token_type_ids:
+        inputs += (torch.zeros_like(input_ids),)
+        names.append("token_type_ids")
+    axes = {name: {0: "batch", 1: "sequence"} for name in names}
+    axes["pooled"] = {0: "batch"}
+    float_path = folder / ("encoder.float.onnx" if runtime == "onnx-int8" else MODEL_FILE)
+    device = next(encoder.comet_encoder.parameters()).device
+    was_training = encoder.comet_encoder.training
+    try:
+        # Exported from the CPU (the ONNX session runs there); the caller's encoder is moved back.
+        graph = _PooledGraph(encoder.comet_encoder, uses_token_type_ids).cpu().eval()
+        with torch.no_grad(), warnings.catch_warnings():
+            # transformers builds the attention-mask constant 1.0 with torch.tensor, which the
+            # tracer flags; the mask itself stays an input (parity is tested on padded batches).
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            torch.onnx.export(
+                graph,
+                inputs,
+                str(float_path),
+                input_names=names,
+                output_names=["pooled"],
+                dynamic_axes=axes,
+                opset_version=OPSET,
+                dynamo=False,
+                do_constant_folding=True,
+            )
+    finally:
+        encoder.comet_encoder.to(device).train(was_training)
+    if runtime == "onnx-int8":
+        _quantize(float_path, folder / MODEL_FILE)
+        float_path.unlink()
+    encoder.tokenizer.backend_tokenizer.save(str(folder / TOKENIZER_FILE))
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "source_encoder_id": encoder.encoder_id,
+        "runtime": runtime,
+        "max_length": int(encoder.max_length),
+        "pad_token_id": int(encoder.tokenizer.pad_token_id),
+        "num_layers": int(encoder.num_layers),
+        "dim": int(encoder.dim),
+        "uses_token_type_ids": uses_token_type_ids,
+        "onnxruntime_version": ort.__version__,
+        "sha256": sha256_file_cached(folder / MODEL_FILE),
+    }
+    atomic_write_json(folder / META_FILE, meta, indent=2)
+
+
+class _DropQuantizerChatter(logging.Filter):
+    """Drops the records onnxruntime.quantization logs on the root logger (one line per tensor)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}onnxruntime{os.sep}quantization{os.sep}" not in record.pathname
+
+
+def _quantize(float_path: Path, int8_path: Path) -> None:
+    """Dynamic int8 quantisation of the MatMul weights, one scale per output channel.
+
+    Measured on MiniLM (128 mirror texts): per-tensor scales give layer-mean cosines down to 0.95
+    against float32 (last layer 0.79); per-channel ones 0.996 (last layer 0.98) at the same speed.
+    The embedding tables (Gather) stay float32: quantising them only saves memory and blurs the
+    embeddings layer every later layer builds on.
+
+    Even so, int8 MiniLM moves the HTS model's PPS by up to 0.02 on some LPs (issue 17 allows
+    0.005; ``benchmarks/encoder_runtimes.py``): keeping the feed-forward MatMuls in float32 brings
+    it to ~0.005 but also most of the speed back to float's, so ``onnx`` (float32, identical
+    PPS) is the runtime for scoring and ``onnx-int8`` the fast approximate one.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    chatter = _DropQuantizerChatter()
+    # quantize_dynamic reports every skipped tensor through logging.info on the root logger.
+    logging.getLogger().addFilter(chatter)
+    try:
+        quantize_dynamic(
+            float_path,
+            int8_path,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul"],
+        )
+    finally:
+        logging.getLogger().removeFilter(chatter)
+
+
+def _export_lock(out_dir: Path) -> filelock.FileLock:
+    # Beside the folder, not in it: the folder is replaced as a whole by the atomic rename.
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(out_dir.parent / f".{out_dir.name}.lock", timeout=EXPORT_LOCK_TIMEOUT_S)
+
+
+def _onnx_runtime(quantize: bool) -> str:
+    return "onnx-int8" if quantize else "onnx"
+
+
+def export_onnx(encoder: CometPooledEncoder, out_dir: str | Path, *, quantize: bool) -> Path:
+    """Export ``encoder`` to an ONNX folder (replacing ``out_dir`` atomically, under a file lock).
+
+    Parameters
+    ----------
+    encoder : CometPooledEncoder
+        A torch encoder (``minilm`` or ``hf``); moved back to its device and mode afterwards.
+    out_dir : str or Path
+        The folder to write (see the module docstring for its files).
+    quantize : bool
+        ``True``: int8 weights (``quantize_dynamic``, QInt8), runtime ``onnx-int8``; ``False``:
+        float32, runtime ``onnx``.
+
+    Returns
+    -------
+    Path
+        ``out_dir``.
+
+    Raises
+    ------
+    ValueError
+        ``encoder`` is not a transformer run by torch (nothing to export).
+    """
+    if not isinstance(encoder, CometPooledEncoder):
+        raise ValueError(
+            f"export_onnx needs a CometPooledEncoder (minilm / hf, runtime torch), got {encoder!r}"
+        )
+    out_dir = Path(out_dir)
+    with _export_lock(out_dir), atomic_dir(out_dir) as tmp:
+        _export_into(encoder, tmp, _onnx_runtime(quantize))
+    return out_dir
+
+
+def _read_meta(folder: Path) -> dict[str, Any]:
+    """The checked ``onnx_meta.json`` of ``folder``; UamtError naming the file when unusable."""
+    meta_path = folder / META_FILE
+    if not meta_path.is_file():
+        raise UamtError(f"{meta_path}: missing; {folder} is not an exported ONNX encoder folder")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UamtError(f"{meta_path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise UamtError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    missing = [key for key in _META_KEYS if key not in meta]
+    if missing:
+        raise UamtError(f"{meta_path}: missing field(s) {missing}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise UamtError(
+            f"{meta_path}: format_version {meta['format_version']!r}, this uamt reads {FORMAT_VERSION}"
+        )
+    if meta["runtime"] not in RUNTIMES or meta["runtime"] == "torch":
+        raise UamtError(f"{meta_path}: runtime {meta['runtime']!r} is not an ONNX runtime")
+    for key in ("max_length", "pad_token_id", "num_layers", "dim"):
+        if not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] < 0:
+            raise UamtError(f"{meta_path}: field {key!r} must be a non-negative integer, got {meta[key]!r}")
+    for path in (folder / MODEL_FILE, folder / TOKENIZER_FILE):
+        if not path.is_file():
+            raise UamtError(f"{path}: missing (the export in {folder} is incomplete)")
+    found = sha256_file_cached(folder / MODEL_FILE)
+    if found != meta["sha256"]:
+        raise UamtError(
+            f"{folder / MODEL_FILE}: sha256 {found[:12]}… does not match {meta_path} "
+            f"({str(meta['sha256'])[:12]}…): the file is corrupt or was replaced; export it again"
+        )
+    return meta
+
+
+class OnnxPooledEncoder(PooledEncoder):
+    """Pooled per-layer embeddings from an exported folder, through ONNX Runtime.
+
+    Parameters
+    ----------
+    folder : str or Path
+        An :func:`export_onnx` folder.
+    config : EncoderConfig, optional
+        ``batch_size`` and ``threads`` (intra-op threads, 0 = ONNX Runtime's default) are used;
+        default ``EncoderConfig(runtime=<the folder's runtime>)``.
+
+    Attributes
+    ----------
+    encoder_id : str
+        The source torch encoder's id plus the runtime suffix (``+ort``, ``+ort-int8``).
+    comet_encoder : None
+        Not a torch module: no MC dropout through the encoder, no fine-tuning.
+    """
+
+    def __init__(self, folder: str | Path, config: EncoderConfig | None = None) -> None:
+        self.folder = Path(folder)
+        self.meta = _read_meta(self.folder)
+        self.config = config or EncoderConfig(runtime=self.meta["runtime"])
+        self.comet_encoder = None
+        self.max_length = int(self.meta["max_length"])
+        self.num_layers = int(self.meta["num_layers"])
+        self.dim = int(self.meta["dim"])
+        self.pad_token_id = int(self.meta["pad_token_id"])
+        self.uses_token_type_ids = bool(self.meta["uses_token_type_ids"])
+        self.source_encoder_id = str(self.meta["source_encoder_id"])
+        self.encoder_id = runtime_encoder_id(self.source_encoder_id, self.meta["runtime"])
+        tokenizer_path = self.folder / TOKENIZER_FILE
+        try:
+            self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
+            raise UamtError(f"{tokenizer_path}: not a tokenizers JSON file ({exc})") from None
+        # The file keeps whatever its model shipped with (MiniLM's pads every text to 128): encode
+        # as the HF fast tokenizer does with truncation=True, max_length and no padding.
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=self.max_length)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(self.config.threads)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3  # errors only: the int8 graph warns about unused initialisers
+        model_path = self.folder / MODEL_FILE
+        try:
+            self.session = ort.InferenceSession(
+                str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime's load errors are its own Fail / InvalidGraph classes
+            raise UamtError(f"{model_path}: ONNX Runtime cannot load it ({exc})") from None
+        self._input_names = {item.name for item in self.session.get_inputs()}
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Subword ids of each text, special tokens included, truncated to ``max_length``."""
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts))]
+
+    def _run_pooled(self, ids: list[list[int]]) -> np.ndarray:
+        input_ids, attention_mask = pad_ids(ids, self.pad_token_id)
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if "token_type_ids" in self._input_names:
+            feeds["token_type_ids"] = np.zeros_like(input_ids)
+        return self.session.run(["pooled"], feeds)[0]
+
+    def pooled_layers(
+        self, texts: Sequence[str], batch_size: int | None = None, train: bool = False
+    ) -> torch.Tensor:
+        """``[n, num_layers, dim]`` float32 pooled layers, as :class:`PooledEncoder` defines them.
+
+        Runs ``batch_size`` texts of similar token counts at a time (default ``config.batch_size``);
+        ``train=True`` is refused: the exported graph is frozen (no dropout, no gradients).
+        """
+        if train:
+            raise ValueError(
+                f"encoder {self.encoder_id} is a frozen ONNX export: train=True (dropout, gradients) "
+                "needs runtime='torch'"
+            )
+        texts = check_texts(texts)
+        batch_size = batch_size or self.config.batch_size
+        out = np.empty((len(texts), self.num_layers, self.dim), dtype=np.float32)
+        if not texts:
+            return torch.from_numpy(out)
+        ids = self.tokenize(texts)
+        for batch in length_sorted_batches(ids, batch_size):
+            out[batch] = self._run_pooled([ids[i] for i in batch])
+        return torch.from_numpy(out)
+
+
+def load_onnx_encoder(folder: str | Path, config: EncoderConfig | None = None) -> OnnxPooledEncoder:
+    """Load an exported folder (:func:`export_onnx`); only onnxruntime and tokenizers are needed.
+
+    Raises
+    ------
+    UamtError
+        ``onnx_meta.json`` missing or corrupt, a file missing, or ``encoder.onnx`` whose sha256
+        does not match the meta (the message names the file).
+    """
+    return OnnxPooledEncoder(folder, config)
+
+
+def onnx_cache_dir() -> Path:
+    """Where :func:`get_onnx_encoder` keeps exports: ``$UAMT_ONNX_CACHE`` or ``~/.cache/uamt/onnx``."""
+    configured = os.environ.get("UAMT_ONNX_CACHE")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "uamt" / "onnx"
+
+
+def get_onnx_encoder(config: EncoderConfig) -> OnnxPooledEncoder:
+    """The ONNX encoder of ``config`` (runtime ``onnx`` / ``onnx-int8``), exported on first use.
+
+    The export lives in ``onnx_cache_dir() / f"{torch encoder id}-{runtime}"``.  For a local model
+    folder the torch id is computed from the files, so a cached export loads without importing
+    transformers; otherwise (or on first use) the torch encoder is built to export it.
+
+    Raises
+    ------
+    ValueError
+        ``config.runtime`` is ``torch`` or unknown.
+    UamtError
+        The cached export is corrupt (the message names the file; delete the folder to re-export).
+    """
+    runtime = check_runtime(config.runtime)
+    if runtime == "torch":
+        raise ValueError("get_onnx_encoder needs runtime 'onnx' or 'onnx-int8'; use get_encoder for 'torch'")
+    expected = local_encoder_id(config)
+    if expected is not None:
+        folder = onnx_cache_dir() / f"{expected}-{runtime}"
+        if (folder / META_FILE).is_file():
+            return load_onnx_encoder(folder, config)
+    torch_encoder = ENCODERS[config.name](dataclasses.replace(config, runtime="torch", device="cpu"))
+    folder = onnx_cache_dir() / f"{torch_encoder.encoder_id}-{runtime}"
+    with _export_lock(folder):
+        # Another process may have exported it while this one waited for the lock.
+        if not (folder / META_FILE).is_file():
+            with atomic_dir(folder) as tmp:
+                _export_into(torch_encoder, tmp, runtime)
+    return load_onnx_encoder(folder, config)
