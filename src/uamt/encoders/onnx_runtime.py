@@ -51,6 +51,7 @@ from uamt.encoders.catalog import (
     check_runtime,
     length_sorted_batches,
     local_encoder_id,
+    may_exceed_tokens,
     pad_ids,
     runtime_encoder_id,
     weights_id,
@@ -342,6 +343,14 @@ class OnnxPooledEncoder(PooledEncoder):
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Subword ids of each text, special tokens included, truncated to ``max_length``."""
         return [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts))]
+
+    def truncated(self, texts: Sequence[str]) -> list[int]:
+        candidates = may_exceed_tokens(texts, self.max_length)
+        if not candidates:
+            return []
+        # truncation is on: a cut text carries the rest of its tokens as overflowing encodings
+        encodings = self.tokenizer.encode_batch([texts[i] for i in candidates])
+        return [i for i, encoding in zip(candidates, encodings, strict=True) if encoding.overflowing]
 
     def _run_pooled(self, ids: list[list[int]]) -> np.ndarray:
         input_ids, attention_mask = pad_ids(ids, self.pad_token_id)

@@ -1,0 +1,129 @@
+"""The registered model's encoder runtime (register.serving_runtime): an ONNX export shipped inside the
+pyfunc scores like the torch encoder, and scoring with it imports neither transformers, unbabel-comet
+nor pytorch-lightning (seconds of `uamt score` start-up)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import mlflow
+from tests.fakes import FEATURES
+from tests.test_models import make_table
+from uamt.encoders import EncoderConfig, get_encoder
+from uamt.models import TrainConfig, features_from_encoder, train
+from uamt.registration import RegisterSettings, export_serving_encoder, serving_runtime
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CFG = TrainConfig(hidden_sizes=(16,), max_epochs=1, batch_size=16, patience=1)
+SUBJECTS = ("The committee", "A small dog", "Our new system", "The old bridge", "Every student")
+VERBS = ("approved", "barked at", "translated", "crossed", "read")
+OBJECTS = ("the proposal.", "the postman.", "the whole report.", "the river at night.", "a long book.")
+
+
+def sentence_table(n: int, seed: int) -> pd.DataFrame:
+    """``n`` rows of short English sentences (the MiniLM vocabulary), scores from a fixed rule."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        words = [p[rng.integers(len(p))] for p in (SUBJECTS, VERBS, OBJECTS)]
+        ref = " ".join(words)
+        mt = " ".join(words[::-1]) if i % 3 == 0 else ref.replace("the", "a")
+        score = -5.0 * (i % 3 == 0) - rng.random()
+        rows.append({"lp": "en-de", "src": f"{ref} ({i})", "mt": mt, "ref": ref, "score": score})
+    return pd.DataFrame(rows)
+
+
+def test_unknown_serving_runtime_is_refused():
+    with pytest.raises(ValueError, match=r"register.serving_runtime='tensorrt' not supported; choose from"):
+        RegisterSettings(serving_runtime="tensorrt")
+
+
+def test_models_that_need_the_torch_encoder_are_served_with_torch(tmp_path, caplog):
+    hts = train("hts", CFG, make_table(64, 1), make_table(32, 2), FEATURES, tmp_path / "hts")
+    full = train("mcd_full", CFG.replace(mc_samples=2), make_table(64, 1), make_table(32, 2), FEATURES, tmp_path / "f")
+    minilm = EncoderConfig()
+    assert serving_runtime("onnx", minilm, hts) == "onnx"
+    assert serving_runtime("torch", minilm, hts) == "torch"
+    assert serving_runtime("onnx-int8", EncoderConfig(name="use"), hts) == "torch"
+    assert serving_runtime("onnx", minilm, full) == "torch"
+    assert "MC dropout through the encoder; served with runtime torch" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, one_torch_thread):
+    """One hts model on real MiniLM embeddings, saved as a pyfunc twice: torch and with its ONNX export."""
+    from uamt.calibrated import Calibration
+    from uamt.pyfunc import ENCODER_ARTIFACT, UamtPyfunc, scale_for, write_spec
+    from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
+
+    root = tmp_path_factory.mktemp("served")
+    encoder_cfg = EncoderConfig(batch_size=16)
+    features = features_from_encoder(get_encoder(encoder_cfg))
+    model_dir = train("hts", CFG, sentence_table(64, 1), sentence_table(32, 2), features, root / "hts")
+    standardizer, affine, fixed = Standardizer(), AffineVarianceCalibrator(), FixedVarianceCalibrator()
+    standardizer.global_params = {"human_mean": -2.0, "human_std": 2.0, "pred_mean": -2.0, "pred_std": 2.0}
+    affine.global_params = {"alpha": 1.0, "beta": 0.0, "var_floor": 1e-6}
+    fixed.global_params = {"var": 1.0}
+    Calibration(standardizer, affine, fixed, None).save(root / "calibration.json")
+    folders = {}
+    for runtime in ("torch", "onnx"):
+        artifacts = {"model": str(model_dir), "calibration": str(root / "calibration.json")}
+        if runtime != "torch":
+            exported = export_serving_encoder(encoder_cfg, runtime, root / f"encoder-{runtime}")
+            artifacts[ENCODER_ARTIFACT] = str(exported)
+        spec = write_spec(
+            root / f"spec-{runtime}.json",
+            dataclasses.replace(encoder_cfg, runtime=runtime),
+            scale_for(("wmt21_mqm",)),
+            "hts",
+            ("wmt21_mqm",),
+        )
+        folders[runtime] = root / f"pyfunc-{runtime}"
+        mlflow.pyfunc.save_model(
+            str(folders[runtime]),
+            python_model=UamtPyfunc(),
+            artifacts={**artifacts, "spec": str(spec)},
+            pip_requirements=["mlflow"],
+        )
+    return folders
+
+
+def test_onnx_served_model_scores_like_torch(served):
+    from uamt.predictor import load_predictor
+
+    frame = sentence_table(24, 3)[["src", "mt", "ref"]]
+    long_text = "a very long sentence " * 200
+    frame.loc[5, "mt"] = long_text
+    outs = {}
+    for runtime, folder in served.items():
+        predictor = load_predictor(str(folder))
+        assert predictor.encoder.encoder_id.endswith("+ort") == (runtime == "onnx")
+        outs[runtime] = predictor.predict_frame(frame, confidence=0.9, risk_threshold=-5.0)
+        assert predictor.truncated(frame["mt"].tolist()) == [5]
+    for column in ("mu", "sigma", "lower", "upper", "risk"):
+        np.testing.assert_allclose(outs["onnx"][column], outs["torch"][column], atol=1e-4, err_msg=column)
+
+
+def test_onnx_served_model_loads_without_transformers_comet_or_lightning(served, tmp_path):
+    code = (
+        "import sys, json, pandas as pd;"
+        "from uamt.predictor import load_predictor;"
+        f"p = load_predictor({str(served['onnx'])!r});"
+        "out = p.predict_frame(pd.DataFrame({'src': ['Ein Test.'], 'mt': ['A test.'], 'ref': ['A test.']}),"
+        " confidence=0.9, risk_threshold=-5.0);"
+        "heavy = ('transformers', 'comet', 'pytorch_lightning', 'torchmetrics');"
+        "print(json.dumps({'loaded': sorted(m for m in heavy if m in sys.modules), 'n': len(out)}))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "src")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"loaded": [], "n": 1}
