@@ -1,6 +1,7 @@
 """Scoring throughput: unbabel-comet's own MC-dropout predict vs. uamt's estimators on cached embeddings.
 
-Same segments, same encoder weights (all-MiniLM-L6-v2 through comet's BERTEncoder).  Prints seg/s for
+Same segments, same encoder weights (all-MiniLM-L6-v2; comet through its BERTEncoder in torch, ours
+through ``--runtime``, default ``onnx``: the runtime a registered model serves with).  Prints seg/s for
 comet predict with ``mc_dropout`` runs (per-run cost extrapolated to 100 runs when fewer are run), and
 for ours: point, MCD-100 (head), DE-5, HTS, HTS+MCD, DUP, each with a cold cache (encoding included)
 and a warm cache (median of ``--repeats`` passes); the ratios; and peak RSS (resource.getrusage).
@@ -47,8 +48,15 @@ def main(argv=None) -> int:
     parser.add_argument("--comet-runs", type=int, default=2, help="comet MC dropout runs actually executed")
     parser.add_argument("--mc", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5, help="warm-cache timings per method (median)")
+    parser.add_argument(
+        "--runtime",
+        default="onnx",
+        help="our encoder's runtime (torch | onnx | onnx-int8; default onnx, what a registered model "
+        "serves with); comet always runs torch",
+    )
     args = parser.parse_args(argv)
 
+    import torch
     from comet.models import RegressionMetric
 
     from uamt.encoders import EmbeddingCache, EncoderConfig, default_minilm_path, get_encoder
@@ -59,7 +67,7 @@ def main(argv=None) -> int:
     n = len(df)
     fit_df = pd.read_parquet(args.train_table) if args.train_table else df
     fit_df = fit_df[fit_df["ref"].notna()].head(400).reset_index(drop=True)
-    encoder = get_encoder(EncoderConfig(name="minilm"))
+    encoder = get_encoder(EncoderConfig(name="minilm", runtime=args.runtime))
     results: dict[str, float] = {}
 
     # unbabel-comet RegressionMetric on the same MiniLM weights (untrained head: cost is what counts)
@@ -141,7 +149,10 @@ def main(argv=None) -> int:
             results[f"ours {label}, warm cache"] = warm[method]
             results[f"ours {label}, cold cache"] = cold[method]
 
-    print(f"segments: {n} from {args.table}; peak RSS {peak_rss_mb():.0f} MB")
+    print(
+        f"segments: {n} from {args.table}; our encoder {encoder.encoder_id} (runtime {args.runtime}); "
+        f"torch threads {torch.get_num_threads()}; peak RSS {peak_rss_mb():.0f} MB"
+    )
     for name, value in results.items():
         print(f"{name:60s} {value:12.1f} seg/s")
     # One line per reference point and method (names as in uamt.models; the QE model: hts_qe), both
