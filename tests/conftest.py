@@ -27,11 +27,18 @@ def mirror_root() -> Path:
     return find_mirror()
 
 
+@pytest.fixture(scope="session")
+def _uamt_cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("uamt-cache")
+
+
 @pytest.fixture(autouse=True)
-def _offline_env(monkeypatch):
-    # Tests must never reach a model hub, and must never write to the user's MLflow store.
+def _offline_env(monkeypatch, _uamt_cache_dir):
+    # Tests must never reach a model hub, and must never write to the user's MLflow store or cache
+    # (the model-resolution cache of uamt.predictor).
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.setenv("UAMT_CACHE_DIR", str(_uamt_cache_dir))
 
 
 @pytest.fixture(scope="module")

@@ -464,7 +464,8 @@ def uamt_model(tmp_path_factory, one_torch_thread):
     from uamt.calibrated import Calibration
     from uamt.encoders import EncoderConfig
     from uamt.models import TrainConfig, load, train
-    from uamt.pyfunc import UamtPyfunc, scale_for, write_spec
+    from uamt.pyfunc import scale_for, write_spec
+    from uamt.pyfunc_model import UamtPyfunc
     from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 
     root = tmp_path_factory.mktemp("uamt-model")

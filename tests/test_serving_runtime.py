@@ -62,7 +62,8 @@ def test_models_that_need_the_torch_encoder_are_served_with_torch(tmp_path, capl
 def served(tmp_path_factory, one_torch_thread):
     """One hts model on real MiniLM embeddings, saved as a pyfunc twice: torch and with its ONNX export."""
     from uamt.calibrated import Calibration
-    from uamt.pyfunc import ENCODER_ARTIFACT, UamtPyfunc, scale_for, write_spec
+    from uamt.pyfunc import ENCODER_ARTIFACT, scale_for, write_spec
+    from uamt.pyfunc_model import UamtPyfunc
     from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 
     root = tmp_path_factory.mktemp("served")
@@ -127,3 +128,44 @@ def test_onnx_served_model_loads_without_transformers_comet_or_lightning(served,
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"loaded": [], "n": 1}
+
+
+def _load_in_subprocess(model: str, env: dict, cwd: Path) -> dict:
+    code = (
+        "import sys, json; from uamt.predictor import load_predictor;"
+        f"p = load_predictor({model!r});"
+        "print(json.dumps({'mlflow': 'mlflow' in sys.modules, 'onnx': p.encoder.encoder_id.endswith('+ort')}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_registered_alias_is_resolved_once_per_registry_state(served, tmp_path):
+    """models:/NAME@champion: the first load asks MLflow's store; while the SQLite store is unchanged
+    the next ones load the remembered folder without importing MLflow; moving the alias (a registry
+    write) makes the next load ask again, and it gets the new version."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    experiment = client.create_experiment("serving", artifact_location=(tmp_path / "artifacts").as_uri())
+    client.create_registered_model("served")
+    for runtime in ("torch", "onnx"):
+        run = client.create_run(experiment)
+        client.log_artifacts(run.info.run_id, str(served[runtime]), "model")
+        source = f"{run.info.artifact_uri}/model"
+        client.create_model_version("served", source=source, run_id=run.info.run_id)
+    client.set_registered_model_alias("served", "champion", "1")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "src")]),
+        "MLFLOW_TRACKING_URI": uri,
+        "UAMT_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    first = _load_in_subprocess("models:/served@champion", env, tmp_path)
+    again = _load_in_subprocess("models:/served@champion", env, tmp_path)
+    assert first == {"mlflow": True, "onnx": False} and again == {"mlflow": False, "onnx": False}
+    client.set_registered_model_alias("served", "champion", "2")
+    moved = _load_in_subprocess("models:/served@champion", env, tmp_path)
+    assert moved == {"mlflow": True, "onnx": True}

