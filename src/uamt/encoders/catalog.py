@@ -85,8 +85,9 @@ class EncoderConfig:
         transformer encoders ``minilm`` and ``hf``; exported on first use, see
         :mod:`uamt.encoders.onnx_runtime`).
     threads : int
-        ONNX Runtime intra-op threads; 0 = ONNX Runtime's default (one per physical core).  The
-        torch runtime follows torch's process-wide setting instead.
+        ONNX Runtime intra-op threads; 0 = as many as torch uses (``torch.get_num_threads()``:
+        ``OMP_NUM_THREADS``, one on a Dask worker).  The torch runtime follows torch's process-wide
+        setting itself.
     """
 
     name: str = "minilm"
@@ -546,7 +547,7 @@ def get_encoder(config: EncoderConfig | None = None) -> PooledEncoder:
     if config.batch_size < 1:
         raise ValueError(f"encoder batch_size={config.batch_size} must be >= 1")
     if config.threads < 0:
-        raise ValueError(f"encoder threads={config.threads} must be >= 0 (0 = ONNX Runtime's default)")
+        raise ValueError(f"encoder threads={config.threads} must be >= 0 (0 = as many as torch uses)")
     if config.runtime != "torch":
         if config.name == "use":
             raise ValueError(

@@ -295,7 +295,7 @@ class OnnxPooledEncoder(PooledEncoder):
     folder : str or Path
         An :func:`export_onnx` folder.
     config : EncoderConfig, optional
-        ``batch_size`` and ``threads`` (intra-op threads, 0 = ONNX Runtime's default) are used;
+        ``batch_size`` and ``threads`` (intra-op threads, 0 = ``torch.get_num_threads()``) are used;
         default ``EncoderConfig(runtime=<the folder's runtime>)``.
 
     Attributes
@@ -328,7 +328,9 @@ class OnnxPooledEncoder(PooledEncoder):
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=self.max_length)
         options = ort.SessionOptions()
-        options.intra_op_num_threads = int(self.config.threads)
+        # 0: as many threads as torch uses (OMP_NUM_THREADS, torch.set_num_threads; one on a Dask
+        # worker), not ONNX Runtime's one per core: workers sharing a machine would oversubscribe it.
+        options.intra_op_num_threads = int(self.config.threads) or max(1, torch.get_num_threads())
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3  # errors only: the int8 graph warns about unused initialisers
         model_path = self.folder / MODEL_FILE

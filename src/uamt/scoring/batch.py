@@ -231,6 +231,13 @@ def cached_predictor(model: str, tracking_uri: str | None = None):
         return predictor
 
 
+def preload_model(model: str, tracking_uri: str | None = None) -> int:
+    """Load ``model`` into this process's cache and return :func:`model_loads` (for ``client.run``:
+    the predictor itself stays on the worker, its ONNX session cannot be pickled back)."""
+    cached_predictor(model, tracking_uri)
+    return model_loads()
+
+
 def model_loads() -> int:
     """Models loaded by this process so far (run on each worker with ``client.run``)."""
     return LOAD_COUNT["n"]
