@@ -19,12 +19,16 @@ LPs from ``predictions/ood``; the ECE floor here is the i.i.d. one, the evaluate
 ``metrics/conditional.json`` uses the clustered floor).
 
     python benchmarks/calibration_candidates.py [--root /work/main] [--methods hts hts_mcd dup hts_qe]
-        [--json out.json]
+        [--candidates affine_ece ... signed_mondrian_conformal] [--json out.json]
+
+``--candidates`` replaces ``evaluate.calibration_candidates`` of the params file for this run only
+(e.g. to try a candidate the pipeline does not fit yet); the rule still picks among them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -100,12 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=["hts", "hts_mcd", "dup", "hts_qe"])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params.yaml with evaluate:")
     parser.add_argument("--json", type=Path, help="also write every number as JSON here")
+    parser.add_argument(
+        "--candidates", nargs="+", help="calibration candidates to fit (default: evaluate.calibration_candidates of --params)"
+    )
     args = parser.parse_args(argv)
 
     from uamt.config import load_section
     from uamt.uncertainty import EvaluationSettings, evaluate_predictions
 
     settings = load_section(EvaluationSettings, "evaluate", args.params)
+    if args.candidates:
+        settings = dataclasses.replace(settings, calibration_candidates=tuple(args.candidates))
     prepared = {
         split: pd.read_parquet(args.root / "data" / "prepared" / f"{split}.parquet") for split in ("dev", "test")
     }
@@ -113,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     old_metrics = json.loads(old_metrics_path.read_text()) if old_metrics_path.is_file() else {}
     out = {}
     header = (
-        f"{'method':8} {'candidate':19} {'cov':>5} {'lp min..max':>11} {'lp err':>6} {'sq err':>6} "
+        f"{'method':8} {'candidate':26} {'cov':>5} {'lp min..max':>11} {'lp err':>6} {'sq err':>6} "
         f"{'mq err':>6} {'low':>5} {'ENCE':>6} {'P90/P10':>7} {'ECE':>6} {'PPS':>6}"
     )
     print(header)
@@ -134,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             mark = "*" if name == selected else " "
             low = "  -  " if row["low"] is None else f"{row['low']:.2f}"
             print(
-                f"{method:8} {mark}{name:18} {row['cov']:5.3f} {row['lp_min']:5.3f}..{row['lp_max']:.3f} "
+                f"{method:8} {mark}{name:25} {row['cov']:5.3f} {row['lp_min']:5.3f}..{row['lp_max']:.3f} "
                 f"{row['lp_err']:6.3f} {row['sq_err']:6.3f} {row['mq_err']:6.3f} {low:>5} {row['ence']:6.3f} "
                 f"{row['p90_p10']:7.2f} {row['ece']:6.3f} {row['pps']:6.3f}"
             )

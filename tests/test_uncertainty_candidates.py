@@ -13,6 +13,7 @@ from uamt.models.dup import DUP_SIGMA_PER_ERROR, dup_sigma
 from uamt.uncertainty import Standardizer, evaluate_predictions, interval_coverage
 from uamt.uncertainty.candidates import (
     CANDIDATES,
+    DEFAULT_CANDIDATES,
     ScoreVarianceCalibrator,
     candidate_sigma,
     document_folds,
@@ -224,7 +225,7 @@ def test_evaluate_reports_every_candidate_the_choice_and_the_papers_cross_fitted
     dev = table(*heteroscedastic(rng, 600, sigma_scale=3.0))
     test = table(*heteroscedastic(rng, 600, sigma_scale=3.0))
     result = evaluate_predictions(test, dev)
-    assert set(result["candidates"]) == set(CANDIDATES)
+    assert set(result["candidates"]) == set(DEFAULT_CANDIDATES)
     selection = result["calibration"]["selection"]
     assert selection["on"].startswith("dev, 5-fold cross-fitted over 40 documents")
     assert result["calibration"]["selected"] == selection["rule_choice"]
@@ -283,3 +284,207 @@ def test_mondrian_conformal_covers_every_mu_quintile_where_one_threshold_cannot(
     low, high = again.interval_at(mu[:5], sigma[:5], 0.8)
     np.testing.assert_allclose(again.risk(mu[:5], sigma[:5], high), 0.9)
     np.testing.assert_allclose(again.risk(mu[:5], sigma[:5], low), 0.1)
+
+
+# ---------------------------------------------------------------------------------- signed Mondrian
+def skewed(rng, n):
+    """Left-skewed residuals, as MQM's (major errors far below mu): human = mu + s (1 - Exp(1)),
+    mean 0, a long lower tail; the model's sigma is the true scale s."""
+    mu = rng.normal(size=n)
+    sigma = np.exp(rng.uniform(-1.0, 0.5, size=n))
+    return mu + sigma * (1.0 - rng.exponential(size=n)), mu, sigma
+
+
+def test_signed_conformal_quantiles_are_the_hand_computed_order_statistics():
+    from uamt.uncertainty.conformal import signed_conformal_quantiles
+
+    scores = [2.0, -3.0, 0.5, 7.0, -1.0, 0.0, 4.0, 1.0, -2.0]  # sorted: -3 -2 -1 0 0.5 1 2 4 7, n = 9
+    # gamma 0.6: k_hi = ceil(10 * 0.8) = 8 -> 4, k_lo = floor(10 * 0.2) = 2 -> -2
+    assert signed_conformal_quantiles(scores, 0.6) == (-2.0, 4.0)
+    # gamma 0.8: k_hi = 9 -> 7 (the largest), k_lo = 1 -> -3 (the smallest)
+    assert signed_conformal_quantiles(scores, 0.8) == (-3.0, 7.0)
+    # gamma 0.9: k_hi = ceil(9.5) = 10 > n -> unbounded, as conformal_quantile's +inf
+    assert signed_conformal_quantiles(scores, 0.9) == (-math.inf, math.inf)
+    # gamma 0: the median (k_hi = ceil(5) = 5 = k_lo)
+    assert signed_conformal_quantiles(scores, 0.0) == (0.5, 0.5)
+    with pytest.raises(ValueError, match="gamma"):
+        signed_conformal_quantiles(scores, 1.5)
+
+
+def test_signed_mondrian_thresholds_on_a_tiny_table():
+    from uamt.uncertainty.candidates import SignedMondrianConformalCalibrator
+
+    calibrator = SignedMondrianConformalCalibrator(gammas=(0.6, 0.8))
+    human = np.array([2.0, -3.0, 0.5, 7.0, -1.0, 0.0, 4.0, 1.0, -2.0])
+    # signed z = (human - mu) / sigma = human / 2: sorted -1.5 -1 -0.5 0 0.25 0.5 1 2 3.5
+    params = calibrator._bin_params(human, np.zeros(9), np.full(9, 2.0))
+    assert params == {"lo@0.6": -1.0, "hi@0.6": 2.0, "lo@0.8": -1.5, "hi@0.8": 3.5}
+    assert calibrator._bin_params(np.array([]), np.array([]), np.array([])) == {
+        "lo@0.6": -math.inf, "hi@0.6": math.inf, "lo@0.8": -math.inf, "hi@0.8": math.inf,
+    }
+    # fitted end to end: per bin the order statistics of the z of that bin's rows on the fitted scale
+    rng = np.random.default_rng(20)
+    human, mu, sigma = skewed(rng, 300)
+    fitted = SignedMondrianConformalCalibrator(gammas=(0.6, 0.8), n_bins=2, per_lp=False).fit(human, mu, sigma)
+    params = fitted.global_params
+    upper_bin = mu > params["edge1"]
+    scale = fitted.variance.transform(mu, sigma)
+    z = np.sort(((human - mu) / scale)[upper_bin])
+    n = z.size
+    k_hi = math.ceil((n + 1) * 0.9)
+    assert params["b1:hi@0.8"] == z[k_hi - 1] and params["b1:lo@0.8"] == z[n - k_hi]
+    # the interval reads them; between levels lo and hi are interpolated linearly in probability
+    row = np.flatnonzero(upper_bin)[:1]
+    for gamma, lo, hi in (
+        (0.8, params["b1:lo@0.8"], params["b1:hi@0.8"]),
+        (0.7, (params["b1:lo@0.6"] + params["b1:lo@0.8"]) / 2, (params["b1:hi@0.6"] + params["b1:hi@0.8"]) / 2),
+    ):
+        low, high = fitted.interval_at(mu[row], sigma[row], gamma)
+        np.testing.assert_allclose([low[0], high[0]], [mu[row][0] + lo * scale[row][0], mu[row][0] + hi * scale[row][0]])
+    low, high = fitted.interval_at(mu[row], sigma[row], 0.85)  # above the largest fitted level
+    assert (low[0], high[0]) == (-math.inf, math.inf)
+
+
+@pytest.mark.parametrize("gamma", [0.9, 0.95])
+def test_signed_mondrian_covers_the_skewed_tail_the_symmetric_one_misses(gamma):
+    rng = np.random.default_rng(21)
+    cal, (human, mu, sigma) = skewed(rng, 6000), skewed(rng, 30000)
+    misses = {}
+    for name in ("mondrian_conformal", "signed_mondrian_conformal"):
+        calibrator = fit_candidate(name, *cal, None, common=COMMON, n_levels=100, ece_bound=0.01)
+        low, high = calibrator.interval_at(mu, sigma, gamma)
+        assert abs(np.mean((low <= human) & (human <= high)) - gamma) < 0.015, name  # both marginally nominal
+        misses[name] = (np.mean(human < low), np.mean(human > high))
+    tail = (1 - gamma) / 2
+    below, above = misses["signed_mondrian_conformal"]
+    assert abs(below - tail) < 0.01 and abs(above - tail) < 0.01, misses
+    # the symmetric |z| threshold misses the long lower tail about twice as often as its share
+    assert misses["mondrian_conformal"][0] > 1.6 * tail, misses
+
+
+def test_signed_mondrian_is_nominal_on_symmetric_heteroscedastic_data():
+    rng = np.random.default_rng(22)
+    cal, (human, mu, sigma, _) = heteroscedastic(rng, 5000)[:3], heteroscedastic(rng, 20000)
+    calibrator = fit_candidate("signed_mondrian_conformal", *cal, None, common=COMMON, n_levels=100, ece_bound=0.01)
+    for gamma in (0.5, 0.8, 0.9, 0.95):
+        low, high = calibrator.interval_at(mu, sigma, gamma)
+        assert abs(np.mean((low <= human) & (human <= high)) - gamma) < 0.015, gamma
+
+
+def test_signed_mondrian_risk_comes_from_the_interval():
+    from uamt.uncertainty.candidates import SignedMondrianConformalCalibrator
+
+    rng = np.random.default_rng(23)
+    human, mu, sigma = skewed(rng, 2000)
+    lp = np.where(rng.random(2000) < 0.5, "en-de", "zh-en").astype(object)
+    calibrator = SignedMondrianConformalCalibrator(**COMMON).fit(human, mu, sigma, lp=lp)
+    for gamma in (0.9, 0.87, 0.02):  # a fitted level, one between levels, one below the smallest
+        low, high = calibrator.interval_at(mu, sigma, gamma, lp)
+        np.testing.assert_allclose(calibrator.risk(mu, sigma, low, lp), (1 - gamma) / 2, atol=1e-9)
+        np.testing.assert_allclose(calibrator.risk(mu, sigma, high, lp), (1 + gamma) / 2, atol=1e-9)
+    # monotone in the threshold, clipped to the outermost fitted probabilities beyond the knots
+    chis = np.linspace(-30, 30, 301)
+    risks = np.array([calibrator.risk(mu[:20], sigma[:20], chi, lp[:20]) for chi in chis])
+    assert np.all(np.diff(risks, axis=0) >= 0)
+    np.testing.assert_allclose(risks[0], 0.005)
+    np.testing.assert_allclose(risks[-1], 0.995)
+    # the served sigma: the Gaussian with it has the signed interval's width at gamma
+    low, high = calibrator.interval_at(mu, sigma, 0.9, lp)
+    served = candidate_sigma(calibrator, mu, sigma, lp, 0.9)
+    np.testing.assert_allclose(served, (high - low) / (2 * 1.6448536269514722))
+
+
+def test_signed_mondrian_is_invariant_to_row_order_and_round_trips():
+    import json
+
+    from uamt.uncertainty.candidates import SignedMondrianConformalCalibrator, candidate_from_dict
+
+    rng = np.random.default_rng(24)
+    human, mu, sigma = skewed(rng, 1500)
+    lp = np.where(rng.random(1500) < 0.3, "en-de", "zh-en").astype(object)
+    fitted = SignedMondrianConformalCalibrator(**COMMON).fit(human, mu, sigma, lp=lp)
+    order = rng.permutation(1500)
+    shuffled = SignedMondrianConformalCalibrator(**COMMON).fit(human[order], mu[order], sigma[order], lp=lp[order])
+    fitted_dict, shuffled_dict = fitted.to_dict(), shuffled.to_dict()
+    # the thresholds, edges and the variance fit are the same; only the reported mean dev score of
+    # the variance fit differs, by float summation order
+    for data in (fitted_dict, shuffled_dict):
+        scores = [data["variance"]["global"].pop("score"), *(p.pop("score") for p in data["variance"]["lps"].values())]
+        data["scores"] = pytest.approx(scores, rel=1e-12) if data is fitted_dict else scores
+    assert shuffled_dict == fitted_dict
+    data = json.loads(json.dumps(fitted.to_dict()))  # +-inf bounds survive JSON
+    again = SignedMondrianConformalCalibrator.from_dict(data)
+    assert again.to_dict() == fitted.to_dict()
+    served = candidate_from_dict({"signed_mondrian_conformal": data}, "signed_mondrian_conformal")
+    assert isinstance(served, SignedMondrianConformalCalibrator)
+    for gamma in (0.5, 0.9, 0.99):
+        np.testing.assert_array_equal(served.interval_at(mu, sigma, gamma, lp), fitted.interval_at(mu, sigma, gamma, lp))
+    # a cell too small for the outer levels: its bounds are -inf / +inf, and read back so (JSON null)
+    small = SignedMondrianConformalCalibrator(per_lp=False).fit(human[:60], mu[:60], sigma[:60])
+    assert small.global_params["b0:lo@0.99"] == -math.inf and small.global_params["b0:hi@0.99"] == math.inf
+    assert small.to_dict()["global"]["b0:lo@0.99"] is None
+    read = SignedMondrianConformalCalibrator.from_dict(json.loads(json.dumps(small.to_dict())))
+    assert read.global_params == small.global_params
+    low, high = read.interval_at(mu[:3], sigma[:3], 0.99)
+    assert np.all(low == -np.inf) and np.all(high == np.inf)
+    with pytest.raises(ValueError, match="expected a serialised 'signed_mondrian_conformal', got kind='mondrian_conformal'"):
+        SignedMondrianConformalCalibrator.from_dict({**data, "kind": "mondrian_conformal"})
+
+
+def test_evaluation_counts_the_signed_interval_and_serves_it(tmp_path):
+    from uamt.calibrated import Calibration
+    from uamt.uncertainty.candidates import inside_interval
+
+    rng = np.random.default_rng(25)
+    dev, test = (table(*skewed(rng, 1500), doc=np.array([f"d{i % 40}" for i in range(1500)])) for _ in range(2))
+    settings = EvaluationSettings(
+        calibration="signed_mondrian_conformal", calibration_candidates=("mondrian_conformal", "signed_mondrian_conformal"),
+        low_score_threshold=-1.5,
+    )
+    result = evaluate_predictions(test, dev, settings=settings)
+    calibration = Calibration.from_result(result["calibration"])
+    path = tmp_path / "hts.json"
+    calibration.save(path)
+    served = Calibration.load(path)
+    assert served.selected == "signed_mondrian_conformal"
+    low, high = served.interval(test["mu"], test["sigma"], 0.9, ["en-de"] * 1500)
+    inside = inside_interval(test["human"], None, None, 0.9, (low, high))
+    model = result["methods"]["model"]
+    assert model["pooled"]["coverage@0.9"] == pytest.approx(inside.mean())
+    bad = test["human"].to_numpy() <= -1.5
+    assert model["conditional"]["low_score"]["coverage"] == pytest.approx(inside[bad].mean())
+    symmetric = result["candidates"]["mondrian_conformal"]["test"]["conditional"]["low_score"]["coverage"]
+    assert model["conditional"]["low_score"]["coverage"] > symmetric + 0.05
+    risk = served.risk(test["mu"], test["sigma"], low[0], ["en-de"] * 1500)
+    assert risk[0] == pytest.approx(0.05)
+    # the served mu is the model's; its sigma is the signed interval's Gaussian-equivalent width
+    mu, sigma = served.apply(test["mu"], test["sigma"], ["en-de"] * 1500)
+    np.testing.assert_allclose(2 * 1.6448536269514722 * sigma, high - low)
+
+
+def test_served_signed_calibration_with_unbounded_levels_loads(tmp_path):
+    """Cells too small for the 0.99 level give -inf / +inf bounds: the file (JSON null) passes the
+    loader's checks, reads back unbounded at 0.99 and finite at 0.9; a file without the candidate
+    (written before it existed) loads as before."""
+    from uamt.calibrated import Calibration
+
+    rng = np.random.default_rng(26)
+    dev = table(*skewed(rng, 300), doc=np.array([f"d{i % 30}" for i in range(300)]))
+    pinned = EvaluationSettings(
+        min_lp_rows=20, calibration="signed_mondrian_conformal", calibration_candidates=("signed_mondrian_conformal",)
+    )
+    result = evaluate_predictions(dev, dev, settings=pinned, scope="served")
+    params = result["calibration"]["candidates"]["signed_mondrian_conformal"]["lps"]["en-de"]
+    assert params["b0:lo@0.99"] is None and params["b0:hi@0.99"] is None  # 60 rows per cell: k_hi = 61 > 60
+    path = tmp_path / "cal.json"
+    Calibration.from_result(result["calibration"]).save(path)
+    served = Calibration.load(path)
+    assert served.served.lp_params["en-de"]["b0:lo@0.99"] == -math.inf
+    mu, sigma = dev["mu"].to_numpy(), dev["sigma"].to_numpy()
+    low, high = served.interval(mu, sigma, 0.99, ["en-de"] * 300)
+    assert np.all(np.isinf(low)) and np.all(np.isinf(high)) and np.all(low < 0)
+    low, high = served.interval(mu, sigma, 0.9, ["en-de"] * 300)
+    assert np.all(np.isfinite(low)) and np.all(low < mu) and np.all(mu < high)
+    older = {k: v for k, v in result["calibration"].items() if k != "candidates"}
+    older["selected"] = None
+    assert Calibration.from_dict(older).served is None

@@ -168,9 +168,11 @@ class Calibration:
                 for key, value in params.items():
                     where = f"{block}[{group}].{key} = {value!r}"
                     conformal_threshold = conformal and "q@" in key
+                    # signed conformal bounds: a lower one may be -inf, an upper one +inf, either sign
+                    signed_bound = conformal and (("lo@" in key and value < 0) or ("hi@" in key and value > 0))
                     if not isinstance(value, (int, float)) or math.isnan(value):
                         return f"{where} is not a number"
-                    if math.isinf(value) and not (conformal_threshold and value > 0):
+                    if math.isinf(value) and not ((conformal_threshold and value > 0) or signed_bound):
                         return f"{where} is not finite"
                     if key in rules.get("positive", ()) and not value > 0:
                         return f"{where} must be > 0"
@@ -270,9 +272,12 @@ class Calibration:
         # not the model's sigma: a conformal scale fitted with alpha ~ 0 would ignore the input).
         widen = self._widen(lp, n_refs, len(mu_z))
         low_z, high_z = mu_z - (mu_z - low_z) * widen, mu_z + (high_z - mu_z) * widen
-        low, _ = self.standardizer.to_human_scale(low_z, np.zeros_like(low_z), lp)
-        high, _ = self.standardizer.to_human_scale(high_z, np.zeros_like(high_z), lp)
-        return low, high
+        # A level beyond the calibration's reach is unbounded (a conformal bound of -inf / +inf): it
+        # stays so on the human scale (the standardiser maps finite values only).
+        unbounded_low, unbounded_high = np.isinf(low_z), np.isinf(high_z)
+        low, _ = self.standardizer.to_human_scale(np.where(unbounded_low, mu_z, low_z), np.zeros_like(low_z), lp)
+        high, _ = self.standardizer.to_human_scale(np.where(unbounded_high, mu_z, high_z), np.zeros_like(high_z), lp)
+        return np.where(unbounded_low, -np.inf, low), np.where(unbounded_high, np.inf, high)
 
     def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray:
         """P(Q <= threshold) under the served calibrated distribution (human scale): the same one

@@ -21,6 +21,10 @@ marginal calibration but differ in how much of the model's per-segment sigma the
 ``mondrian_conformal``
     :class:`MondrianConformalCalibrator`: the same per LP *and per quintile of predicted mu*, on the
     sigma of ``affine_nll`` -- MQM's errors depend on where mu lies (zero-inflated, long-tailed).
+``signed_mondrian_conformal``
+    :class:`SignedMondrianConformalCalibrator`: the same cells with separate lower and upper
+    quantiles of the *signed* :math:`(q^* - \\hat\\mu)/s` -- an asymmetric interval for MQM's skewed
+    residuals (the major-error translations far below mu).
 
 Every candidate is fitted in standardised units (after :class:`Standardizer`) per LP with global
 fallback, like the papers' calibration.  :func:`cross_fitted_sigmas` fits each candidate on all but
@@ -44,7 +48,15 @@ from uamt.uncertainty.calibration import (
     _as_lp,
     _ece_columns,
 )
-from uamt.uncertainty.conformal import ConformalCalibrator, _key, cdf_knots, conformal_quantile
+from uamt.uncertainty.conformal import (
+    ConformalCalibrator,
+    _key,
+    _signed_key,
+    cdf_knots,
+    conformal_quantile,
+    signed_cdf_knots,
+    signed_conformal_quantiles,
+)
 from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
     _as_1d,
@@ -253,10 +265,14 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         params = {f"edge{k + 1}": float(e) for k, e in enumerate(edges)}
         for b in range(self.n_bins):
             rows = bins == b
-            scores = standardized_abs_error(human[rows], mu[rows], sigma[rows]) if rows.any() else np.array([np.inf])
-            params.update({f"b{b}:{_key(g)}": conformal_quantile(scores, g) for g in self.gammas})
+            params.update({f"b{b}:{key}": value for key, value in self._bin_params(human[rows], mu[rows], sigma[rows]).items()})
         params["n"] = float(human.size)
         return params
+
+    def _bin_params(self, human, mu, sigma) -> dict[str, float]:
+        """Thresholds of one (LP, mu bin) from its rows (arrays of shape [n_b], possibly empty)."""
+        scores = standardized_abs_error(human, mu, sigma) if human.size else np.array([np.inf])
+        return {_key(g): conformal_quantile(scores, g) for g in self.gammas}
 
     def _cells(self, mu, sigma, lp):
         """``(rows, prefix, params, scale)`` for each (LP, mu bin) present; ``scale`` shape [n]."""
@@ -311,6 +327,90 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         return obj
 
 
+class SignedMondrianConformalCalibrator(MondrianConformalCalibrator):
+    """Mondrian conformal with separate lower and upper bounds: an asymmetric interval per (LP, mu bin).
+
+    MQM residuals are skewed: a translation with major errors sits far *below* the predicted mu, and
+    a symmetric :math:`|z|` threshold spends its width on both sides, so it under-covers the bad
+    tail.  The scale :math:`s_j` (:class:`ScoreVarianceCalibrator`), the LP x mu-bin cells and their
+    edges are :class:`MondrianConformalCalibrator`'s; in each cell b the signed scores
+    :math:`z_i = (q^*_i - \\hat\\mu_i)/s_i` give, per level gamma,
+    ``b<b>:lo@<gamma>`` and ``b<b>:hi@<gamma>`` (:func:`~uamt.uncertainty.conformal.signed_conformal_quantiles`:
+    the :math:`\\lfloor (n+1)(1-\\gamma)/2 \\rfloor`-th and :math:`\\lceil (n+1)(1+\\gamma)/2 \\rceil`-th
+    smallest :math:`z`; :math:`\\mp\\infty` when the cell has too few rows).  The interval
+
+    .. math:: [\\hat\\mu_j + lo_\\gamma s_j,\\; \\hat\\mu_j + hi_\\gamma s_j]
+
+    misses below and above each with probability at most :math:`(1-\\gamma)/2` within the cell.
+    Interval (:meth:`interval_at`) and risk (:meth:`risk`) read one predictive distribution: the
+    piecewise-linear CDF :math:`F` of z through the knots :math:`((1-\\gamma)/2, lo_\\gamma)` and
+    :math:`((1+\\gamma)/2, hi_\\gamma)` of every level with finite bounds
+    (:func:`~uamt.uncertainty.conformal.signed_cdf_knots`).  The Gaussian-equivalent sigma that
+    :func:`candidate_sigma` serves is :math:`(hi_\\gamma - lo_\\gamma) s / (2 z_{(1+\\gamma)/2})`: the width
+    is kept, not the asymmetry, which only :meth:`interval_at` and :meth:`risk` carry.
+    """
+
+    kind = "signed_mondrian_conformal"
+
+    def _bin_params(self, human, mu, sigma) -> dict[str, float]:
+        scores = (human - mu) / sigma
+        params = {}
+        for g in self.gammas:
+            lo, hi = signed_conformal_quantiles(scores, g) if scores.size else (-math.inf, math.inf)
+            params[_signed_key("lo", g)], params[_signed_key("hi", g)] = lo, hi
+        return params
+
+    def interval_at(self, mu, sigma, gamma: float, lp=None) -> tuple[np.ndarray, np.ndarray]:
+        """Interval ``(lower, upper)`` at level gamma, each shape [n]: :math:`\\hat\\mu + F^{-1}((1 \\mp \\gamma)/2)\\,s`.
+
+        :math:`F^{-1}` is linear in probability between the knots, so a fitted level gives its
+        ``lo``/``hi`` exactly and the bounds of other levels are interpolated between the two nearest
+        (below the smallest fitted level, between its ``lo`` and ``hi``); ``(-inf, +inf)`` above the
+        largest level with finite bounds.
+        """
+        mu = _as_1d("mu", mu)
+        gamma = _check_gamma(gamma)
+        lower, upper = np.empty(mu.size), np.empty(mu.size)
+        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
+            probs, knots = signed_cdf_knots(params, self.gammas, prefix)
+            if probs.size == 0 or gamma > probs[-1] - probs[0] + 1e-12:
+                lower[rows], upper[rows] = -np.inf, np.inf
+                continue
+            lo, hi = np.interp([(1.0 - gamma) / 2.0, (1.0 + gamma) / 2.0], probs, knots)
+            lower[rows], upper[rows] = mu[rows] + lo * scale[rows], mu[rows] + hi * scale[rows]
+        return lower, upper
+
+    def risk(self, mu, sigma, threshold, lp=None) -> np.ndarray:
+        """P(Q <= threshold) = :math:`F((\\chi - \\hat\\mu)/s)`, shape [n], from the same knots as :meth:`interval_at`.
+
+        F is non-decreasing (the bounds are order statistics whose ranks move outwards with gamma).
+        Beyond the outermost finite knots it is *clipped* to their probabilities,
+        :math:`(1-\\gamma_{max})/2` and :math:`(1+\\gamma_{max})/2` (no extrapolation: the calibration
+        set says nothing about the tail beyond its extreme order statistics; 0.005 / 0.995 with the
+        default levels).  A cell without a finite bound has :math:`F = 1/2` everywhere.
+        """
+        mu = _as_1d("mu", mu)
+        chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
+        cdf = np.empty(mu.size)
+        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
+            probs, knots = signed_cdf_knots(params, self.gammas, prefix)
+            if probs.size == 0:
+                cdf[rows] = 0.5
+                continue
+            cdf[rows] = np.interp((chi[rows] - mu[rows]) / scale[rows], knots, probs)
+        return cdf
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        """Read :meth:`to_dict` output.  Its JSON writes an infinite bound as null, which the shared
+        reader turns into +inf; a lower bound (``lo@``) is unbounded only downwards, so it is -inf."""
+        obj = super().from_dict(data)
+        for params in (obj.global_params, *obj.lp_params.values()):
+            if params is not None:
+                params.update({k: -math.inf for k, v in params.items() if "lo@" in k and v == math.inf})
+        return obj
+
+
 # =========================================================================== the candidates
 def _affine(common: dict[str, Any], n_levels: int, ece_bound: float):
     return AffineVarianceCalibrator(**common, n_levels=n_levels)
@@ -332,7 +432,15 @@ CANDIDATES: dict[str, Callable[..., Any]] = {
     "mondrian_conformal": lambda common, n_levels, ece_bound: MondrianConformalCalibrator(
         **common, n_levels=n_levels, ece_bound=ece_bound
     ),
+    "signed_mondrian_conformal": lambda common, n_levels, ece_bound: SignedMondrianConformalCalibrator(
+        **common, n_levels=n_levels, ece_bound=ece_bound
+    ),
 }
+
+
+#: Candidates fitted when none are named (``EvaluationSettings.calibration_candidates``): every one
+#: but ``signed_mondrian_conformal``, which is opt-in until the pipeline's params name it.
+DEFAULT_CANDIDATES: tuple[str, ...] = tuple(name for name in CANDIDATES if name != "signed_mondrian_conformal")
 
 
 def candidate_from_dict(candidates: dict[str, Any] | None, selected: str | None):
@@ -340,7 +448,13 @@ def candidate_from_dict(candidates: dict[str, Any] | None, selected: str | None)
     if not selected or selected == "affine_ece" or not candidates:
         return None
     data = candidates[selected]
-    served = (AffineVarianceCalibrator, ScoreVarianceCalibrator, ConformalCalibrator, MondrianConformalCalibrator)
+    served = (
+        AffineVarianceCalibrator,
+        ScoreVarianceCalibrator,
+        ConformalCalibrator,
+        MondrianConformalCalibrator,
+        SignedMondrianConformalCalibrator,
+    )
     kinds = {cls.kind: cls for cls in served}
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in kinds:
@@ -376,6 +490,36 @@ def candidate_sigma(calibrator, mu_z, sigma_z, lp, gamma: float) -> np.ndarray:
         low, high = calibrator.interval(mu_z, sigma_z, gamma, lp)
         return (high - low) / (2.0 * float(probit((1.0 + gamma) / 2.0)))
     return calibrator.transform(mu_z, sigma_z, lp)
+
+
+def candidate_interval(calibrator, mu_z, sigma_z, lp, gamma: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """The interval ``(lower, upper)`` at ``gamma`` (each shape [n]) of a calibrator whose interval is
+    *not* the central Gaussian one of :func:`candidate_sigma` -- an asymmetric one
+    (:class:`SignedMondrianConformalCalibrator`) -- or None where that Gaussian interval is exact.
+
+    Coverage is measured on these bounds where there are any (:func:`conditional_report`,
+    :func:`candidate_summary`): the symmetric sigma keeps the width but not the asymmetry.
+    """
+    if isinstance(calibrator, SignedMondrianConformalCalibrator):
+        return calibrator.interval_at(mu_z, sigma_z, gamma, lp)
+    return None
+
+
+def inside_interval(human, mu, sigma, gamma: float, bounds=None) -> np.ndarray:
+    """Whether each row's human score lies in its interval at ``gamma``, boolean shape [n].
+
+    ``bounds`` = ``(lower, upper)`` (shape [n] each): :math:`lower_j \\le q^*_j \\le upper_j`;
+    None: the central Gaussian interval, :math:`|q^*_j - \\hat\\mu_j| \\le \\hat\\sigma_j z_{(1+\\gamma)/2}`
+    (as :func:`~uamt.uncertainty.metrics.grouped_coverage` counts it).
+    """
+    human = np.asarray(human, dtype=float)
+    if bounds is None:
+        return np.abs(human - np.asarray(mu, dtype=float)) <= np.asarray(sigma, dtype=float) * float(
+            probit((1.0 + _check_gamma(gamma)) / 2.0)
+        )
+    lower, upper = (np.asarray(b, dtype=float) for b in bounds)
+    _check_same_length(human=human, lower=lower, upper=upper)
+    return (lower <= human) & (human <= upper)
 
 
 # =========================================================================== folds and cross-fitting
@@ -429,16 +573,27 @@ def standardize(dev, rows_fit, rows_apply, common: dict[str, Any]):
 
 
 def cross_fitted_sigmas(
-    arrays, folds: np.ndarray, names: Sequence[str], *, common: dict[str, Any], n_levels: int, ece_bound: float, gamma: float
-) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    arrays,
+    folds: np.ndarray,
+    names: Sequence[str],
+    *,
+    common: dict[str, Any],
+    n_levels: int,
+    ece_bound: float,
+    gamma: float,
+    with_bounds: bool = False,
+):
     """Out-of-fold standardised ``human_z``, ``mu_z`` and calibrated sigma per candidate, each shape [n].
 
     For each fold f: the standardiser and every candidate are fitted on the rows outside f and
     applied to the rows of f.  Candidates that cannot be fitted on a fold (degenerate data) get NaN.
+    ``with_bounds``: a fourth item, ``{name: (lower, upper)}`` (shape [n] each, out of fold) of the
+    candidates with an interval of their own (:func:`candidate_interval`).
     """
     n = len(arrays)
     human_z, mu_z = np.full(n, np.nan), np.full(n, np.nan)
     sigmas = {name: np.full(n, np.nan) for name in names}
+    bounds: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for fold in np.unique(folds):
         held_out = folds == fold
         _, (fit_h, fit_mu, fit_sigma), (h, m, s) = standardize(arrays, ~held_out, held_out, common)
@@ -451,6 +606,12 @@ def cross_fitted_sigmas(
             except ValueError:
                 continue
             sigmas[name][held_out] = candidate_sigma(calibrator, m, s, arrays.lp[held_out], gamma)
+            interval = candidate_interval(calibrator, m, s, arrays.lp[held_out], gamma)
+            if interval is not None:
+                lower, upper = bounds.setdefault(name, (np.full(n, np.nan), np.full(n, np.nan)))
+                lower[held_out], upper[held_out] = interval
+    if with_bounds:
+        return human_z, mu_z, sigmas, bounds
     return human_z, mu_z, sigmas
 
 
@@ -458,8 +619,13 @@ def cross_fitted_sigmas(
 #: Rules that pick the served candidate from cross-fitted dev metrics (``evaluate.calibration_rule``).
 RULES = ("min_goal_ratio", "min_ece", "min_ence")
 
-def candidate_summary(human, mu, sigma, lp, gamma: float, n_levels: int = N_CONFIDENCE_LEVELS) -> dict[str, float]:
+def candidate_summary(
+    human, mu, sigma, lp, gamma: float, n_levels: int = N_CONFIDENCE_LEVELS, *, bounds=None
+) -> dict[str, float]:
     """The quantities the rules compare, on one candidate's (out-of-fold) predictions, shape [n].
+
+    ``bounds``: the candidate's own interval at ``gamma`` (:func:`candidate_interval`), on which the
+    coverage errors are then measured; ENCE and ECE always read the (Gaussian-equivalent) sigma.
 
     ``lp_coverage_error`` (max over LPs of :math:`|\\mathrm{acc} - \\gamma|`), ``sigma_quintile_error`` and
     ``mu_quintile_error`` (the same over quintiles of sigma / mu taken within each LP),
@@ -468,7 +634,7 @@ def candidate_summary(human, mu, sigma, lp, gamma: float, n_levels: int = N_CONF
     """
     human, mu, sigma = (np.asarray(a, dtype=float) for a in (human, mu, sigma))
     lp = np.asarray(lp, dtype=object)
-    report = conditional_report(human, mu, sigma, lp, gamma)
+    report = conditional_report(human, mu, sigma, lp, gamma, bounds=bounds)
     lps = sorted(set(lp.tolist()))
     out = {
         "lp_coverage_error": report["lp_coverage_error"],
@@ -531,12 +697,18 @@ def select_candidate(
     return min(usable, key=goal_ratio)
 
 
-def conditional_report(human, mu, sigma, lp, gamma: float, *, domain=None, low_human=None) -> dict[str, Any]:
+def conditional_report(
+    human, mu, sigma, lp, gamma: float, *, domain=None, low_human=None, bounds=None
+) -> dict[str, Any]:
     """Coverage at ``gamma`` by LP, domain, mu quintile and sigma quintile (within LP), with the worst gap of each.
 
     ``low_human``: boolean mask [n] of the rows whose human score is at or below the low-score
     threshold (e.g. MQM <= -5, the major-error translations); their coverage is reported too.
+    ``bounds``: ``(lower, upper)`` (shape [n] each), the interval whose coverage is counted
+    (:func:`inside_interval`); None: the central Gaussian interval of ``sigma``.
     """
+    human = np.asarray(human, dtype=float)
+    inside = None if bounds is None else inside_interval(human, mu, sigma, gamma, bounds)
     groupings = {"lp": np.asarray(lp, dtype=object)}
     if domain is not None:
         groupings["domain"] = np.asarray(domain, dtype=object)
@@ -544,16 +716,33 @@ def conditional_report(human, mu, sigma, lp, gamma: float, *, domain=None, low_h
     groupings["sigma_quintile"] = _within_lp_quintiles(np.asarray(sigma, dtype=float), groupings["lp"])
     report: dict[str, Any] = {}
     for key, groups in groupings.items():
-        by_group = grouped_coverage(human, mu, sigma, groups, gamma)
+        by_group = grouped_coverage(human, mu, sigma, groups, gamma) if bounds is None else _grouped(inside, groups)
         report[f"by_{key}"] = by_group
         report[f"{key}_coverage_error"] = max(abs(g["coverage"] - gamma) for g in by_group.values())
     if low_human is not None:
         low = np.asarray(low_human, dtype=bool)
         report["low_score"] = {
-            "coverage": interval_coverage(human[low], mu[low], sigma[low], gamma) if low.any() else None,
+            "coverage": (
+                None
+                if not low.any()
+                else interval_coverage(human[low], mu[low], sigma[low], gamma)
+                if bounds is None
+                else float(np.mean(inside[low]))
+            ),
             "n": int(low.sum()),
         }
     return report
+
+
+def _grouped(inside: np.ndarray, groups) -> dict[str, dict[str, float]]:
+    """``{str(label): {"coverage", "n"}}`` of a boolean ``inside`` [n] per group, in sorted label order
+    (the layout of :func:`~uamt.uncertainty.metrics.grouped_coverage`)."""
+    labels = np.asarray(groups)
+    out = {}
+    for label in sorted(set(labels.tolist()), key=str):
+        rows = labels == label
+        out[str(label)] = {"coverage": float(np.mean(inside[rows])), "n": float(rows.sum())}
+    return out
 
 
 def cross_fitted_ece(arrays, folds: np.ndarray, *, common: dict[str, Any], n_levels: int = N_CONFIDENCE_LEVELS) -> dict[str, Any]:

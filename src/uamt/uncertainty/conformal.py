@@ -68,6 +68,59 @@ def conformal_quantile(scores, gamma: float) -> float:
     return float(scores[max(rank, 1) - 1])
 
 
+def signed_conformal_quantiles(scores, gamma: float) -> tuple[float, float]:
+    """Finite-sample conformal bounds ``(lo, hi)`` of a *signed* score at level gamma.
+
+    With the signed scores sorted, :math:`z_{(1)} \\le \\dots \\le z_{(n)}`,
+
+    .. math:: k_{hi} = \\lceil (n+1)(1+\\gamma)/2 \\rceil, \\quad
+              k_{lo} = \\lfloor (n+1)(1-\\gamma)/2 \\rfloor = n + 1 - k_{hi}, \\quad
+              lo = z_{(k_{lo})}, \\; hi = z_{(k_{hi})}
+
+    (the empirical quantiles at :math:`k_{lo}/n` and :math:`k_{hi}/n`).  A new exchangeable score falls
+    below ``lo`` and above ``hi`` each with probability at most :math:`(1-\\gamma)/2`, so
+    :math:`[lo, hi]` covers it with probability at least gamma, whatever the skew.  When
+    :math:`k_{hi} > n` (too few scores) the bounds are ``(-inf, +inf)``, as :func:`conformal_quantile`
+    returns ``+inf``.
+
+    Parameters
+    ----------
+    scores : array_like, shape [n]
+        Signed nonconformity scores, e.g. :math:`(q^* - \\hat\\mu)/\\hat s`.
+    gamma : float
+        Target coverage in [0, 1).
+
+    Returns
+    -------
+    tuple of float
+        ``(lo, hi)`` with ``lo <= hi``.
+    """
+    scores = np.sort(_as_1d("scores", scores))
+    gamma = _check_gamma(gamma)
+    n = scores.size
+    rank = max(math.ceil((n + 1) * (1.0 + gamma) / 2.0 - 1e-9), 1)  # tolerance as in conformal_quantile
+    if rank > n:
+        return -math.inf, math.inf
+    return float(scores[n - rank]), float(scores[rank - 1])
+
+
+def _signed_key(side: str, gamma: float) -> str:
+    return f"{side}@{gamma:g}"
+
+
+def signed_cdf_knots(params: dict[str, float], gammas: Sequence[float], prefix: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """``(probabilities, z)`` of the piecewise-linear CDF of a signed score, both shape [2m], increasing.
+
+    The knots are :math:`((1-\\gamma)/2,\\ lo_\\gamma)` and :math:`((1+\\gamma)/2,\\ hi_\\gamma)` for the
+    m levels whose bounds ``params[prefix + "lo@<gamma>"]`` / ``"hi@<gamma>"`` are finite.
+    """
+    levels = [g for g in gammas if math.isfinite(params[prefix + _signed_key("hi", g)])]
+    lows = [params[prefix + _signed_key("lo", g)] for g in reversed(levels)]
+    highs = [params[prefix + _signed_key("hi", g)] for g in levels]
+    probs = [(1.0 - g) / 2.0 for g in reversed(levels)] + [(1.0 + g) / 2.0 for g in levels]
+    return np.array(probs), np.array(lows + highs)
+
+
 def cdf_knots(params: dict[str, float], gammas: Sequence[float], prefix: str = "") -> tuple[np.ndarray, np.ndarray]:
     """``(levels, thresholds)`` of the piecewise-linear CDF of |z| through (0, 0) and the finite
     fitted thresholds ``params[prefix + "q@<gamma>"]``."""

@@ -31,8 +31,9 @@ from uamt.errors import DataError
 from uamt.fileio import atomic_write_json
 from uamt.uncertainty.calibration import AffineVarianceCalibrator, FixedVarianceCalibrator
 from uamt.uncertainty.candidates import (
-    CANDIDATES,
+    DEFAULT_CANDIDATES,
     RULES,
+    candidate_interval,
     candidate_sigma,
     candidate_summary,
     check_candidates,
@@ -41,6 +42,7 @@ from uamt.uncertainty.candidates import (
     cross_fitted_sigmas,
     document_folds,
     fit_candidate,
+    inside_interval,
     select_candidate,
     standardize,
 )
@@ -87,7 +89,9 @@ class EvaluationSettings:
         dev metrics of ``calibration_candidates``) or a candidate name
         (:data:`uamt.uncertainty.candidates.CANDIDATES`).
     calibration_candidates : tuple of str
-        Candidates fitted, cross-fitted on dev and reported.
+        Candidates fitted, cross-fitted on dev and reported (names of
+        :data:`~uamt.uncertainty.candidates.CANDIDATES`; default
+        :data:`~uamt.uncertainty.candidates.DEFAULT_CANDIDATES`).
     calibration_rule : str
         :data:`uamt.uncertainty.candidates.RULES`.
     lp_coverage_tolerance, quintile_coverage_tolerance : float
@@ -107,7 +111,7 @@ class EvaluationSettings:
     coverage_gamma: float = 0.9
     conformal_gammas: tuple[float, ...] = REPORT_GAMMAS
     calibration: str = "auto"
-    calibration_candidates: tuple[str, ...] = tuple(CANDIDATES)
+    calibration_candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     calibration_rule: str = "min_goal_ratio"
     lp_coverage_tolerance: float = 0.03
     quintile_coverage_tolerance: float = 0.05
@@ -369,14 +373,24 @@ def _lp_metrics(human, mu, sigma, **kwargs) -> dict[str, Any]:
 
 
 def _method_block(
-    human, mu, sigma, lp, settings: EvaluationSettings, *, domain=None, low_human=None
+    human, mu, sigma, lp, settings: EvaluationSettings, *, domain=None, low_human=None, bounds=None
 ) -> dict[str, Any]:
+    """Metrics of one method per LP, macro-averaged and pooled.  ``bounds``: ``(lower, upper)`` at
+    ``coverage_gamma`` (shape [n] each) of a method whose interval is not the Gaussian one of
+    ``sigma`` (:func:`~uamt.uncertainty.candidates.candidate_interval`): ``coverage@g`` and the
+    conditional coverage count it; the other metrics read sigma."""
     kwargs = {"n_levels": settings.n_levels, "coverage_gamma": settings.coverage_gamma}
+    tag = f"coverage@{settings.coverage_gamma:g}"
+    inside = None if bounds is None else inside_interval(human, mu, sigma, settings.coverage_gamma, bounds)
     per_lp = {}
     for name in sorted(set(lp.tolist())):
         rows = lp == name
         per_lp[name] = _lp_metrics(human[rows], mu[rows], sigma[rows], **kwargs)
+        if inside is not None:
+            per_lp[name][tag] = float(np.mean(inside[rows]))
     pooled = _lp_metrics(human, mu, sigma, **kwargs)
+    if inside is not None:
+        pooled[tag] = float(np.mean(inside))
     macro: dict[str, Any] = {"n": int(human.size), "n_lps": len(per_lp)}
     for key in pooled:
         if key == "n":
@@ -390,7 +404,7 @@ def _method_block(
         "pooled": pooled,
         "reliability": {"expected": expected.tolist(), "observed": observed.tolist()},
         "conditional": conditional_report(
-            human, mu, sigma, lp, settings.coverage_gamma, domain=domain, low_human=low_human
+            human, mu, sigma, lp, settings.coverage_gamma, domain=domain, low_human=low_human, bounds=bounds
         ),
     }
 
@@ -486,6 +500,7 @@ def evaluate_predictions(
             human, mu, sigma = test.human, test.mu, test.sigma
             fixed = FixedVarianceCalibrator(**common).fit(human, mu, lp=test.lp)
             methods = {"model": sigma}
+            bounds: dict[str, Any] = {}
             calibration: dict[str, Any] = {"fixed_variance": fixed.to_dict()}
         else:
             everything = np.ones(len(dev), dtype=bool)
@@ -497,7 +512,7 @@ def evaluate_predictions(
             )
             fixed = FixedVarianceCalibrator(**common).fit(dev_h, dev_mu, lp=dev.lp)
             if scope == "fixed_variance":
-                methods = {}
+                methods, bounds = {}, {}
                 calibration = {
                     "standardizer": standardizer.to_dict(),
                     "affine_variance": affine.to_dict(),
@@ -506,13 +521,15 @@ def evaluate_predictions(
                     "selection": {"skipped": f"scope={scope!r}"},
                 }
             else:
-                methods, calibration = _served(
+                methods, bounds, calibration = _served(
                     test, dev, (human, mu, raw_sigma), (dev_h, dev_mu, dev_sigma), standardizer, affine, fixed,
                     settings, common, result, low_human, lps, report_candidates=scope == "full",
                 )
         methods["fixed_variance"] = fixed.transform(mu, lp=test.lp)
         result["methods"] = {
-            name: _method_block(human, mu, sig, test.lp, settings, domain=test.domain, low_human=low_human)
+            name: _method_block(
+                human, mu, sig, test.lp, settings, domain=test.domain, low_human=low_human, bounds=bounds.get(name)
+            )
             for name, sig in methods.items()
         }
         result["cross_fitted_ece"] = _papers_cross_fitted_ece(test, settings, common) if scope == "full" else None
@@ -529,7 +546,8 @@ def _served(
     test, dev, test_z, dev_z, standardizer, affine, fixed, settings, common, result, low_human, lps, *, report_candidates
 ):
     """Fit the candidates on dev, pick the served one, and (``report_candidates``) put every
-    candidate's test block in ``result["candidates"]``; returns ``(methods sigmas, calibration)``."""
+    candidate's test block in ``result["candidates"]``; returns ``(methods sigmas, methods bounds,
+    calibration)`` -- the bounds only of a served candidate with an interval of its own."""
     (human, mu, raw_sigma), (dev_h, dev_mu, dev_sigma) = test_z, dev_z
     candidates = _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings, common)
     selected, selection = _select(dev, candidates, settings, common)
@@ -537,7 +555,12 @@ def _served(
         name: candidate_sigma(calibrator, mu, raw_sigma, test.lp, settings.coverage_gamma)
         for name, calibrator in candidates.items()
     }
+    test_bounds = {
+        name: candidate_interval(calibrator, mu, raw_sigma, test.lp, settings.coverage_gamma)
+        for name, calibrator in candidates.items()
+    }
     methods = {"model": test_sigmas[selected], "model_uncalibrated": raw_sigma}
+    bounds = {} if test_bounds[selected] is None else {"model": test_bounds[selected]}
     calibration = {
         "standardizer": standardizer.to_dict(),
         "affine_variance": affine.to_dict(),
@@ -556,7 +579,7 @@ def _served(
             name: {
                 "cross_fitted_dev": selection["summaries"].get(name),
                 "test": _method_block(
-                    human, mu, sig, test.lp, settings, domain=test.domain, low_human=low_human
+                    human, mu, sig, test.lp, settings, domain=test.domain, low_human=low_human, bounds=test_bounds[name]
                 ),
             }
             for name, sig in test_sigmas.items()
@@ -579,7 +602,7 @@ def _served(
         result["intervals"] = None
         calibration["conformal"] = None
         calibration["conformal_skipped"] = "some dev sigma is 0: cannot normalise conformal scores"
-    return methods, calibration
+    return methods, bounds, calibration
 
 
 def _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings: EvaluationSettings, common) -> dict[str, Any]:
@@ -606,18 +629,20 @@ def _select(dev: PredictionArrays, candidates: dict[str, Any], settings: Evaluat
     n_docs = 0 if dev.doc is None else np.unique(dev.doc).size
     if n_docs >= settings.cross_fit_folds:
         folds = document_folds(dev.doc, settings.cross_fit_folds)
-        human_z, mu_z, sigmas = cross_fitted_sigmas(
-            dev, folds, names, common=common, n_levels=settings.n_levels, ece_bound=settings.ece_bound, gamma=gamma
+        human_z, mu_z, sigmas, bounds = cross_fitted_sigmas(
+            dev, folds, names, common=common, n_levels=settings.n_levels, ece_bound=settings.ece_bound, gamma=gamma,
+            with_bounds=True,
         )
         on = f"dev, {settings.cross_fit_folds}-fold cross-fitted over {n_docs} {dev.doc_unit}"
     else:
         everything = np.ones(len(dev), dtype=bool)
         _, (human_z, mu_z, sigma_z), _ = standardize(dev, everything, everything, common)
         sigmas = {n: candidate_sigma(c, mu_z, sigma_z, dev.lp, gamma) for n, c in candidates.items()}
+        bounds = {n: candidate_interval(c, mu_z, sigma_z, dev.lp, gamma) for n, c in candidates.items()}
         on = "dev, in-sample (no doc column to cross-fit over)"
     summaries = {
         name: (
-            candidate_summary(human_z, mu_z, sig, dev.lp, gamma, settings.n_levels)
+            candidate_summary(human_z, mu_z, sig, dev.lp, gamma, settings.n_levels, bounds=bounds.get(name))
             if np.all(np.isfinite(sig)) and np.all(sig > 0)
             else None
         )
