@@ -84,12 +84,12 @@ def test_chain_writes_metrics_for_every_method_and_lp(pipeline_run):
 
 def assert_valid_intervals(out) -> None:
     """sigma > 0 and lower <= mu <= upper, strictly where nothing was clipped to the scale's bounds
-    (MQM: a mu predicted above 0 is clipped to 0, and so is the upper end)."""
+    (MQM: a mu predicted above 0 is clipped to 0, and so is the upper end; an interval wholly above 0,
+    as a tiny model predicts for "The dog barks.", becomes [0, 0])."""
     assert (out["sigma"] > 0).all()
     assert (out["lower"] <= out["mu"]).all() and (out["mu"] <= out["upper"]).all()
     free = ~out["clipped"].astype(bool)
     assert (out["lower"][free] < out["mu"][free]).all() and (out["mu"][free] < out["upper"][free]).all()
-    assert (out["lower"] < out["upper"]).all()
 
 
 @pytest.mark.slow

@@ -161,6 +161,7 @@ def test_registered_alias_is_resolved_once_per_registry_state(served, tmp_path):
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "src")]),
         "MLFLOW_TRACKING_URI": uri,
+        "MLFLOW_REGISTRY_URI": uri,  # MLflow exports the registry URI of earlier tests to the environment
         "UAMT_CACHE_DIR": str(tmp_path / "cache"),
     }
     first = _load_in_subprocess("models:/served@champion", env, tmp_path)

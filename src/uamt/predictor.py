@@ -257,14 +257,17 @@ def _resolve_local_folder(model: str, uri: str) -> Path | None:
     resolving an alias imports MLflow's SQL store (~1.5 s of every ``uamt score``)."""
     if not model.startswith("models:/"):
         return _local_model_folder(model)
-    folder = _cached_folder(uri, model)
+    # Aliases live in the registry store: MLflow's own registry URI where one is set, else the
+    # tracking store.
+    registry = os.environ.get("MLFLOW_REGISTRY_URI") or uri
+    folder = _cached_folder(registry, model)
     if folder is None:
         import mlflow
 
         mlflow.set_tracking_uri(uri)
         folder = _local_model_folder(model)
         if folder is not None:
-            _remember_folder(uri, model, folder)
+            _remember_folder(registry, model, folder)
     return folder
 
 
