@@ -51,7 +51,7 @@ from uamt.experiments.references import (
     score_references,
 )
 from uamt.experiments.rendering import percent, percent_interval
-from uamt.pipeline import CALIBRATION_DIR, PipelineConfig
+from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, check_methods
 
 if TYPE_CHECKING:
     from uamt.encoders import EncodeConfig
@@ -114,12 +114,8 @@ class NoisyRefsSettings:
     seed: int = 13
 
     def __post_init__(self) -> None:
-        from uamt.models.specs import METHODS
-
         where = f"exp_{NAME}"
-        for method in self.methods:
-            if method not in METHODS:
-                raise ConfigError(f"{where}: method={method!r} not supported; choose from {sorted(METHODS)}")
+        check_methods(self.methods, where)
         for split in self.splits:
             if split in ("d_q", "d_e"):
                 raise ConfigError(f"{where}.splits: {split!r} is a training pool; use held-out splits")

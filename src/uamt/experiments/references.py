@@ -59,10 +59,10 @@ from uamt.experiments.common import (
     share_verdict,
     write_result,
 )
+from uamt.pipeline import PipelineConfig, check_methods
 
 if TYPE_CHECKING:
     from uamt.encoders import EncodeConfig
-    from uamt.pipeline import PipelineConfig
     from uamt.uncertainty import EvaluationSettings
 
 log = logging.getLogger(__name__)
@@ -117,12 +117,8 @@ class ReferencesSettings:
     mc_samples: int | None = None
 
     def __post_init__(self) -> None:
-        from uamt.models.specs import METHODS
-
         where = f"exp_{NAME}"
-        for method in self.methods:
-            if method not in METHODS:
-                raise ConfigError(f"{where}: method={method!r} not supported; choose from {sorted(METHODS)}")
+        check_methods(self.methods, where)
         if self.draws < 1:
             raise ConfigError(f"{where}.draws={self.draws} must be >= 1")
 
