@@ -73,11 +73,7 @@ class PipelineConfig:
     plots_dir: str = "plots"
 
     def __post_init__(self) -> None:
-        from uamt.models.specs import METHODS
-
-        for name in (*self.methods, *self.qe_methods, self.dup_base, self.register_method):
-            if name not in METHODS:
-                raise ConfigError(f"{SECTION}: method={name!r} not supported; choose from {sorted(METHODS)}")
+        check_methods((*self.methods, *self.qe_methods, self.dup_base, self.register_method), SECTION)
         if self.dup_base not in self.methods:
             raise ConfigError(f"{SECTION}.dup_base={self.dup_base!r} must be one of pipeline.methods")
         if self.register_method not in (*self.methods, "dup"):
@@ -105,6 +101,15 @@ class PipelineConfig:
 
     def model_dir(self, method: str) -> Path:
         return Path(self.models_dir) / method
+
+
+def check_methods(names, where: str) -> None:
+    """ConfigError ``<where>: method='x' not supported; choose from [...]`` for the first unknown name."""
+    from uamt.models.specs import METHODS
+
+    for name in names:
+        if name not in METHODS:
+            raise ConfigError(f"{where}: method={name!r} not supported; choose from {sorted(METHODS)}")
 
 
 def load_pipeline(path: str | Path = DEFAULT_PARAMS) -> PipelineConfig:

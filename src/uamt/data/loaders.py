@@ -147,6 +147,19 @@ def _dropped_reason(system: str, patterns: Mapping[str, str]) -> str | None:
     return None
 
 
+def _count_drop(drops: dict[str, int], key: str) -> None:
+    """One more row dropped for ``key`` (the reason logged by :func:`_log_drops`)."""
+    drops[key] = drops.get(key, 0) + 1
+
+
+def _system_dropped(system: str, patterns: Mapping[str, str], drops: dict[str, int]) -> bool:
+    """Whether ``system`` matches a ``prepare.drop_systems`` pattern; its row is then counted in ``drops``."""
+    reason = _dropped_reason(system, patterns)
+    if reason is not None:
+        _count_drop(drops, f"system {system} ({reason})")
+    return reason is not None
+
+
 def _seg_line(
     lines: list[str], sid: int, text_file: Path, score_file: str, score_line: int, what: str
 ) -> str:
@@ -173,7 +186,7 @@ def _system_output(
             f"in prepare.drop_systems.{dataset} with a reason to skip it"
         )
     if drop_empty_mt and _is_blank_line(text.hyp(file_system), sid):
-        drops[EMPTY_MT] = drops.get(EMPTY_MT, 0) + 1
+        _count_drop(drops, EMPTY_MT)
         return None
     return _seg_line(text.hyp(file_system), sid, hyp_file, name, line, f"system {file_system} output")
 
@@ -420,9 +433,7 @@ def load_wmt21_da(
             system = SYSTEM_ALIASES.get(system, system)
             sid = int(sids[i])
             seg = line_of_sid[sid - 1]  # the text line that DA segment id judged
-            reason = _dropped_reason(system, drop_systems)
-            if reason is not None:
-                drops[f"system {system} ({reason})"] = drops.get(f"system {system} ({reason})", 0) + 1
+            if _system_dropped(system, drop_systems, drops):
                 continue
             if system == "HUMAN":
                 if lp not in human_reference:
@@ -433,12 +444,12 @@ def load_wmt21_da(
                 letter = human_reference[lp]
                 others = [x for x in letters if x != letter]
                 if letter not in text.refs:
-                    key = f"HUMAN = reference {letter}, whose text is not in the data"
-                    drops[key] = drops.get(key, 0) + 1
+                    _count_drop(drops, f"HUMAN = reference {letter}, whose text is not in the data")
                     continue
                 if not others:
-                    key = f"HUMAN = reference {letter}, and no other reference to score it against"
-                    drops[key] = drops.get(key, 0) + 1
+                    _count_drop(
+                        drops, f"HUMAN = reference {letter}, and no other reference to score it against"
+                    )
                     continue
                 mt = _seg_line(
                     text.refs[letter], seg, text.ref_files[letter], name, line, f"reference {letter}"
@@ -557,12 +568,11 @@ def _qe_target(
 ) -> str | None:
     """The QE file's text of a system without a published text file; None (counted) where absent."""
     if judgement is None:
-        key = f"system {system}: no text (segment not in the QE file)"
-        drops[key] = drops.get(key, 0) + 1
+        _count_drop(drops, f"system {system}: no text (segment not in the QE file)")
         return None
     if judgement.empty_target:
         if drop_empty_mt:
-            drops[EMPTY_MT] = drops.get(EMPTY_MT, 0) + 1
+            _count_drop(drops, EMPTY_MT)
             return None
         raise DataError(
             f"{qe.name}: line {judgement.line}: system {system} output is empty "
@@ -650,16 +660,12 @@ def _qe_rows(
     rows: list[dict] = []
     floored = 0
     for (system, seg), judgements in groups.items():
-        reason = _dropped_reason(system, drop_systems)
-        if reason is not None:
-            key = f"system {system} ({reason})"
-            drops[key] = drops.get(key, 0) + 1
+        if _system_dropped(system, drop_systems, drops):
             continue
         match = _REF_SYSTEM.match(system)
         refs = refs_of_row(match.group(1) if match else None, ref_texts.get(seg, {}))
         if refs is None:
-            key = f"rated reference {system}: no other reference"
-            drops[key] = drops.get(key, 0) + 1
+            _count_drop(drops, f"rated reference {system}: no other reference")
             continue
         first = judgements[0]
         mt = _qe_target(qe, first, system, drop_empty_mt, drops)
@@ -795,10 +801,7 @@ def load_wmt21_mqm(
         for i, (system, sid, score) in enumerate(zip(df["system"], df["seg_id"], df["score"], strict=True)):
             line = int(lines[i])
             sid = int(sid)
-            reason = _dropped_reason(system, drop_systems)
-            if reason is not None:
-                key = f"system {system} ({reason})"
-                drops[key] = drops.get(key, 0) + 1
+            if _system_dropped(system, drop_systems, drops):
                 continue
             match = _REF_SYSTEM.match(system)
             ref_texts = {
@@ -813,15 +816,14 @@ def load_wmt21_mqm(
                 elif qe_item is not None:
                     mt = qe_item.target
                 else:
-                    key = (
-                        f"rated reference {system}: its text is in neither wmt21-news-systems nor the QE file"
+                    _count_drop(
+                        drops,
+                        f"rated reference {system}: its text is in neither wmt21-news-systems nor the QE file",
                     )
-                    drops[key] = drops.get(key, 0) + 1
                     continue
                 refs = _other_refs(letter, ref_texts)
                 if not refs:
-                    key = f"rated reference {system}: no other reference"
-                    drops[key] = drops.get(key, 0) + 1
+                    _count_drop(drops, f"rated reference {system}: no other reference")
                     continue
             else:
                 file_system = SYSTEM_ALIASES.get(system, system)
@@ -949,10 +951,7 @@ def load_ted_mqm(
         no_ref = 0
         for i, (system, sid, score) in enumerate(zip(df["system"], df["seg_id"], df["score"], strict=True)):
             sid = int(sid)
-            reason = _dropped_reason(system, drop_systems)
-            if reason is not None:
-                key = f"system {system} ({reason})"
-                drops[key] = drops.get(key, 0) + 1
+            if _system_dropped(system, drop_systems, drops):
                 continue
             if (system, sid) not in texts:
                 raise DataError(
@@ -964,8 +963,7 @@ def load_ted_mqm(
             is_reference = _REF_SYSTEM.match(system) is not None
             refs = refs_of_row(system if is_reference else None, ref_texts)
             if refs is None:
-                key = f"rated reference {system}: no other reference"
-                drops[key] = drops.get(key, 0) + 1
+                _count_drop(drops, f"rated reference {system}: no other reference")
                 continue
             no_ref += not refs
             rows.append(

@@ -8,8 +8,9 @@ Each analysis ``<name>`` has
   tables, links to figures, the comparison with the paper) -- the module selects, the template writes;
 * the papers' numbers it quotes in ``paper_numbers.yaml`` (a source per group; :mod:`.paper_numbers`);
 * a pipeline stage ``uamt.stages.exp_<name>`` (dvc stage ``exp_<name>`` = Prefect task = MLflow run
-  name) whose ``run(cfg)`` writes ``metrics/experiments/<name>.json`` (DVC metrics) and its PNG
-  figures under ``reports/figures/`` (DVC plots);
+  name) whose ``run(cfg)`` calls the module's ``write_findings``, which writes
+  ``metrics/experiments/<name>.json`` (DVC metrics) and its PNG figures under ``reports/figures/``
+  (DVC plots); the module also holds the settings dataclass of its ``exp_<name>`` params section;
 * the ``report`` stage assembles every section, in :data:`SECTIONS` order, into ``reports/experiments.md``.
 """
 

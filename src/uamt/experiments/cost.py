@@ -25,15 +25,20 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
 from uamt.experiments import rendering
-from uamt.experiments.common import pyplot, save_figure
+from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, pyplot, save_figure, write_result
 from uamt.experiments.rendering import section_number
+
+if TYPE_CHECKING:
+    from uamt.encoders import EncodeConfig
+    from uamt.models.config import TrainConfig
+    from uamt.pipeline import PipelineConfig
 
 NAME = "cost"
 FIGURE = "cost.png"
@@ -102,6 +107,21 @@ class CostSettings:
             raise ValueError(f"torch_threads={self.torch_threads} must be >= 1 (or null)")
         if self.full_mc_rows and self.full_mc_passes < 2:
             raise ValueError(f"full_mc_passes={self.full_mc_passes}; MC dropout needs at least 2 passes")
+
+
+@dataclass(frozen=True)
+class CostStageSettings(CostSettings):
+    """params.yaml ``exp_cost:`` section: :class:`CostSettings` + output folders."""
+
+    metrics_dir: str = METRICS_DIR
+    figures_dir: str = FIGURES_DIR
+
+    @property
+    def measured(self) -> CostSettings:
+        """The settings without the output folders (what :func:`measure_costs` records)."""
+        return CostSettings(
+            **{k: v for k, v in asdict(self).items() if k not in ("metrics_dir", "figures_dir")}
+        )
 
 
 # ----------------------------------------------------------------------------- timing helpers
@@ -423,6 +443,46 @@ def _measure(settings, train_cfg, dup_cfg, tables, features, encoder, workdir: P
         "features_warm_s": warm_s,
         "warm_up_fit_s": warm_fit_s,
         "wall_s": time.perf_counter() - started,
+    }
+
+
+def write_findings(
+    settings: CostStageSettings,
+    pipeline: PipelineConfig,
+    train_cfg: TrainConfig,
+    dup_cfg: TrainConfig,
+    encode: EncodeConfig,
+    log: Callable[[str], None] = lambda message: None,
+) -> dict[str, Path]:
+    """The stage ``exp_cost``: sample the rows of ``pipeline.datasets``, train and time every method in
+    a temporary folder, write ``cost.json`` and ``cost.png``; returns their paths."""
+    from uamt.encoders import get_encoder
+    from uamt.pipeline import open_features, read_split
+
+    splits = {
+        "train": (train_cfg.train_split, settings.rows),
+        "dup_train": (dup_cfg.train_split, settings.rows),
+        "dev": (train_cfg.dev_split, settings.dev_rows),
+        "test": ("test", settings.test_rows),
+    }
+    tables = {
+        name: sample_rows(
+            read_split(pipeline.prepared_dir, split, pipeline.datasets),
+            n,
+            settings.seed,
+            f"{pipeline.prepared_dir}/{split}",
+        )
+        for name, (split, n) in splits.items()
+    }
+    features = open_features(encode)
+    encoder = getattr(features, "encoder", None) or get_encoder(encode.encoder)
+    with tempfile.TemporaryDirectory(prefix="uamt-cost-") as workdir:
+        result = measure_costs(
+            settings.measured, train_cfg, dup_cfg, tables, features, encoder, workdir, log=log
+        )
+    return {
+        "result": write_result(NAME, result, settings.metrics_dir),
+        "figure": plot_costs(result, Path(settings.figures_dir) / FIGURE),
     }
 
 

@@ -28,16 +28,32 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from uamt.config import ConfigError
 from uamt.errors import DataError
 from uamt.experiments import paper_numbers, rendering
-from uamt.experiments.common import is_human_system, pseudo_reference_rows
+from uamt.experiments.common import (
+    FIGURES_DIR,
+    METRICS_DIR,
+    is_human_system,
+    pseudo_reference_rows,
+    save_figure,
+    write_result,
+)
+from uamt.pipeline import CALIBRATION_DIR, PipelineConfig
+
+if TYPE_CHECKING:
+    from uamt.encoders import EncodeConfig
+    from uamt.uncertainty import EvaluationSettings
 
 NAME = "critical"
+FIGURES = {"recall": "critical_recall.png", "precision": "critical_precision.png"}
 log = logging.getLogger(__name__)
 SETTINGS = ("pseudo", "reference")
 SETTING_LABELS = {
@@ -54,6 +70,55 @@ SCALES = ("raw", "per_word")
 #: Quantile levels of the dev mu (plus a tail below the lowest mu) tried as q_err.
 THRESHOLD_QUANTILES = tuple(np.linspace(0.0, 1.0, 41).round(4))
 THRESHOLD_TAIL = (0.5, 1.0, 2.0, 4.0)  # q_err = min(mu) - c * median(sigma)
+
+
+@dataclass(frozen=True)
+class CriticalSettings:
+    """params.yaml ``exp_critical:`` section.
+
+    Attributes
+    ----------
+    metrics_dir, figures_dir : str
+        Where ``critical.json`` and the two figures go.
+    dataset : str
+        MQM data the pipeline's models were trained and calibrated on (must be in pipeline.datasets).
+    point_method : str
+        Model whose prediction is the point estimate q_hat.
+    uncertainty_methods : list of str
+        Models whose mu and calibrated sigma give the mu and risk rankings.
+    target_percents : list of int
+        The worst n % per LP (length-normalised MQM) are the retrieval targets.
+    max_n_fraction : float
+        Recall/Precision curves for N = 1..ceil(max_n_fraction x rows of the LP).
+    max_pseudo_refs : int or None
+        Pseudo-references per segment (seeded sample of the other systems); None = all.
+    seed : int
+    scales : list of {"raw", "per_word"}
+        Rank by the predicted MQM score (paper) and/or by the prediction per MT word.
+    calibration_dir : str
+        The pipeline's calibrations (standard setting).
+    """
+
+    metrics_dir: str = METRICS_DIR
+    figures_dir: str = FIGURES_DIR
+    dataset: str = "wmt21_mqm"
+    point_method: str = "point"
+    uncertainty_methods: tuple[str, ...] = ("hts", "mcd_head")
+    target_percents: tuple[int, ...] = TARGET_PERCENTS
+    max_n_fraction: float = 0.2
+    max_pseudo_refs: int | None = None
+    seed: int = 0
+    scales: tuple[str, ...] = SCALES
+    calibration_dir: str = CALIBRATION_DIR
+
+
+def check_dataset(settings: CriticalSettings, pipeline: PipelineConfig, where: str) -> None:
+    """ConfigError unless the pipeline's models were trained on ``settings.dataset``."""
+    if settings.dataset not in pipeline.datasets:
+        raise ConfigError(
+            f"{where}.dataset={settings.dataset!r} is not in pipeline.datasets "
+            f"{list(pipeline.datasets)}: the models were not trained on it"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -557,6 +622,40 @@ def compare_rankings(result: dict[str, Any]) -> dict[str, Any]:
                         "mean_difference": float(np.mean(diffs)) if diffs else float("nan"),
                     }
             out[setting][method] = entry
+    return out
+
+
+def write_findings(
+    settings: CriticalSettings,
+    pipeline: PipelineConfig,
+    evaluation_settings: EvaluationSettings,
+    encode: EncodeConfig,
+) -> dict[str, Path]:
+    """The stage ``exp_critical``: rank the dev and test rows of ``settings.dataset`` with the
+    pipeline's models, write ``critical.json`` and the recall / precision figures; returns their paths."""
+    from uamt.calibrated import load_calibrations
+    from uamt.pipeline import load_models, open_features, read_split
+
+    models = load_models(pipeline, (settings.point_method, *settings.uncertainty_methods))
+    calibrations = load_calibrations(settings.calibration_dir, settings.uncertainty_methods)
+    result = analyse(
+        read_split(pipeline.prepared_dir, "dev", (settings.dataset,)),
+        read_split(pipeline.prepared_dir, "test", (settings.dataset,)),
+        models,
+        open_features(encode),
+        point_method=settings.point_method,
+        uncertainty_methods=settings.uncertainty_methods,
+        reference_calibrations=calibrations,
+        evaluation_settings=evaluation_settings,
+        target_percents=settings.target_percents,
+        max_n_fraction=settings.max_n_fraction,
+        max_pseudo_refs=settings.max_pseudo_refs,
+        seed=settings.seed,
+        scales=settings.scales,
+    )
+    out = {"result": write_result(NAME, result, settings.metrics_dir)}
+    for quantity, name in FIGURES.items():
+        out[quantity] = save_figure(figure(result, quantity), Path(settings.figures_dir) / name)
     return out
 
 

@@ -35,7 +35,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -53,8 +53,14 @@ from uamt.experiments.common import (
     pyplot,
     save_figure,
     share_verdict,
+    write_result,
 )
 from uamt.experiments.rendering import section_number
+
+if TYPE_CHECKING:
+    from uamt.encoders import EncodeConfig
+    from uamt.models.config import TrainConfig
+    from uamt.uncertainty import EvaluationSettings
 
 NAME = "methods"
 log = logging.getLogger(__name__)
@@ -761,6 +767,32 @@ def run_analysis(
     result["runtime_s"] = time.perf_counter() - started
     result["findings"] = findings(result)
     return result
+
+
+def write_findings(
+    settings: MethodsSettings,
+    base_cfg: TrainConfig,
+    dup_cfg: TrainConfig,
+    encode: EncodeConfig,
+    prepared_dir: str | Path,
+    eval_settings: EvaluationSettings,
+) -> dict[str, Path]:
+    """The stage ``exp_methods``: :func:`run_analysis` on the embedding cache of ``encode``, then
+    ``methods.json`` and the figures; returns ``{"metrics": json path, <figure stem>: path, ...}``."""
+    from uamt.pipeline import open_features
+
+    result = run_analysis(
+        settings,
+        base_cfg,
+        dup_cfg,
+        open_features(encode),
+        prepared_dir=prepared_dir,
+        eval_settings=eval_settings,
+    )
+    out = {"metrics": write_result(NAME, result, settings.metrics_dir)}
+    for path in write_figures(result, settings.figures_dir):
+        out[path.stem] = path
+    return out
 
 
 # ----------------------------------------------------------------------------- findings

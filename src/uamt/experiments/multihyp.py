@@ -30,8 +30,9 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -40,13 +41,21 @@ from uamt import lexical
 from uamt.errors import DataError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
+    FIGURES_DIR,
+    METRICS_DIR,
     fmt,
     is_human_system,
     pseudo_reference_rows,
+    save_figure,
     share_verdict,
+    write_result,
 )
 
+if TYPE_CHECKING:
+    from uamt.pipeline import PipelineConfig
+
 NAME = "multihyp"
+FIGURE = "multihyp.png"
 log = logging.getLogger(__name__)
 DA_DATASET = "wmt21_da"
 ETEN_DATASET = "multihyp_eten"
@@ -68,6 +77,32 @@ ETEN_VARIANTS = ("mt-ref-1", "mt-ref-2", "mt-ref-multi")
 #: for comparison only (their pseudo-references are 3-5 online systems, ours the WMT21 systems).
 PAPER_ETEN = paper_numbers.values("multihyp", "eten")
 PAPER_ENCS = paper_numbers.values("multihyp", "encs")
+
+
+@dataclass(frozen=True)
+class MultihypSettings:
+    """params.yaml ``exp_multihyp:`` section.
+
+    Attributes
+    ----------
+    metrics_dir, figures_dir : str
+        Where ``multihyp.json`` and ``multihyp.png`` go.
+    metrics : list of {"bleu", "chrf", "ter"}
+        Sentence-level similarity functions (sacrebleu defaults, ``uamt.lexical``).
+    max_sources_per_lp : int or None
+        Source segments sampled per LP (all rated systems of each are kept); None = all.
+    max_pseudo_refs : int or None
+        Pseudo-references per segment, sampled from the other systems; None = all.
+    seed : int
+        Seed of both samples.
+    """
+
+    metrics_dir: str = METRICS_DIR
+    figures_dir: str = FIGURES_DIR
+    metrics: tuple[str, ...] = ("bleu", "chrf", "ter")
+    max_sources_per_lp: int | None = 60
+    max_pseudo_refs: int | None = 5
+    seed: int = 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,6 +330,24 @@ def _sacrebleu_version() -> str:
     import sacrebleu
 
     return sacrebleu.__version__
+
+
+def write_findings(settings: MultihypSettings, pipeline: PipelineConfig) -> dict[str, Path]:
+    """The stage ``exp_multihyp``: score the prepared WMT21 DA and Estonian-English rows, write
+    ``multihyp.json`` and ``multihyp.png``; returns their paths."""
+    da, eten = read_inputs(pipeline.prepared_dir)
+    result = analyse(
+        da,
+        eten,
+        metrics=settings.metrics,
+        max_sources_per_lp=settings.max_sources_per_lp,
+        max_pseudo_refs=settings.max_pseudo_refs,
+        seed=settings.seed,
+    )
+    return {
+        "result": write_result(NAME, result, settings.metrics_dir),
+        "figure": save_figure(figure(result), Path(settings.figures_dir) / FIGURE),
+    }
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,26 +31,35 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from uamt.config import ConfigError
 from uamt.errors import DataError
 from uamt.experiments import paper_numbers, rendering
-from uamt.experiments.common import fmt
+from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, fmt, save_figure, write_result
 from uamt.experiments.references import (
     REFERENCE_SYSTEM,
     check_reference_names,
+    read_rows,
     reference_rows,
     reference_table,
     score_references,
 )
 from uamt.experiments.rendering import percent, percent_interval
+from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, check_methods
+
+if TYPE_CHECKING:
+    from uamt.encoders import EncodeConfig
 
 log = logging.getLogger(__name__)
 
 NAME = "noisy_refs"
+FIGURE = "noisy_refs.png"
 
 #: §5.5 / Figure 4 of Zerva et al. (2022): share of pairs where the lower-uncertainty reference is
 #: the better one (HTS "> 82 %", MCD 38 %); our ``mcd_head`` is the MC-dropout method.
@@ -60,6 +69,58 @@ PAPER_THRESHOLD = paper_numbers.values("noisy_refs", "threshold")
 
 #: Methods without a sigma of their own, skipped with this reason.
 NO_SIGMA = {"point": "a point estimate has no sigma of its own; a fixed variance cannot prefer a reference"}
+
+
+@dataclass(frozen=True)
+class NoisyRefsSettings:
+    """params.yaml ``exp_noisy_refs:`` section.
+
+    Attributes
+    ----------
+    metrics_dir, figures_dir : str
+        Where ``noisy_refs.json`` and ``noisy_refs.png`` go.
+    dataset, lp : str
+        Rows analysed: a dataset whose references are MQM-rated pseudo-systems ``ref-X``.
+    references : tuple of str
+        Reference names in the order of the system rows' ``refs`` (WMT21 en-de: A, C, D).
+    splits : tuple of str
+        Prepared splits used; never the training pools ``d_q`` / ``d_e``.
+    methods : tuple of str
+        Pipeline models (``models/<method>``); ``point`` is reported as skipped (no sigma).
+    thresholds : tuple of float
+        MQM gaps MQM(r_good) - MQM(r_bad) > t reported (the paper: 10).
+    min_segments : int
+        The headline is the strictest threshold keeping at least this many segments.
+    calibration_dir : str
+        ``<dir>/<method>.json`` (calibrate stage) for the calibrated-sigma pick.
+    mc_samples : int or null
+        MC-dropout passes (null: each model's own ``mc_samples``).
+    n_boot, seed : int
+        Segment-bootstrap resamples and their seed.
+    """
+
+    metrics_dir: str = METRICS_DIR
+    figures_dir: str = FIGURES_DIR
+    dataset: str = "wmt21_mqm"
+    lp: str = "en-de"
+    references: tuple[str, ...] = ("A", "C", "D")
+    splits: tuple[str, ...] = ("dev", "test")
+    methods: tuple[str, ...] = ("point", "mcd_head", "ensemble", "hts", "hts_mcd", "dup")
+    thresholds: tuple[float, ...] = (10.0, 5.0, 2.0, 1.0, 0.0)
+    min_segments: int = 30
+    calibration_dir: str = CALIBRATION_DIR
+    mc_samples: int | None = None
+    n_boot: int = 2000
+    seed: int = 13
+
+    def __post_init__(self) -> None:
+        where = f"exp_{NAME}"
+        check_methods(self.methods, where)
+        for split in self.splits:
+            if split in ("d_q", "d_e"):
+                raise ConfigError(f"{where}.splits: {split!r} is a training pool; use held-out splits")
+        if not self.thresholds:
+            raise ConfigError(f"{where}.thresholds is empty")
 
 
 # --------------------------------------------------------------------------- pair selection
@@ -320,6 +381,43 @@ def run_noisy_refs(
 
 def _counts(values: np.ndarray, names: Sequence[str]) -> dict[str, int]:
     return {name: int((values == name).sum()) for name in names}
+
+
+def write_findings(
+    settings: NoisyRefsSettings, pipeline: PipelineConfig, encode: EncodeConfig
+) -> dict[str, Path]:
+    """The stage ``exp_noisy_refs``: score the held-out rows of ``settings.dataset`` x ``lp`` with the
+    pipeline's models, write ``noisy_refs.json`` and ``noisy_refs.png``; returns their paths."""
+    from uamt.calibrated import load_calibrations
+    from uamt.pipeline import load_models, open_features
+
+    frame = pd.concat(
+        [read_rows(pipeline.prepared_dir, split, settings.dataset, settings.lp) for split in settings.splits],
+        ignore_index=True,
+    )
+    models = load_models(pipeline, settings.methods)
+    calibrations = load_calibrations(
+        settings.calibration_dir, [m for m in settings.methods if m not in NO_SIGMA]
+    )
+    timings: dict[str, float] = {}
+    result = run_noisy_refs(
+        models,
+        frame,
+        open_features(encode),
+        calibrations=calibrations,
+        names=settings.references,
+        thresholds=settings.thresholds,
+        min_segments=settings.min_segments,
+        n_samples=settings.mc_samples,
+        n_boot=settings.n_boot,
+        seed=settings.seed,
+        timings=timings,
+    )
+    result["runtime_s"] = {method: round(seconds, 1) for method, seconds in timings.items()}
+    return {
+        "result": write_result(NAME, result, settings.metrics_dir),
+        "figure": save_figure(figure(result), Path(settings.figures_dir) / FIGURE),
+    }
 
 
 # --------------------------------------------------------------------------- report

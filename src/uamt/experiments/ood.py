@@ -25,16 +25,20 @@ paper's also runs through the encoder).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError
 from uamt.experiments import paper_numbers, rendering
-from uamt.experiments.common import pyplot, read_json, save_figure
+from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, pyplot, read_json, save_figure, write_result
 from uamt.experiments.rendering import maybe, section_number
+
+if TYPE_CHECKING:
+    from uamt.pipeline import PipelineConfig
 
 NAME = "ood"
 FIGURE = "ood_sharpness.png"
@@ -58,6 +62,29 @@ FINDING_TEXT = {
     "hts": "HTS's uncertainty stays flat out of domain",
     "mcd_head": "MC dropout's uncertainty drops out of domain",
 }
+
+
+@dataclass(frozen=True)
+class OodSettings:
+    """params.yaml ``exp_ood:`` section.
+
+    Attributes
+    ----------
+    metrics_dir, figures_dir : str
+        Where ``ood.json`` and ``ood_sharpness.png`` go.
+    flat_tolerance : float
+        A relative sharpness change within +-this counts as flat (neither rise nor drop).
+    n_boot : int
+        Bootstrap resamples for the CI of the raw-variance change (0 = none).
+    seed : int
+        Seed of the bootstrap.
+    """
+
+    metrics_dir: str = METRICS_DIR
+    figures_dir: str = FIGURES_DIR
+    flat_tolerance: float = 0.10
+    n_boot: int = 1000
+    seed: int = 13
 
 
 # ----------------------------------------------------------------------------- computation
@@ -340,6 +367,30 @@ def read_inputs(
             tables[split][method] = pd.read_parquet(path)
     calibrations = {m: read_json(Path(calibration_dir) / f"{m}.json", "calibrate") for m in metrics["ood"]}
     return metrics["test"], metrics["ood"], tables["test"], tables["ood"], calibrations
+
+
+def write_findings(settings: OodSettings, pipeline: PipelineConfig) -> dict[str, Path]:
+    """The stage ``exp_ood``: compare the pipeline's test and OOD metrics and predictions, write
+    ``ood.json`` and ``ood_sharpness.png``; returns their paths."""
+    from uamt.pipeline import CALIBRATION_DIR
+
+    test_metrics, ood_metrics, test_tables, ood_tables, calibrations = read_inputs(
+        pipeline.metrics_dir, pipeline.predictions_dir, CALIBRATION_DIR
+    )
+    result = ood_analysis(
+        test_metrics,
+        ood_metrics,
+        test_tables,
+        ood_tables,
+        flat_tolerance=settings.flat_tolerance,
+        n_boot=settings.n_boot,
+        seed=settings.seed,
+        calibrations=calibrations,
+    )
+    return {
+        "result": write_result(NAME, result, settings.metrics_dir),
+        "figure": plot_sharpness(result, Path(settings.figures_dir) / FIGURE),
+    }
 
 
 # ----------------------------------------------------------------------------- figure

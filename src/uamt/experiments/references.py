@@ -40,18 +40,35 @@ import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from uamt.config import ConfigError
 from uamt.errors import DataError, UamtError
 from uamt.experiments import paper_numbers, rendering
-from uamt.experiments.common import INDICATORS, calibrated_indicators, fmt, share_verdict
+from uamt.experiments.common import (
+    FIGURES_DIR,
+    INDICATORS,
+    METRICS_DIR,
+    calibrated_indicators,
+    fmt,
+    save_figure,
+    share_verdict,
+    write_result,
+)
+from uamt.pipeline import PipelineConfig, check_methods
+
+if TYPE_CHECKING:
+    from uamt.encoders import EncodeConfig
+    from uamt.uncertainty import EvaluationSettings
 
 log = logging.getLogger(__name__)
 
 NAME = "references"
+FIGURE = "references_sharpness.png"
 
 #: System names of rated human references in the WMT MQM tables (``ref-A``, ``ref-C``, ...).
 REFERENCE_SYSTEM = re.compile(r"^ref-([A-Za-z0-9]+)$")
@@ -61,6 +78,49 @@ SAMPLES, HETEROSCEDASTIC_SAMPLES, MOMENTS = "samples", "heteroscedastic samples"
 
 #: Table 5 of the paper (WMT20 en-de, references A, B, P; MCD): the comparison printed beside ours.
 PAPER_TABLE5 = paper_numbers.values("references", "table5")
+
+
+@dataclass(frozen=True)
+class ReferencesSettings:
+    """params.yaml ``exp_references:`` section.
+
+    Attributes
+    ----------
+    metrics_dir, figures_dir : str
+        Where ``references.json`` and ``references_sharpness.png`` go.
+    dataset, lp : str
+        The rows analysed (a dataset whose references are rated pseudo-systems ``ref-X``).
+    references : tuple of str
+        Reference names in the order of the system rows' ``refs`` (WMT21 en-de: A, C, D).
+    methods : tuple of str
+        Reference-based pipeline models to analyse (``models/<method>``).
+    test_split, dev_split : str
+        Evaluated split and the split every configuration is calibrated on.
+    seed : int
+        Seed of the S-N reference sampling (the same draws for every method).
+    draws : int
+        S-N draws averaged (each calibrated on its own dev draw).
+    mc_samples : int or null
+        MC-dropout passes (null: each model's own ``mc_samples``).
+    """
+
+    metrics_dir: str = METRICS_DIR
+    figures_dir: str = FIGURES_DIR
+    dataset: str = "wmt21_mqm"
+    lp: str = "en-de"
+    references: tuple[str, ...] = ("A", "C", "D")
+    methods: tuple[str, ...] = ("point", "mcd_head", "ensemble", "hts", "hts_mcd", "dup")
+    test_split: str = "test"
+    dev_split: str = "dev"
+    seed: int = 13
+    draws: int = 5
+    mc_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        where = f"exp_{NAME}"
+        check_methods(self.methods, where)
+        if self.draws < 1:
+            raise ConfigError(f"{where}.draws={self.draws} must be >= 1")
 
 
 # --------------------------------------------------------------------------- references of a frame
@@ -527,6 +587,38 @@ def run_references(
         "settings": {"seed": int(seed), "draws": int(draws), "mc_samples": n_samples},
         "methods": methods,
         "findings": findings(methods),
+    }
+
+
+def write_findings(
+    settings: ReferencesSettings,
+    pipeline: PipelineConfig,
+    encode: EncodeConfig,
+    evaluation_settings: EvaluationSettings,
+) -> dict[str, Path]:
+    """The stage ``exp_references``: score the test and dev rows of ``settings.dataset`` x ``lp`` per
+    reference with the pipeline's models, write ``references.json`` and its figure; returns their paths."""
+    from uamt.pipeline import load_models, open_features
+
+    models = load_models(pipeline, settings.methods)
+    timings: dict[str, float] = {}
+    result = run_references(
+        models,
+        read_rows(pipeline.prepared_dir, settings.test_split, settings.dataset, settings.lp),
+        read_rows(pipeline.prepared_dir, settings.dev_split, settings.dataset, settings.lp),
+        open_features(encode),
+        names=settings.references,
+        seed=settings.seed,
+        draws=settings.draws,
+        n_samples=settings.mc_samples,
+        settings=evaluation_settings,
+        timings=timings,
+    )
+    result["data"].update(test_split=settings.test_split, dev_split=settings.dev_split)
+    result["runtime_s"] = {method: round(seconds, 1) for method, seconds in timings.items()}
+    return {
+        "result": write_result(NAME, result, settings.metrics_dir),
+        "figure": save_figure(figure(result), Path(settings.figures_dir) / FIGURE),
     }
 
 

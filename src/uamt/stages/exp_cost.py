@@ -8,16 +8,14 @@ Samples ``rows`` d_q / d_e rows, ``dev_rows`` dev rows and ``test_rows`` test ro
 from __future__ import annotations
 
 import logging
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
-from uamt.experiments import cost
-from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, write_result
+from uamt.experiments.cost import CostStageSettings, write_findings
 from uamt.models.config import TrainConfig, load_train_config
-from uamt.pipeline import PipelineConfig, load_pipeline, open_features, read_split
+from uamt.pipeline import PipelineConfig, load_pipeline
 from uamt.stages._cli import stage_main
 
 NAME = "exp_cost"
@@ -25,16 +23,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ExpCostSettings(cost.CostSettings):
-    """params.yaml ``exp_cost:`` section: :class:`uamt.experiments.cost.CostSettings` + output folders."""
-
-    metrics_dir: str = METRICS_DIR
-    figures_dir: str = FIGURES_DIR
-
-
-@dataclass(frozen=True)
 class ExpCostConfig:
-    exp: ExpCostSettings
+    exp: CostStageSettings
     pipeline: PipelineConfig
     train: TrainConfig
     dup: TrainConfig
@@ -43,7 +33,7 @@ class ExpCostConfig:
 
 def load_config(path: str | Path = DEFAULT_PARAMS) -> ExpCostConfig:
     return ExpCostConfig(
-        load_section(ExpCostSettings, NAME, path),
+        load_section(CostStageSettings, NAME, path),
         load_pipeline(path),
         load_train_config("point", path),
         load_train_config("dup", path),
@@ -52,34 +42,8 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> ExpCostConfig:
 
 
 def run(cfg: ExpCostConfig) -> dict[str, Path]:
-    from uamt.encoders import get_encoder
-
-    exp, pipe = cfg.exp, cfg.pipeline
-    settings = cost.CostSettings(
-        **{k: v for k, v in asdict(exp).items() if k not in ("metrics_dir", "figures_dir")}
-    )
-    splits = {
-        "train": (cfg.train.train_split, exp.rows),
-        "dup_train": (cfg.dup.train_split, exp.rows),
-        "dev": (cfg.train.dev_split, exp.dev_rows),
-        "test": ("test", exp.test_rows),
-    }
-    tables = {
-        name: cost.sample_rows(
-            read_split(pipe.prepared_dir, split, pipe.datasets), n, exp.seed, f"{pipe.prepared_dir}/{split}"
-        )
-        for name, (split, n) in splits.items()
-    }
-    features = open_features(cfg.encode)
-    encoder = getattr(features, "encoder", None) or get_encoder(cfg.encode.encoder)
-    with tempfile.TemporaryDirectory(prefix="uamt-cost-") as workdir:
-        result = cost.measure_costs(
-            settings, cfg.train, cfg.dup, tables, features, encoder, workdir, log=log.info
-        )
-    return {
-        "result": write_result(cost.NAME, result, exp.metrics_dir),
-        "figure": cost.plot_costs(result, Path(exp.figures_dir) / cost.FIGURE),
-    }
+    """Write ``cost.json`` and ``cost.png``; returns ``{"result": ..., "figure": ...}``."""
+    return write_findings(cfg.exp, cfg.pipeline, cfg.train, cfg.dup, cfg.encode, log=log.info)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,11 +14,9 @@ from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
-from uamt.experiments.common import write_result
-from uamt.experiments.methods import NAME as RESULT_NAME
-from uamt.experiments.methods import MethodsSettings, run_analysis, write_figures
+from uamt.experiments.methods import MethodsSettings, write_findings
 from uamt.models.config import TrainConfig, load_train_config
-from uamt.pipeline import load_pipeline, open_features
+from uamt.pipeline import load_pipeline
 from uamt.stages._cli import stage_main
 from uamt.uncertainty import EvaluationSettings
 
@@ -50,18 +48,8 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> ExpMethodsConfig:
 
 
 def run(cfg: ExpMethodsConfig) -> dict[str, Path]:
-    result = run_analysis(
-        cfg.methods,
-        cfg.base,
-        cfg.dup,
-        open_features(cfg.encode),
-        prepared_dir=cfg.prepared_dir,
-        eval_settings=cfg.evaluate,
-    )
-    out = {"metrics": write_result(RESULT_NAME, result, cfg.methods.metrics_dir)}
-    for path in write_figures(result, cfg.methods.figures_dir):
-        out[path.stem] = path
-    return out
+    """Write ``methods.json`` and the figures; returns ``{"metrics": ..., <figure stem>: ...}``."""
+    return write_findings(cfg.methods, cfg.base, cfg.dup, cfg.encode, cfg.prepared_dir, cfg.evaluate)
 
 
 def main(argv: list[str] | None = None) -> int:

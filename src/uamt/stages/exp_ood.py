@@ -11,65 +11,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
-from uamt.experiments import ood
-from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, write_result
-from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, load_pipeline
+from uamt.experiments.ood import OodSettings, write_findings
+from uamt.pipeline import PipelineConfig, load_pipeline
 from uamt.stages._cli import stage_main
 
 NAME = "exp_ood"
 
 
 @dataclass(frozen=True)
-class ExpOodSettings:
-    """params.yaml ``exp_ood:`` section.
-
-    Attributes
-    ----------
-    metrics_dir, figures_dir : str
-        Where ``ood.json`` and ``ood_sharpness.png`` go.
-    flat_tolerance : float
-        A relative sharpness change within +-this counts as flat (neither rise nor drop).
-    n_boot : int
-        Bootstrap resamples for the CI of the raw-variance change (0 = none).
-    seed : int
-        Seed of the bootstrap.
-    """
-
-    metrics_dir: str = METRICS_DIR
-    figures_dir: str = FIGURES_DIR
-    flat_tolerance: float = 0.10
-    n_boot: int = 1000
-    seed: int = 13
-
-
-@dataclass(frozen=True)
 class ExpOodConfig:
-    exp: ExpOodSettings
+    exp: OodSettings
     pipeline: PipelineConfig
 
 
 def load_config(path: str | Path = DEFAULT_PARAMS) -> ExpOodConfig:
-    return ExpOodConfig(load_section(ExpOodSettings, NAME, path), load_pipeline(path))
+    return ExpOodConfig(load_section(OodSettings, NAME, path), load_pipeline(path))
 
 
 def run(cfg: ExpOodConfig) -> dict[str, Path]:
-    test_metrics, ood_metrics, test_tables, ood_tables, calibrations = ood.read_inputs(
-        cfg.pipeline.metrics_dir, cfg.pipeline.predictions_dir, CALIBRATION_DIR
-    )
-    result = ood.ood_analysis(
-        test_metrics,
-        ood_metrics,
-        test_tables,
-        ood_tables,
-        flat_tolerance=cfg.exp.flat_tolerance,
-        n_boot=cfg.exp.n_boot,
-        seed=cfg.exp.seed,
-        calibrations=calibrations,
-    )
-    return {
-        "result": write_result(ood.NAME, result, cfg.exp.metrics_dir),
-        "figure": ood.plot_sharpness(result, Path(cfg.exp.figures_dir) / ood.FIGURE),
-    }
+    """Write ``ood.json`` and its figure; returns ``{"result": ..., "figure": ...}``."""
+    return write_findings(cfg.exp, cfg.pipeline)
 
 
 def main(argv: list[str] | None = None) -> int:

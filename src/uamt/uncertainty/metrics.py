@@ -46,12 +46,15 @@ def _check_same_length(**arrays: np.ndarray) -> None:
         raise ValueError(f"arrays differ in length: {lengths}")
 
 
+def _columns(**arrays) -> tuple[np.ndarray, ...]:
+    """Each named input as a finite 1-D float array (``sigma`` also >= 0), all of one length."""
+    checked = {name: _as_1d(name, values, nonnegative=name == "sigma") for name, values in arrays.items()}
+    _check_same_length(**checked)
+    return tuple(checked.values())
+
+
 def _triple(human, mu, sigma) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    human = _as_1d("human", human)
-    mu = _as_1d("mu", mu)
-    sigma = _as_1d("sigma", sigma, nonnegative=True)
-    _check_same_length(human=human, mu=mu, sigma=sigma)
-    return human, mu, sigma
+    return _columns(human=human, mu=mu, sigma=sigma)
 
 
 def _check_gamma(gamma: float) -> float:
@@ -154,9 +157,7 @@ def gaussian_interval(mu, sigma, gamma: float) -> tuple[np.ndarray, np.ndarray]:
     -------
     (lower, upper) : tuple of numpy.ndarray, each shape [n_segments]
     """
-    mu = _as_1d("mu", mu)
-    sigma = _as_1d("sigma", sigma, nonnegative=True)
-    _check_same_length(mu=mu, sigma=sigma)
+    mu, sigma = _columns(mu=mu, sigma=sigma)
     gamma = _check_gamma(gamma)
     if gamma >= 1.0:  # probit(1) = inf, and 0 * inf would give NaN where sigma == 0
         half = np.full_like(sigma, np.inf)
@@ -196,9 +197,7 @@ def predictive_pearson_score(human, mu) -> float:
     float
         In [-1, 1]; NaN when ``n_segments < 2`` or an input is constant.
     """
-    human = _as_1d("human", human)
-    mu = _as_1d("mu", mu)
-    _check_same_length(human=human, mu=mu)
+    human, mu = _columns(human=human, mu=mu)
     return _pearson(human, mu)
 
 
@@ -549,9 +548,7 @@ def translation_risk(mu, sigma, threshold) -> np.ndarray:
     numpy.ndarray, shape [n_segments]
         Probabilities in [0, 1].
     """
-    mu = _as_1d("mu", mu)
-    sigma = _as_1d("sigma", sigma, nonnegative=True)
-    _check_same_length(mu=mu, sigma=sigma)
+    mu, sigma = _columns(mu=mu, sigma=sigma)
     chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
     if not np.all(np.isfinite(chi)):
         raise ValueError("threshold must be finite")
