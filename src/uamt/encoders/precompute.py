@@ -185,10 +185,11 @@ def precompute_embeddings(cfg: EncodeConfig, splits: Sequence[str | Path] | None
         if cache.path.parent == Path(cfg.cache_dir):
             atomic_write_bytes(Path(cfg.cache_dir) / name, payload)
     log.info(
-        "%s: %d encoded, %d stored, %.1f s",
+        "%s: %d encoded, %d stored, %.1f s (%s texts/s)",
         encoder.encoder_id,
         stats["encoded"],
         stats["texts"],
         encode_seconds,
+        run_stats["texts_per_second"] if run_stats["texts_per_second"] is not None else "-",
     )
     return cache.path
