@@ -12,11 +12,13 @@ pipeline's own data and models, before anything is built on it:
   test: 0.5 = the distance cannot tell them apart;
 * **does it predict error**: Spearman's rho of ``d`` and ``|human - mu| / sigma`` (served calibration),
   within news test and within each out-of-domain group;
-* **a fitted term**: on dev, every LP is held out in turn (its ``d`` measured against the training
-  rows of the *other* LPs, so it looks like an unseen LP) and the sigma factor each distance decile
-  needs for 0.9 coverage is fitted as ``f(d) = max(1, 1 + b (d - d_0))`` (``d_0`` = median dev
-  distance, ``b`` by weighted least squares on the decile factors); the served interval around mu is
-  widened by ``f(d)`` and coverage@0.9 and the mean sigma ratio are reported with and without it.
+* **a fitted term**: dev rows enter twice, as served (own LP's calibration, ``d`` against all of
+  ``d_q``) and with their LP held out (the global fallback, ``d`` against the *other* LPs' rows, so
+  they look like an unseen LP); the sigma factor each distance decile needs for 0.9 coverage is
+  fitted as ``f(d) = max(1, 1 + b (d - d_0))`` (``d_0`` = the nearest decile's mean distance, ``b`` by
+  weighted least squares on the decile factors, >= 0); the served interval around mu (for unseen
+  LPs the global one, without the unseen-LP factor that ``f`` replaces) is widened by ``f(d)``, and
+  coverage@0.9 and the mean sigma ratio are reported with and without it.
 
     python benchmarks/novelty_knn.py [--root .] [--methods hts dup hts_qe] [--k 10] [--json out.json]
 
@@ -84,7 +86,7 @@ def fit_distance_factor(
         centres.append(d[mask].mean())
         needed.append(np.quantile(np.abs(z[mask]), level) / z_level)
         weights.append(mask.sum())
-    d0 = float(np.median(d))
+    d0 = float(centres[0])  # the nearest decile needs no widening
     x, y, w = np.array(centres) - d0, np.array(needed) - 1.0, np.array(weights, dtype=float)
     slope = float(max(0.0, (w * x * y).sum() / max((w * x * x).sum(), 1e-12)))
     return d0, slope
@@ -174,11 +176,18 @@ def main(argv: list[str] | None = None) -> int:
                     f"predictions/{split}/{method}.parquet is not row-aligned with the prepared split"
                 )
 
-        # dev z with the LP held out: the global fallback of the served calibration (lp=None)
+        # The fit sees dev twice: as served (its own LP's calibration, distance to all of d_q) and
+        # with its LP held out (the global fallback, distance to the other LPs' rows), so f spans
+        # the distances of seen and of unseen inputs.
         dev = tables["dev"]
+        human_dev = dev["human"].to_numpy(float)
+        mu, sigma, _, _ = served(cal, dev, dev_lp)
+        z_seen = (human_dev - mu) / sigma
         mu, sigma, _, _ = served(cal, dev, None)
-        z_dev = (dev["human"].to_numpy(float) - mu) / sigma
-        d0, slope = fit_distance_factor(dev_loo, z_dev)
+        z_held = (human_dev - mu) / sigma
+        d0, slope = fit_distance_factor(
+            np.concatenate([dist["dev"], dev_loo]), np.concatenate([z_seen, z_held])
+        )
         rows = {}
         test_sigma = None
         split_of = {"news test": "test"}
