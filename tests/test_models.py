@@ -105,12 +105,16 @@ def test_mcd_passes_differ_and_are_one_batched_forward(models):
     model = load(models["mcd_head"])
     rows = model.encode(TEST, FEATURES)
     batch = rows.batch(range(10))
-    calls = []
-    hook = model.module.head.register_forward_hook(lambda *a: calls.append(1))
+    linears = [m for m in model.module.head.modules() if isinstance(m, torch.nn.Linear)]
+    rows_seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: rows_seen.append(o.shape[0])) for m in linears]
     samples = head_mc_outputs(model.module, batch, 25)[..., 0]
-    hook.remove()
+    for hook in hooks:
+        hook.remove()
     assert samples.shape == (25, 10)
-    assert len(calls) == 1  # 25 passes, one forward of the repeated batch
+    # 25 passes, one forward: the first Linear (before any dropout) on the 10 rows once, the rest on
+    # the repeated batch
+    assert rows_seen == [10] + [250] * (len(linears) - 1)
     assert samples.std(dim=0).min() > 0
     a = model.predict(TEST, FEATURES, n_samples=50)
     assert (a["sigma"] > 0).all() and np.allclose(a["sigma"] ** 2, a["epistemic"], rtol=1e-6)
@@ -311,3 +315,75 @@ def test_mc_dropout_predictions_are_reproducible(models):
     b = load(models["mcd_head"]).predict(TEST, FEATURES, n_samples=30)
     pd.testing.assert_frame_equal(a, b)
     assert (a["sigma"] > 0).all()
+
+
+def full_repeat_mc_outputs(module, batch: dict, n: int, chunk: int) -> torch.Tensor:
+    """Reference head MC dropout: the whole head on the features repeated ``chunk`` passes at a time
+    (what ``head_mc_outputs`` computed before it ran the layers before the first dropout once per row)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(module.cfg.seed)
+        features = module.sentence_features(batch)
+        module.head.train()
+        try:
+            outs = [
+                module.head_forward(features.repeat(reps, 1), batch, repeats=reps)
+                for reps in (min(chunk, n - start) for start in range(0, n, chunk))
+            ]
+        finally:
+            module.head.eval()
+    return torch.cat(outs).view(n, features.shape[0], -1)
+
+
+@pytest.mark.parametrize("method", ["mcd_head", "hts_mcd"])
+def test_head_mc_equals_full_repeat_of_the_head(models, method, monkeypatch):
+    """Running the deterministic first layer once per row gives the samples of the full repeat: the
+    dropout layers see the same shapes in the same order, so they draw the same masks."""
+    model = load(models[method])
+    module = model.module
+    rows = model.encode(TEST, FEATURES)
+    batch = rows.batch(range(len(rows)))
+    with torch.no_grad():
+        expected = full_repeat_mc_outputs(module, batch, 30, chunk=30)
+        got = head_mc_outputs(module, batch, 30)
+        # passes in chunks of 7 (the memory bound): the masks of each chunk as in the full repeat's
+        monkeypatch.setattr("uamt.models.mcd.MAX_REPEATED_ROWS", 7 * len(rows))
+        chunked = head_mc_outputs(module, batch, 30)
+        expected_chunked = full_repeat_mc_outputs(module, batch, 30, chunk=7)
+    assert got.shape == expected.shape == (30, len(rows), module.out_dim)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(chunked, expected_chunked, rtol=1e-6, atol=1e-7)
+    assert got.std(dim=0).min() > 0
+
+
+def test_dup_head_split_matches_its_forward(models):
+    """DUP's bottleneck head split at its first dropout: q_hat still enters at the bottleneck."""
+    model = load(models["dup"])
+    rows = model.encode(TEST, FEATURES)
+    q = model.base.predict_standardised(rows)["mu"]
+    batch = rows.with_columns(q_hat=q).batch(range(len(rows)))
+    module = model.error_model.module
+    module.head.train()
+    try:
+        with torch.no_grad():
+            features = module.sentence_features(batch)
+            torch.manual_seed(7)
+            expected = module.head_forward(features.repeat(4, 1), batch, repeats=4)
+            torch.manual_seed(7)
+            got = module.head_from_dropout(
+                module.head_until_dropout(features, batch).repeat(4, 1), batch, repeats=4
+            )
+    finally:
+        module.head.eval()
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_every_head_forward_override_has_its_split():
+    """A method whose ``head_forward`` differs from the base one must split it for head MC dropout too,
+    or the MC path would run the base head instead of its own."""
+    from uamt.models.base import Estimator
+
+    for name, spec in METHODS.items():
+        cls = spec.estimator
+        if cls.head_forward is not Estimator.head_forward:
+            assert cls.head_until_dropout is not Estimator.head_until_dropout, name
+            assert cls.head_from_dropout is not Estimator.head_from_dropout, name

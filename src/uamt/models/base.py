@@ -37,7 +37,12 @@ from torch import nn
 
 from uamt.errors import UamtError
 from uamt.fileio import atomic_write_bytes
-from uamt.models.comet_parts import FeedForward, LayerwiseAttention
+from uamt.models.comet_parts import (
+    FeedForward,
+    LayerwiseAttention,
+    feedforward_from_dropout,
+    feedforward_until_dropout,
+)
 from uamt.models.config import TrainConfig
 from uamt.models.data import EncodedRows, make_loader, targets_of
 
@@ -211,8 +216,30 @@ class Estimator(nn.Module):
         return torch.cat((mt, ref, mt * ref, torch.abs(mt - ref), prod_src, diff_src), dim=1)
 
     def head_forward(self, features: torch.Tensor, batch: dict, repeats: int = 1) -> torch.Tensor:
-        """Head output [B * repeats, out_dim]; ``features`` already repeated ``repeats`` times."""
+        """Head output [B * repeats, out_dim]; ``features`` already repeated ``repeats`` times.
+
+        A method that overrides this (extra inputs, another head) overrides :meth:`head_until_dropout`
+        and :meth:`head_from_dropout` to match: head MC dropout runs those two instead.
+        """
         return self.head(features)
+
+    def head_until_dropout(self, features: torch.Tensor, batch: dict) -> torch.Tensor:
+        """The deterministic start of :meth:`head_forward` (its layers before the first dropout), on
+        un-repeated features [B, in_dim].
+
+        Head MC dropout runs this once per row and only :meth:`head_from_dropout` once per pass, so
+        N passes cost one first layer, not N: the head's widest layer (in_dim x hidden_sizes[0]).
+        """
+        return feedforward_until_dropout(self.head, features)
+
+    def head_from_dropout(self, hidden: torch.Tensor, batch: dict, repeats: int = 1) -> torch.Tensor:
+        """The rest of :meth:`head_forward`: output [B * repeats, out_dim] from
+        :meth:`head_until_dropout`'s output repeated ``repeats`` times.
+
+        The same layers in the same order on the same shapes as ``head_forward`` of the repeated
+        features, so each dropout layer draws the same masks from the RNG.
+        """
+        return feedforward_from_dropout(self.head, hidden)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.head_forward(self.sentence_features(batch), batch)

@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import torch
+from torch import nn
+
 from uamt.errors import UamtError
 
 
@@ -42,4 +45,52 @@ def _comet_module(name: str) -> ModuleType:
 FeedForward = _comet_module("feedforward").FeedForward
 LayerwiseAttention = _comet_module("layerwise_attention").LayerwiseAttention
 
-__all__ = ["FeedForward", "LayerwiseAttention"]
+
+
+def _first_dropout(ff) -> int:
+    """Index in ``ff.ff`` (the ``nn.Sequential``) of the first ``Dropout``; its length if none."""
+    return next((i for i, layer in enumerate(ff.ff) if isinstance(layer, nn.Dropout)), len(ff.ff))
+
+
+def feedforward_until_dropout(ff, features: torch.Tensor) -> torch.Tensor:
+    """The deterministic start of COMET's ``FeedForward`` (every layer before its first ``Dropout``).
+
+    ``feedforward_from_dropout(ff, feedforward_until_dropout(ff, x))`` runs the same layers in the
+    same order as ``ff(x)``; MC dropout computes this part once per row and repeats only its output.
+
+    Parameters
+    ----------
+    ff : FeedForward
+    features : torch.Tensor
+        [B, in_dim].
+
+    Returns
+    -------
+    torch.Tensor
+        [B, hidden_sizes[0]]: the first Linear and its activation.
+    """
+    # The half-precision cast FeedForward.forward does, so a float16 head takes the same path.
+    if {param.dtype for param in ff.ff.parameters()} == {torch.float16} and features.dtype != torch.float16:
+        features = features.to(torch.float16)
+    return ff.ff[: _first_dropout(ff)](features)
+
+
+def feedforward_from_dropout(ff, hidden: torch.Tensor) -> torch.Tensor:
+    """The rest of COMET's ``FeedForward``, from its first ``Dropout`` on, over
+    :func:`feedforward_until_dropout`'s output (possibly repeated, one copy per MC pass).
+
+    Parameters
+    ----------
+    ff : FeedForward
+    hidden : torch.Tensor
+        [N, hidden_sizes[0]].
+
+    Returns
+    -------
+    torch.Tensor
+        [N, out_dim].
+    """
+    return ff.ff[_first_dropout(ff) :](hidden)
+
+
+__all__ = ["FeedForward", "LayerwiseAttention", "feedforward_from_dropout", "feedforward_until_dropout"]

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from uamt.models.base import Estimator
-from uamt.models.comet_parts import FeedForward
+from uamt.models.comet_parts import FeedForward, feedforward_from_dropout, feedforward_until_dropout
 from uamt.models.losses import get_loss
 
 #: Keeps eps_hat strictly positive (Eq. 7 divides by eps_hat^2).
@@ -75,6 +75,15 @@ class BottleneckHead(nn.Module):
     def forward(self, features: torch.Tensor, q_hat: torch.Tensor) -> torch.Tensor:
         return self.post(torch.cat((self.pre(features), q_hat.view(-1, 1)), dim=1))
 
+    def until_dropout(self, features: torch.Tensor) -> torch.Tensor:
+        """The deterministic start of :meth:`forward` (``pre``'s first Linear and activation)."""
+        return feedforward_until_dropout(self.pre, features)
+
+    def from_dropout(self, hidden: torch.Tensor, q_hat: torch.Tensor) -> torch.Tensor:
+        """The rest of :meth:`forward` over :meth:`until_dropout`'s output; q_hat still enters at the
+        bottleneck."""
+        return self.post(torch.cat((feedforward_from_dropout(self.pre, hidden), q_hat.view(-1, 1)), dim=1))
+
 
 class DUPEstimator(Estimator):
     """M_E: predicts eps_hat from <src, mt[, ref], q_hat>; batches carry ``q_hat`` and target ``y`` = eps*."""
@@ -93,6 +102,13 @@ class DUPEstimator(Estimator):
     def head_forward(self, features: torch.Tensor, batch: dict, repeats: int = 1) -> torch.Tensor:
         q_hat = batch["q_hat"].to(features.dtype).repeat(repeats)
         return F.softplus(self.head(features, q_hat)) + EPS_FLOOR
+
+    def head_until_dropout(self, features: torch.Tensor, batch: dict) -> torch.Tensor:
+        return self.head.until_dropout(features)
+
+    def head_from_dropout(self, hidden: torch.Tensor, batch: dict, repeats: int = 1) -> torch.Tensor:
+        q_hat = batch["q_hat"].to(hidden.dtype).repeat(repeats)
+        return F.softplus(self.head.from_dropout(hidden, q_hat)) + EPS_FLOOR
 
     def loss(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
         return self.loss_fn(output.view(-1), batch["y"])

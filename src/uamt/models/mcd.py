@@ -1,8 +1,8 @@
 """Monte Carlo dropout (Glushkova et al. 2021, §3): N stochastic passes, Gaussian fit to the samples.
 
 * ``mcd_head``: dropout in the feed-forward head only, on cached embeddings.  The sentence features
-  are computed once and the N passes run as one batched forward of the features repeated N times
-  (chunked to bound memory), not N Python loops.
+  and the head's layers before its first dropout are computed once, and the N passes run as one
+  batched forward of that output repeated N times (chunked to bound memory), not N Python loops.
 * ``mcd_full``: dropout through the whole network, encoder included (the paper's MCD, dropout at
   encoder, pooling and feed-forward layers): N passes of the encoder; needs the encoder at inference.
 
@@ -47,17 +47,25 @@ def seeded_passes(fn):
 
 @seeded_passes
 def head_mc_outputs(model: Estimator, batch: dict, n: int) -> torch.Tensor:
-    """Head outputs [n, B, out_dim] of n dropout passes over the head (layer mix deterministic)."""
+    """Head outputs [n, B, out_dim] of n dropout passes over the head (layer mix deterministic).
+
+    The head's layers before its first dropout (:meth:`Estimator.head_until_dropout`: the widest
+    Linear, features x hidden_sizes[0]) give the same output on every pass, so they run once on the
+    B rows; only their output is repeated for the passes (:meth:`Estimator.head_from_dropout`).  The
+    dropout layers see the same tensors in the same order as a forward of the repeated features, so
+    they draw the same masks: the samples are those of ``head_forward(features.repeat(n, 1))``.
+    """
     features = model.sentence_features(batch)
     rows = features.shape[0]
     chunk = max(1, MAX_REPEATED_ROWS // max(rows, 1))
     was_training = model.head.training
     model.head.train()
     try:
+        hidden = model.head_until_dropout(features, batch)
         outs = []
         for start in range(0, n, chunk):
             reps = min(chunk, n - start)
-            outs.append(model.head_forward(features.repeat(reps, 1), batch, repeats=reps))
+            outs.append(model.head_from_dropout(hidden.repeat(reps, 1), batch, repeats=reps))
     finally:
         model.head.train(was_training)
     return torch.cat(outs).view(n, rows, -1)
