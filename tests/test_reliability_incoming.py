@@ -570,7 +570,8 @@ def test_api_server_survives_ctrl_c_and_dies_with_a_killed_parent(tmp_path):
             server = int(_expect(lines, "SERVER", 180))
             os.killpg(proc.pid, signum)  # Ctrl-C reaches the whole group; SIGKILL the flow process
             if signum == signal.SIGINT:
-                _expect(lines, "INTERRUPTED", 30)
+                # generous: on 2 cores shared with a running pipeline the handler took over 30 s once
+                _expect(lines, "INTERRUPTED", 90)
                 assert _expect(lines, "HEALTH", 30) == "200"  # the server outlived Ctrl-C
                 proc.wait(60)
             assert _wait_gone(server, 30), f"Prefect API server {server} outlived its parent ({signum!r})"
