@@ -290,3 +290,16 @@ def test_estonian_english_through_cli(eten, tmp_path, capsys):
     pearson = json.loads(out.read_text())["pearson"]
     for name in ("mt-ref-1", "mt-ref-2", "mt-ref-multi"):
         assert pearson[name] == pytest.approx(PAPER[("bleu", name)], abs=0.005)
+
+
+@pytest.mark.parametrize("metric", ["bleu", "chrf", "ter"])
+def test_segment_scores_in_worker_processes_equal_the_serial_scores_in_order(monkeypatch, metric):
+    """Big batches are scored by forked workers in chunks: same values, same order as one process."""
+    rng = np.random.default_rng(7)
+    words = "the cat sat on a mat while dogs ran far away from home today".split()
+    mt = [" ".join(rng.choice(words, size=rng.integers(1, 12))) for _ in range(60)]
+    refs = [" ".join(rng.choice(words, size=rng.integers(1, 12))) for _ in range(60)]
+    serial = lexical.segment_scores(mt, [refs], metric)
+    monkeypatch.setattr(lexical, "PARALLEL_MIN_PAIRS", 5)
+    monkeypatch.setattr(lexical, "_cpu_count", lambda: 3)
+    assert np.array_equal(lexical.segment_scores(mt, [refs], metric), serial)

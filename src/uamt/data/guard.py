@@ -82,9 +82,8 @@ def chrf_signal(
         used, "tested": "within" | "pearson", "status": "ok" | "low" | "few rows" | "exempt: …" |
         "skipped (no reference)"}``; an ``r`` is None where it cannot be computed.
     """
-    from sacrebleu.metrics import CHRF
+    from uamt.lexical import segment_scores
 
-    chrf = CHRF()
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for (dataset, lp), part in table.groupby(["dataset", "lp"], sort=True):
         if not reference_based.get(dataset, True):
@@ -100,9 +99,7 @@ def chrf_signal(
         part = _sample(part, cfg.max_rows, cfg.seed)
         sign = 1.0 if higher_is_better.get(dataset, True) else -1.0
         scores = sign * part["score"].to_numpy(dtype=float)
-        chrfs = np.array(
-            [chrf.sentence_score(mt, [ref]).score for mt, ref in zip(part["mt"], part["ref"], strict=True)]
-        )
+        chrfs = segment_scores(list(part["mt"]), [list(part["ref"])], "chrf")
         n = len(part)
         r = _pearson(scores, chrfs)
         src = part["src"].to_numpy() if "src" in part.columns else np.arange(n)

