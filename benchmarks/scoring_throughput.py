@@ -6,6 +6,12 @@ comet predict with ``mc_dropout`` runs (per-run cost extrapolated to 100 runs wh
 for ours: point, MCD-100 (head), DE-5, HTS, HTS+MCD, DUP, each with a cold cache (encoding included)
 and a warm cache (median of ``--repeats`` passes); the ratios; and peak RSS (resource.getrusage).
 
+Both sides get the same ``--batch-size`` (16: the fastest on 2 CPU cores for comet's torch encoder
+and our ONNX one alike) and a warm-up call first, so the ratios compare steady scoring, not process
+start-up.  The last block is the floor of the cold ratios: the encoder's useful arithmetic (2 FLOPs
+per weight per token, plus attention) per second on each side, against this machine's float32
+matrix-multiply rate (a 2048 x 2048 torch matmul).
+
 Usage::
 
     python benchmarks/scoring_throughput.py --table data/prepared/test.parquet --n 500 --comet-runs 2
@@ -49,6 +55,9 @@ def main(argv=None) -> int:
     parser.add_argument("--mc", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5, help="warm-cache timings per method (median)")
     parser.add_argument(
+        "--batch-size", type=int, default=16, help="texts per encoder call, comet's and ours (default 16)"
+    )
+    parser.add_argument(
         "--runtime",
         default="onnx",
         help="our encoder's runtime (torch | onnx | onnx-int8; default onnx, what a registered model "
@@ -67,7 +76,7 @@ def main(argv=None) -> int:
     n = len(df)
     fit_df = pd.read_parquet(args.train_table) if args.train_table else df
     fit_df = fit_df[fit_df["ref"].notna()].head(400).reset_index(drop=True)
-    encoder = get_encoder(EncoderConfig(name="minilm", runtime=args.runtime))
+    encoder = get_encoder(EncoderConfig(name="minilm", runtime=args.runtime, batch_size=args.batch_size))
     results: dict[str, float] = {}
 
     # unbabel-comet RegressionMetric on the same MiniLM weights (untrained head: cost is what counts)
@@ -80,10 +89,12 @@ def main(argv=None) -> int:
         load_pretrained_weights=True,
     )
     samples = df[["src", "mt", "ref"]].to_dict("records")
-    _, t_plain = timed(lambda: comet_model.predict(samples, batch_size=64, gpus=0, progress_bar=False))
+    bs = args.batch_size
+    comet_model.predict(samples[:bs], batch_size=bs, gpus=0, progress_bar=False)  # warm-up
+    _, t_plain = timed(lambda: comet_model.predict(samples, batch_size=bs, gpus=0, progress_bar=False))
     _, t_mc = timed(
         lambda: comet_model.predict(
-            samples, batch_size=64, gpus=0, progress_bar=False, mc_dropout=args.comet_runs
+            samples, batch_size=bs, gpus=0, progress_bar=False, mc_dropout=args.comet_runs
         )
     )
     per_run = t_mc / args.comet_runs
@@ -174,7 +185,54 @@ def main(argv=None) -> int:
     print("cost relative to our point estimate (warm):")
     for method in ("hts", "dup"):
         print(f"  {labels[method]:28s} {warm['point'] / warm[method]:.2f}x")
+    print_arithmetic_floor(encoder, df, t_plain, t_encode, comet_point, cold["hts"])
     return 0
+
+
+def encoder_flops(config: dict, n_tokens: int) -> float:
+    """Multiply-adds x 2 of a BERT encoder on one text of ``n_tokens`` (no padding): the dense
+    layers (4 d^2 + 2 d d_ff weights per layer, 2 FLOPs each per token) and attention (QK^T and
+    AV: 2 x 2 n d per token)."""
+    d, d_ff, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    return float(layers * n_tokens * (2 * (4 * d * d + 2 * d * d_ff) + 4 * n_tokens * d))
+
+
+def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """This machine's float32 matrix-multiply rate through torch (best of ``repeats``), GFLOP/s."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = min(timed(lambda: a @ b)[1] for _ in range(repeats))
+    return 2 * size**3 / best / 1e9
+
+
+def print_arithmetic_floor(encoder, df, t_comet: float, t_encode: float, comet_point: float, hts_cold: float):
+    """Useful encoder GFLOP/s of comet (3 texts a segment) and ours (distinct texts), against the
+    matmul peak: the cold ratio cannot beat (FLOPs comet / FLOPs ours) x (peak / comet's rate)."""
+    import json
+
+    from uamt.encoders import default_minilm_path
+
+    config = json.loads((default_minilm_path() / "config.json").read_text())
+    tokens = {text: len(ids) for text, ids in zip(*_tokenized(encoder, df), strict=True)}
+    per_segment = [tokens[t] for column in ("src", "mt", "ref") for t in df[column]]
+    comet_flops = sum(encoder_flops(config, n) for n in per_segment)
+    ours_flops = sum(encoder_flops(config, n) for n in tokens.values())
+    peak = matmul_gflops()
+    comet_rate, ours_rate = comet_flops / t_comet / 1e9, ours_flops / t_encode / 1e9
+    ceiling = comet_flops / ours_flops * peak / comet_rate
+    print("arithmetic floor of the cold ratios (encoder FLOPs, float32):")
+    print(f"  float32 matmul peak (torch, 2048^2)   {peak:8.1f} GFLOP/s")
+    print(f"  comet predict (src, mt, ref each)     {comet_rate:8.1f} GFLOP/s ({comet_flops / 1e9:.0f} GFLOP)")
+    print(f"  ours, encoding distinct texts         {ours_rate:8.1f} GFLOP/s ({ours_flops / 1e9:.0f} GFLOP)")
+    print(f"  hts vs comet point now                {hts_cold / comet_point:8.1f}x")
+    print(f"  ceiling: ours encoding at the peak    {ceiling:8.1f}x (same weights, float32)")
+
+
+def _tokenized(encoder, df):
+    texts = sorted(set(df.src) | set(df.mt) | set(df.ref))
+    return texts, encoder.tokenize(texts)
 
 
 if __name__ == "__main__":

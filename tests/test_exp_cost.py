@@ -257,3 +257,25 @@ def test_stage_on_a_real_slice_with_minilm(tmp_path, monkeypatch, mirror_root):
     assert set(saved["methods"]) >= {"point", "mcd_head", "mcd_full", "ensemble", "hts", "kl", "dup_hts"}
     assert saved["encoding"]["texts"] == 10 and saved["encoding"]["texts_per_s"] > 0
     assert Path("reports/figures/cost.png").stat().st_size > 5000
+
+
+class FrozenEncoder(FakeEncoder):
+    """An ONNX export's stand-in: embeds like FakeEncoder but refuses ``train=True`` (no dropout)."""
+
+    def pooled_layers(self, texts, batch_size=None, train=False):
+        if train:
+            raise ValueError("frozen ONNX export: train=True needs runtime='torch'")
+        return super().pooled_layers(texts, batch_size)
+
+
+def test_mcd_full_runs_dropout_through_the_mc_encoder_when_the_cache_encoder_is_frozen(tmp_path):
+    """The pipeline encodes with ONNX Runtime (frozen); MC dropout through the encoder then runs on
+    the torch encoder of the same weights (``mc_encoder``), while encoding is timed on the ONNX one."""
+    frozen, dropout = FrozenEncoder(), FakeEncoder()
+    settings = cost.CostSettings(**{**SETTINGS.__dict__, "dup_losses": ("abs",)})
+    args = (settings, CFG, CFG.replace(method="dup", bottleneck_size=8), TABLES, FEATURES, frozen)
+    with pytest.raises(ValueError, match="frozen ONNX export"):
+        cost.measure_costs(*args, tmp_path / "frozen")
+    result = cost.measure_costs(*args, tmp_path / "mc", mc_encoder=dropout)
+    assert "mcd_full" in result["methods"] and dropout.calls > 0
+    assert result["encoding"]["texts"] == settings.encode_texts
