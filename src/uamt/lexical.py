@@ -114,6 +114,10 @@ def _check_lengths(mt: Sequence[str], streams: Sequence[Sequence[str]], what: st
             raise DataError(f"{what} {k} has {len(stream)} segments but mt has {len(mt)}")
 
 
+#: Fewest pairs per worker process worth forking for (below it one process scores everything).
+PARALLEL_MIN_PAIRS = 1000
+
+
 def segment_scores(
     mt: Sequence[str], refs: Sequence[Sequence[str]] | Sequence[str], metric: str
 ) -> np.ndarray:
@@ -154,10 +158,6 @@ def segment_scores(
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         scored = pool.map(_score_pairs, [metric] * len(chunks), chunks)
         return np.array([value for chunk in scored for value in chunk], dtype=np.float64)
-
-
-#: Fewest pairs per worker process worth forking for (below it one process scores everything).
-PARALLEL_MIN_PAIRS = 1000
 
 
 def _cpu_count() -> int:

@@ -46,7 +46,6 @@ FeedForward = _comet_module("feedforward").FeedForward
 LayerwiseAttention = _comet_module("layerwise_attention").LayerwiseAttention
 
 
-
 def _first_dropout(ff) -> int:
     """Index in ``ff.ff`` (the ``nn.Sequential``) of the first ``Dropout``; its length if none."""
     return next((i for i, layer in enumerate(ff.ff) if isinstance(layer, nn.Dropout)), len(ff.ff))

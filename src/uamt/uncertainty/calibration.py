@@ -306,7 +306,7 @@ def _ece_columns(abs_err: np.ndarray, var: np.ndarray, n_levels: int) -> np.ndar
     at most :math:`b/(M-1)`, i.e. iff :math:`\\lceil c_j (M-1) \\rceil \\le b`; one bincount per
     candidate replaces a sort.  (Reported ECEs use :func:`expected_calibration_error`.)
 
-    The erf is torch's: 3.6x scipy's on 2 cores (the grid search spends most of its time here) and
+    The erf is torch's: 3.5x scipy's on 2 cores (the grid search spends most of its time here) and
     equal to it within one ulp, so a level index differs only if :math:`c_j (M-1)` lies within
     one ulp of an integer.
     """
