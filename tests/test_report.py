@@ -129,7 +129,7 @@ def test_report_assembles_sections_in_order_with_summary(workspace):
         "## 1. Out-of-domain sharpness (news vs TED)",
         "## 2. Stub analysis",
         "## 3. Computational cost",
-        "## Issue 15 goals: intervals that adapt per segment",
+        "## Interval goals: the served distribution, per LP and cell",
     ]
     assert "`metrics/conditional.json` missing: run `dvc repro evaluate`." in text
     assert "It measured 0.50." in text
@@ -203,34 +203,26 @@ def test_stage_writes_the_report_and_keeps_the_old_one_on_error(workspace):
     assert sorted(p.name for p in out.parent.iterdir()) == ["experiments.md", "figures"]  # no temp file left
 
 
-def test_report_lists_issue15_goals_per_model(workspace):
+def test_report_lists_the_interval_goals_per_model(workspace):
+    from tests.test_uncertainty_goals import _summary
     from uamt.uncertainty.goals import goal_rows
 
     metrics, figures = workspace
-    summary = {
-        "served": "scale_nll",
-        "rule": "min_goal_ratio",
-        "conditional": {
-            "lp_coverage_error": 0.02,
-            "sigma_quintile_coverage_error": 0.08,
-            "mu_quintile_coverage_error": 0.04,
-            "low_score": {"coverage": 0.81, "n": 52},
-        },
-        "per_lp": {"en-de": {"sigma_p90_p10": 1.7, "ece": 0.012, "ece_floor": 0.009}},
-        "ece": {"fixed_dev_to_test": 0.012, "floor": 0.009, "cross_fitted": 0.021, "cross_fitted_folds": 5,
-                "cross_fitted_over": "documents"},
-        "ence": 0.1,
-        "candidates": {"affine_ece": {"coverage": 0.88, "lp_coverage_error": 0.03, "sigma_quintile_coverage_error": 0.2,
-                                      "mu_quintile_coverage_error": 0.1, "low_score_coverage": 0.0, "ence": 0.4,
-                                      "sigma_p90_p10_min": 1.0, "ece": 0.01, "nll": 1.3}},
-        "held_out": None,
-    }
+    summary = _summary(
+        served="mondrian_conformal", rule="min_goal_ratio", coverage=0.905, width=8.0, crps=1.48,
+        ece={"served": 0.012, "floor": 0.009}, ups=0.3, ups_raw=0.2, ence=0.1, ence_raw=0.5,
+        candidates={"affine_ece": {"coverage": 0.88, "lp_coverage_error": 0.03, "sigma_quintile_coverage_error": 0.2,
+                                   "mu_quintile_coverage_error": 0.1, "low_score_coverage": 0.0, "ence": 0.4,
+                                   "sigma_p90_p10_min": 1.0, "ece": 0.01, "nll": 1.3}},
+    )
+    summary["baseline"].update(coverage=0.9, width=9.0)
+    for m in summary["per_lp"].values():
+        m.update(pps=0.3, crps=1.5, ups=0.3, ups_raw=0.2, ence=0.1, ence_raw=0.5, sigma_p90_p10=1.8)
     summary["goals"] = goal_rows(summary)
     Path("metrics/conditional.json").write_text(json.dumps({"hts": summary}))
     text = report.build_report(metrics, figures)
-    assert "### hts (served: scale_nll, rule min_goal_ratio)" in text
-    assert "papers' 5-fold cross-fitted ECE on test 0.021 (folds over documents)" in text
+    assert "### hts (served: mondrian_conformal, rule min_goal_ratio)" in text
+    assert "CRPS 1.480 (baseline point+mondrian_conformal: 1.500, coverage 0.900, width 9.00)" in text
     assert "| coverage@0.9 within ±3 points in every LP | max |cov - 0.9| <= 0.03 | 0.020 | yes |  |" in text
-    assert "| coverage within ±5 points in every sigma quintile | <= 0.05 | 0.080 | no |  |" in text
-    assert "| held-out LPs: coverage@0.9 (smallest) | >= 0.85 | – | – |  |" in text
+    assert "| en-de | 500 | 0.920 | 8.00 | 0.070 / 0.010 | 0.800 |" in text
     assert "| affine_ece | no | 0.880 |" in text

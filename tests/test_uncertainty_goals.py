@@ -1,5 +1,5 @@
-"""Issue 15's metrics outputs: evaluate_predictions scopes, the conditional.json block and its goals,
-the doc/domain labels of predictions tables."""
+"""Metrics outputs: evaluate_predictions scopes, the conditional.json block and its goals, the
+doc/domain labels of predictions tables."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import uamt.uncertainty.evaluate as evaluate_module
 from uamt.models.api import TrainedModel
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions
-from uamt.uncertainty.goals import GOALS, goal_rows, headline_metrics, interval_summary
+from uamt.uncertainty.goals import GOALS, goal_rows, headline_metrics, served_summary
 
 SETTINGS = EvaluationSettings(min_lp_rows=20, calibration_candidates=("affine_ece", "scale_nll", "conformal"))
 
@@ -73,59 +73,35 @@ def test_unknown_scope_is_refused(tables):
         evaluate_predictions(test, dev, settings=SETTINGS, scope="all")
 
 
-def _metrics(result):
-    """What the evaluate stage keeps of the model block (plus a hand-set ECE floor)."""
-    block = result["methods"]["model"]
-    return {"avg": {**block["macro_avg"], "ece_floor": 0.01}, **{lp: {**m, "ece_floor": 0.01} for lp, m in block["per_lp"].items()}}
+def _cell(lp, coverage, se=0.01):
+    return {"lp": lp, "cell": "q1", "coverage": coverage, "gap": coverage - 0.9, "se": se, "cells_outside": 1, "cells": 10}
 
 
-def test_interval_summary_blocks_match_the_result(tables, full):
-    dev, _, ood = tables
-    ood_result = evaluate_predictions(ood, dev, settings=SETTINGS, scope="served")
-    test_metrics, ood_metrics = _metrics(full), _metrics(ood_result)
-    summary = interval_summary(full, test_metrics, ood_result, ood_metrics)
-    conditional = full["methods"]["model"]["conditional"]
-    assert summary["served"] == full["calibration"]["selected"]
-    assert summary["conditional"]["lp_coverage_error"] == pytest.approx(
-        max(abs(g["coverage"] - 0.9) for g in conditional["by_lp"].values())
-    )
-    assert set(summary["conditional"]["by_sigma_quintile"]) == {"0", "1", "2", "3", "4"}
-    assert set(summary["conditional"]["by_domain"]) == {"news"}
-    low = full["methods"]["model"]["conditional"]["low_score"]
-    assert low["n"] == int((tables[1]["human"] <= -5).sum()) > 0
-    for lp, row in summary["per_lp"].items():
-        assert row["coverage"] == test_metrics[lp]["coverage@0.9"]
-        assert row["cross_fitted_ece"] == full["cross_fitted_ece"]["per_lp"][lp]
-    assert summary["ece"]["cross_fitted"] == full["cross_fitted_ece"]["macro_avg"]
-    assert summary["candidates"]["scale_nll"]["ence"] == full["candidates"]["scale_nll"]["test"]["macro_avg"]["ence"]
-    # xx-yy has no dev rows: the only held-out LP; its RMS sigma against the in-domain mean
-    held = summary["held_out"]
-    assert held["lps"] == ["xx-yy"]
-    in_domain = np.mean([np.sqrt(test_metrics[lp]["sharpness"]) for lp in ("en-de", "zh-en")])
-    assert held["sigma_ratio"] == pytest.approx(np.sqrt(ood_metrics["xx-yy"]["sharpness"]) / in_domain)
-    assert held["coverage_min"] == ood_metrics["xx-yy"]["coverage@0.9"]
-    assert set(held["coverage_by_domain"]) == {"bio"}
-    assert [g["key"] for g in summary["goals"]] == [key for key, _, _ in GOALS]
-    json.dumps(summary, allow_nan=False)
+def _lp(coverage, *, below=0.05, above=0.05, low=0.9, low_n=40, ece=0.015, floor=0.01, risk_gap=0.03):
+    return {
+        "n": 500,
+        "coverage": coverage,
+        "width": 8.0,
+        "miss_below": below,
+        "miss_above": above,
+        "low_score_coverage": low,
+        "low_score_n": low_n,
+        "ece": ece,
+        "ece_floor": floor,
+        "risk": {"-5": {"max_gap": risk_gap, "brier": 0.1}},
+    }
 
 
 def _summary(**overrides):
-    per_lp = {
-        "en-de": {"sigma_p90_p10": 1.6, "ece": 0.015, "ece_floor": 0.01},
-        "zh-en": {"sigma_p90_p10": 1.2, "ece": 0.05, "ece_floor": 0.03},  # floor above the goal: not judged
-    }
     summary = {
-        "conditional": {
-            "lp_coverage_error": 0.02,
-            "sigma_quintile_coverage_error": 0.06,
-            "mu_quintile_coverage_error": 0.05,
-            "low_score": {"coverage": 0.5, "n": 40},
+        "coverage_gamma": 0.9,
+        "per_lp": {
+            "en-de": _lp(0.92, below=0.07, above=0.01, low=0.80, low_n=60),
+            "zh-en": _lp(0.89, ece=0.05, floor=0.03, risk_gap=0.08),  # floor above the goal: not judged
         },
-        "per_lp": per_lp,
-        "ence": 0.2,
-        "candidates": {"affine_ece": {"ence": 0.3}},
-        "ece": {"cross_fitted": 0.03},
-        "held_out": {"lps": ["xx-yy"], "sigma_ratio": 1.4, "coverage_min": 0.8},
+        "worst_cells": {"sd": _cell("zh-en", 0.83), "mu": _cell("en-de", 0.93)},
+        "baseline": {"name": "point+mondrian_conformal", "crps": 1.50, "crps_delta": -0.02},
+        "held_out": {"lps": ["xx-yy"], "coverage_by_lp": {"xx-yy": 0.80}},
     }
     summary.update(overrides)
     return summary
@@ -135,38 +111,68 @@ def test_goal_rows_judge_each_goal():
     rows = {row["key"]: row for row in goal_rows(_summary())}
     met = {key: row["met"] for key, row in rows.items()}
     assert met == {
+        "worst_sd_cell_gap": False,
+        "worst_mu_cell_gap": True,
         "lp_coverage_error": True,
-        "sigma_quintile_coverage_error": False,
-        "mu_quintile_coverage_error": True,
         "low_score_coverage": False,
-        "sigma_p90_p10_min": False,
-        "ence": True,
+        "miss_balance_error": False,
+        "risk_max_gap": False,
         "ece_max_where_floor_allows": True,
-        "unseen_sigma_ratio": True,
-        "unseen_coverage_min": False,
+        "crps_vs_baseline": True,
+        "unseen_coverage_error": False,
     }
-    assert rows["sigma_p90_p10_min"]["value"] == 1.2
+    assert rows["worst_sd_cell_gap"]["value"] == pytest.approx(0.07)
+    assert rows["low_score_coverage"]["value"] == pytest.approx((0.80 * 60 + 0.90 * 40) / 100)  # pooled rows
+    assert rows["miss_balance_error"]["value"] == pytest.approx(0.04)
+    assert rows["miss_balance_error"]["note"] == "en-de: below 0.070, above 0.010"
+    assert rows["risk_max_gap"]["note"] == "zh-en at chi=-5"
     assert rows["ece_max_where_floor_allows"]["value"] == 0.015
     assert "zh-en 0.030" in rows["ece_max_where_floor_allows"]["note"]
-    assert rows["ence"]["note"] == "affine 0.300"
+    assert rows["crps_vs_baseline"]["note"] == "point+mondrian_conformal 1.500"
+    assert [row["key"] for row in goal_rows(_summary())] == [key for key, _, _ in GOALS]
 
 
 def test_goal_rows_leave_unmeasurable_goals_unjudged():
-    summary = _summary(held_out=None, candidates={})
-    summary["conditional"]["low_score"] = {"coverage": None, "n": 0}
-    summary["per_lp"]["en-de"]["ece_floor"] = 0.05
+    summary = _summary(held_out=None, baseline=None, worst_cells={"sd": None, "mu": None})
+    for m in summary["per_lp"].values():
+        m.update(low_score_coverage=None, low_score_n=0, ece_floor=0.05)
     rows = {row["key"]: row for row in goal_rows(summary)}
-    for key in ("low_score_coverage", "ence", "ece_max_where_floor_allows", "unseen_sigma_ratio", "unseen_coverage_min"):
+    for key in (
+        "worst_sd_cell_gap", "worst_mu_cell_gap", "low_score_coverage", "ece_max_where_floor_allows",
+        "crps_vs_baseline", "unseen_coverage_error",
+    ):
         assert rows[key]["met"] is None, key
 
 
 def test_headline_metrics_are_flat_and_count_goals_met():
-    summary = _summary()
+    summary = _summary(ece={"papers_cross_fitted": 0.03})
     summary["goals"] = goal_rows(summary)
     flat = headline_metrics({"hts": summary})
-    assert flat["conditional.hts.goals_met"] == 5.0
-    assert flat["conditional.hts.lp_coverage_error"] == 0.02
-    assert flat["conditional.hts.cross_fitted_ece"] == 0.03
+    assert flat["conditional.hts.goals_met"] == 4.0
+    assert flat["conditional.hts.lp_coverage_error"] == pytest.approx(0.02)
+    assert flat["conditional.hts.papers_cross_fitted_ece"] == 0.03
+
+
+def test_served_summary_from_measured_metrics(tables):
+    """The conditional.json block of a model, from its served metrics on test and ood."""
+    from uamt.calibrated import fit_calibration
+    from uamt.model_evaluation import ask, measure
+
+    dev, test, ood = tables
+    settings = EvaluationSettings(min_lp_rows=20, calibration="mondrian_conformal", calibration_candidates=("mondrian_conformal",))
+    calibration = fit_calibration(dev, "hts", settings=settings)[0]
+    measured = {name: measure(calibration, ask(calibration, t, settings, None), t, settings) for name, t in (("test", test), ("ood", ood))}
+    summary = served_summary(
+        measured["test"], measured["ood"], served=calibration.selected, rule="min_goal_ratio",
+        known_lps=calibration.known_lps, baseline=measured["test"], baseline_name="point+mondrian_conformal",
+    )
+    assert summary["served"] == "mondrian_conformal"
+    assert summary["per_lp"]["en-de"]["coverage"] == measured["test"]["en-de"]["coverage@0.9"]
+    assert summary["held_out"]["lps"] == ["xx-yy"]  # no dev rows: the only held-out LP
+    assert summary["held_out"]["coverage_by_lp"]["xx-yy"] == measured["ood"]["xx-yy"]["coverage@0.9"]
+    assert summary["baseline"]["crps_delta"] == 0.0
+    assert [g["key"] for g in summary["goals"]] == [key for key, _, _ in GOALS]
+    json.dumps(summary, allow_nan=False)
 
 
 def test_predictions_table_carries_doc_and_domain():

@@ -36,9 +36,11 @@ from uamt.uncertainty import (
     gaussian_interval,
     translation_risk,
 )
-from uamt.uncertainty.candidates import candidate_from_dict, candidate_sigma
+from uamt.uncertainty.candidates import candidate_from_dict
 
 INTERVAL_MODES = ("gaussian", "conformal")
+#: Quantile levels the served standard deviation of a conformal distribution is read from.
+SD_LEVELS = 100
 
 
 @dataclass
@@ -78,6 +80,13 @@ class Calibration:
             )
         except KeyError as exc:
             raise UamtError(f"calibration is missing {exc.args[0]!r}: was it fitted with a dev set?") from exc
+
+    @classmethod
+    def fit(
+        cls, dev_table: pd.DataFrame, method: str | None = None, settings: EvaluationSettings | None = None
+    ) -> Calibration:
+        """Fit on dev predictions (:func:`fit_calibration`; never on test)."""
+        return fit_calibration(dev_table, method, settings=settings)[0]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -235,16 +244,68 @@ class Calibration:
         mu_z, sigma_z = self.standardizer.transform_predictions(mu, np.asarray(sigma, dtype=float), lp)
         return mu_z, sigma_z
 
-    def apply(self, mu, sigma, lp=None, n_refs=None) -> tuple[np.ndarray, np.ndarray]:
-        """Calibrated ``(mu, sigma)`` on the human scale.  ``sigma`` is a standard deviation, shape [n];
-        ``n_refs`` (shape [n], optional): how many references each row's prediction averaged."""
+    @property
+    def is_gaussian(self) -> bool:
+        """Whether the served distribution is the Gaussian N(mu, sigma^2) (fixed or affine variance);
+        else it is a conformal distribution with its own intervals and CDF."""
+        return self.fixed or not isinstance(self.served, ConformalCalibrator)
+
+    def center(self, mu, sigma, lp=None, n_refs=None) -> np.ndarray:
+        """The served mu on the human scale, shape [n] (the calibration does not move it with
+        ``n_refs``; the argument keeps the protocol's signature)."""
+        mu_z, sigma_z = self._z(mu, sigma, lp)
+        return self.standardizer.to_human_scale(mu_z, np.zeros_like(mu_z), lp)[0]
+
+    def _gaussian(self, mu, sigma, lp, n_refs) -> tuple[np.ndarray, np.ndarray]:
         mu_z, sigma_z = self._z(mu, sigma, lp)
         if self.fixed:
             cal_sigma_z = self.fixed_variance.transform(mu_z, lp=lp)
-        else:  # a conformal calibration reports its Gaussian-equivalent sigma at 0.9
-            cal_sigma_z = candidate_sigma(self.served or self.affine, mu_z, sigma_z, lp, 0.9)
+        else:
+            cal_sigma_z = (self.served or self.affine).transform(mu_z, sigma_z, lp=lp)
         cal_sigma_z = cal_sigma_z * self._widen(lp, n_refs, len(mu_z))
         return self.standardizer.to_human_scale(mu_z, cal_sigma_z, lp)
+
+    def apply(self, mu, sigma, lp=None, n_refs=None) -> tuple[np.ndarray, np.ndarray]:
+        """Served ``(mu, sigma)`` on the human scale, each shape [n].
+
+        ``sigma`` (in and out) is a standard deviation; ``n_refs`` (shape [n], optional): how many
+        references each row's prediction averaged.  For a Gaussian served distribution the output
+        sigma is its sigma; for a conformal one it is the standard deviation of the served
+        distribution itself (:meth:`served_sd`), not a Gaussian stand-in.
+        """
+        if self.is_gaussian:
+            return self._gaussian(mu, sigma, lp, n_refs)
+        center = self.center(mu, sigma, lp, n_refs)
+        return center, self.served_sd(mu, sigma, lp, n_refs)
+
+    def served_sd(self, mu, sigma, lp=None, n_refs=None, n_quantiles: int | None = None) -> np.ndarray:
+        """Standard deviation of the served distribution per row, shape [n], from its quantiles at the
+        mid-point levels :math:`p_k = (k - 1/2)/K` (K = ``n_quantiles``, default :data:`SD_LEVELS`);
+        a level beyond the calibration's reach takes the row's outermost finite quantile
+        (:func:`uamt.uncertainty.served.clamp_tails`), as in the served CRPS."""
+        from uamt.uncertainty.served import clamp_tails
+
+        k = int(n_quantiles or SD_LEVELS)
+        mu = np.asarray(mu, dtype=float)
+        quantiles = np.empty((mu.size, k))
+        probs = (np.arange(k) + 0.5) / k
+        for j in range(k // 2):
+            lower, upper = self.interval(mu, sigma, 1.0 - 2.0 * probs[j], lp, "conformal", n_refs=n_refs)
+            quantiles[:, j], quantiles[:, k - 1 - j] = lower, upper
+        return clamp_tails(quantiles).std(axis=1)
+
+    def human_std(self, lp, n: int) -> np.ndarray:
+        """Per row, shape [n]: the dev standard deviation of human scores of the row's LP (its
+        global fallback for an LP without its own fit) -- one z unit in human-score units."""
+        return self.standardizer.to_human_scale(np.zeros(n), np.ones(n), lp)[1]
+
+    def raw_sigma_on_human_scale(self, mu, sigma, lp=None) -> np.ndarray:
+        """The model's raw sigma mapped to the human scale by the standardiser alone (no
+        calibration), shape [n]: what a method announces before any calibration."""
+        mu_z, sigma_z = self.standardizer.transform_predictions(
+            np.asarray(mu, dtype=float), np.asarray(sigma, dtype=float), lp
+        )
+        return self.standardizer.to_human_scale(mu_z, sigma_z, lp)[1]
 
     def _widen(self, lp, n_refs, n: int) -> np.ndarray:
         """Per-row factor on the calibrated spread: reference factors times the unseen-LP factor."""
@@ -259,7 +320,7 @@ class Calibration:
             raise ValueError(f"interval={mode!r} not supported; choose from {sorted(INTERVAL_MODES)}")
         served_conformal = isinstance(self.served, ConformalCalibrator) and not self.fixed
         if (mode == "gaussian" and not served_conformal) or self.fixed:
-            cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
+            cal_mu, cal_sigma = self._gaussian(mu, sigma, lp, n_refs)
             return gaussian_interval(cal_mu, cal_sigma, gamma)
         if self.conformal is None and not served_conformal:
             raise UamtError("this model has no conformal calibration (a dev sigma was 0)")
@@ -288,7 +349,7 @@ class Calibration:
             # As in interval(): Q = mu + widen * (Q0 - mu), so P(Q <= chi) = P(Q0 <= mu + (chi - mu) / widen).
             chi_z = mu_z + (chi_z - mu_z) / self._widen(lp, n_refs, len(mu_z))
             return self.served.risk(mu_z, sigma_z, chi_z, lp)
-        cal_mu, cal_sigma = self.apply(mu, sigma, lp, n_refs=n_refs)
+        cal_mu, cal_sigma = self._gaussian(mu, sigma, lp, n_refs)
         return translation_risk(cal_mu, cal_sigma, threshold)
 
 
@@ -360,40 +421,61 @@ def load_calibrations(calibration_dir: str | Path, methods) -> dict[str, Calibra
     return {method: Calibration.load(Path(calibration_dir) / f"{method}.json") for method in methods}
 
 
+def needed_widening(calibration: Calibration, table: pd.DataFrame, level: float) -> np.ndarray:
+    """Per row, shape [n]: the factor by which the served central interval at ``level`` must be
+    widened around the served mu to contain the human score -- exactly as the unseen-LP and
+    reference factors widen it (``mu - (mu - lower) * w``, ``mu + (upper - mu) * w``).  ``table``:
+    ``lp, human, mu, sigma`` (the raw model output)."""
+    mu = table["mu"].to_numpy(dtype=float)
+    sigma = table["sigma"].to_numpy(dtype=float)
+    lp = table["lp"].to_numpy(dtype=object)
+    human = table["human"].to_numpy(dtype=float)
+    center = calibration.center(mu, sigma, lp)
+    lower, upper = calibration.interval(mu, sigma, level, lp, "gaussian" if calibration.is_gaussian else "conformal")
+    below = human < center
+    reach = np.where(below, center - lower, upper - center)
+    gap = np.abs(human - center)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(gap == 0, 0.0, np.where(reach > 0, gap / reach, np.inf))
+
+
+def equal_weight_quantile(values_by_group: dict[str, np.ndarray], level: float) -> float:
+    """The smallest c with :math:`\\frac1G\\sum_g \\overline{\\mathbb 1[v_g \\le c]} \\ge` ``level``: the
+    quantile of the pooled values when every group weighs the same (whatever its row count)."""
+    values = np.concatenate([np.asarray(v, dtype=float) for v in values_by_group.values()])
+    weights = np.concatenate([np.full(len(v), 1.0 / (len(v) * len(values_by_group))) for v in values_by_group.values()])
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    index = int(np.searchsorted(cumulative, level - 1e-12))
+    return float(values[order][min(index, values.size - 1)])
+
+
 def fit_unseen_lp_sigma_factor(
     table, fit, *, level: float = 0.9, min_lp_rows: int = 50
 ) -> tuple[float, dict[str, float]]:
-    """Sigma factor for language pairs the calibration never saw, fitted on dev by leaving each LP out.
+    """Widening for language pairs the calibration never saw, fitted on dev by leaving each LP out.
 
     For each LP ``L`` of ``table`` (dev predictions: columns ``lp``, ``human``, ``mu``, ``sigma``)
     with at least ``min_lp_rows`` rows, ``fit`` (table -> :class:`Calibration`) is fitted on the
-    other LPs, so ``L`` gets the global fallback exactly as an unseen LP would, and
-
-    .. math:: c_L = \\frac{Q_{level}(|q^* - \\hat\\mu| / \\hat\\sigma)}{z_{(1+level)/2}}
-
-    is the factor by which its calibrated sigma had to grow for the central ``level`` interval to
-    cover a ``level`` share of its rows.  The factor is :math:`\\max(1, \\max_L c_L)`: an unseen
-    LP gets intervals as wide as the worst held-out LP needed, never narrower than the global ones.
+    other LPs, so ``L`` gets the global fallback exactly as an unseen LP would, and each of its rows
+    gets :func:`needed_widening` of the served interval at ``level``.  The factor is the smallest
+    widening under which the held-out LPs are covered ``level`` of the time *on average over LPs*
+    (:func:`equal_weight_quantile`; at least 1): the coverage an unseen pair can expect, not the
+    worst of a few noisy LPs.  ``c_L`` per LP (the widening that LP alone needed) is returned for
+    the record.
 
     Returns ``(factor, {L: c_L})``; ``(1.0, {})`` with fewer than two such LPs.
     """
-    from scipy.stats import norm
-
     lps = table["lp"].astype(str).to_numpy()
     names = [name for name in sorted(set(lps.tolist())) if (lps == name).sum() >= min_lp_rows]
     if len(names) < 2:
         return 1.0, {}
-    z_level = float(norm.ppf(0.5 + level / 2))
-    needed: dict[str, float] = {}
+    ratios: dict[str, np.ndarray] = {}
     for name in names:
-        held = table[lps == name]
         calibration = fit(table[lps != name])
-        mu, sigma = calibration.apply(
-            held["mu"].to_numpy(dtype=float), held["sigma"].to_numpy(dtype=float), held["lp"].to_numpy(dtype=object)
-        )
-        z = np.abs(held["human"].to_numpy(dtype=float) - mu) / sigma
-        needed[name] = float(np.quantile(z, level) / z_level)
-    return max(1.0, max(needed.values())), needed
+        ratios[name] = needed_widening(calibration, table[lps == name], level)
+    needed = {name: float(np.quantile(r, level)) for name, r in ratios.items()}
+    return max(1.0, equal_weight_quantile(ratios, level)), needed
 
 
 def fit_model_unseen_lp_sigma_factor(

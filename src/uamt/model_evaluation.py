@@ -1,73 +1,213 @@
 """Calibrate the pipeline's models on dev and evaluate them in- and out-of-domain (stages
 ``calibrate`` and ``evaluate``).
 
-:func:`calibrate_models` predicts dev with every model and fits its calibration there (never on
-test): the dev predictions table (``predictions/dev/<model>.parquet``), the fitted standardisation +
-affine sigma^2 calibration + fixed variance + conformal thresholds (``calibration/<model>.json``),
-and the in-sample dev metrics (``metrics/dev.json``).  A reference-based model also gets, for
-k = 2, 3, ... references, the factor by which averaging k references changed its squared error on
-the dev rows that have that many (:func:`uamt.references.fit_reference_factors`).  Every model
-gets the sigma factor for LPs absent from its dev data, fitted by leaving each dev LP out
-(:func:`uamt.calibrated.fit_model_unseen_lp_sigma_factor`; ``metrics/dev.json``: ``<model>.unseen_lp``).
+One artifact per model: :func:`calibrate_models` fits the model's calibration on dev (never on
+test) and writes it to ``calibration/<model>.json`` -- standardisation, the served candidate the
+dev rule picked, the reference factors (k references: :func:`uamt.references.fit_reference_factors`)
+and the unseen-LP widening (:func:`uamt.calibrated.fit_model_unseen_lp_sigma_factor`).  That file is
+what :func:`evaluate_models` loads and measures, what the register stage gates and ships in the
+pyfunc, and what ``uamt score`` serves.  Every metric comes from the served distribution itself
+(:mod:`uamt.uncertainty.served`: its mu, its intervals at every level, its CDF), clipped to the
+scale's bounds as served.
 
-:func:`evaluate_models` predicts ``test`` and ``ood`` with each model, calibrates with the dev fit
-(standardisation, affine sigma^2, fixed variance for the point estimate), and writes
-``metrics/test.json`` and ``metrics/ood.json`` (model x LP x PPS/UPS/NLL/ECE/sharpness/coverage/CRPS,
-with averages), ``metrics/intervals.json`` (Gaussian-calibrated vs conformal coverage and width per
-LP), ``metrics/conditional.json`` (issue 15: conditional coverage, ENCE, sigma spread, the
-candidates table, fixed vs cross-fitted ECE, held-out LPs and the goals met;
-:func:`uamt.uncertainty.goals.interval_summary`) and the plots: reliability diagram, sharpness in- vs out-of-domain, error vs sigma.
+``calibrate`` also writes, per model, the metrics of the same calibration *cross-fitted over dev
+documents* (each fold answered by a calibration fitted on the other folds, the served candidate
+pinned) to ``metrics/dev.json``: the register stage's gate reads those, never test; and the
+baseline every uncertainty method must beat, **the point estimate + the same calibration** (the
+served candidate fitted with sigma = 1, ``calibration/baselines/point+<candidate>.json``).
+
+``evaluate`` writes ``metrics/test.json`` and ``metrics/ood.json`` (model x LP: PPS, UPS served and
+raw, CRPS, NLL where Gaussian, ECE over 100 levels, ENCE served and raw, coverage/width/lower and
+upper misses, sharpness in z units, the document-clustered ECE floor), ``metrics/conditional.json``
+(per model: LP x quintile cells, risk reliability at each threshold, the point + served-calibration
+baseline, the held-out LPs, the goals; and, as an analysis, what the other calibration candidates
+would have given: :func:`uamt.uncertainty.evaluate_predictions` refitted on the same dev rows),
+``metrics/intervals.json`` (that analysis' Gaussian vs conformal interval report) and the plots.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from uamt.calibrated import (
+    Calibration,
     fit_calibration,
     fit_model_unseen_lp_sigma_factor,
     is_fixed_variance,
     with_model_sigma,
 )
 from uamt.encoders import EncodeConfig
-from uamt.pipeline import PipelineConfig, open_features, predict_split, read_split
+from uamt.pipeline import (
+    QE_SUFFIX,
+    PipelineConfig,
+    is_reference_free,
+    open_features,
+    predict_split,
+    read_split,
+)
 from uamt.plots import pyplot, save_figure
 from uamt.references import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
-from uamt.uncertainty.evaluate import clustered_ece_floor
-from uamt.uncertainty.goals import interval_summary
+from uamt.uncertainty.candidates import document_folds
+from uamt.uncertainty.goals import served_summary
+from uamt.uncertainty.metrics import ece_sampling_floor, effective_sample_size
+from uamt.uncertainty.served import ServedRows, ServedSettings, served_metrics, served_rows
 
 log = logging.getLogger(__name__)
 EVAL_SPLITS = ("test", "ood")
-#: What :func:`evaluate_predictions` computes per split: the candidates table and the papers'
-#: k-fold ECE are reported on test only; ood needs the served calibration's metrics.
-SPLIT_SCOPES = {"test": "full", "ood": "served"}
-REPORTED = ("pps", "ups", "nll", "ece", "ece_floor", "n_eff", "sharpness", "coverage@0.9", "width@0.9", "crps", "ence", "sigma_p90_p10", "n")
+BASELINES_DIR = "baselines"
+#: Per-LP keys of ``metrics/{dev,test,ood}.json`` (the rest of the served metrics -- cells, risk
+#: reliability, the reliability curve -- goes to ``metrics/conditional.json``).
+REPORTED = (
+    "n", "pps", "ups", "ups_raw", "nll", "crps", "ece", "ece_floor", "n_eff", "sharpness", "sd", "ence",
+    "ence_raw", "sigma_p90_p10", "low_score_coverage",
+)
 
 
-def _calibrated_block(result: dict, method: str) -> dict:
-    """The metrics block of the calibrated model (the fixed-variance Gaussian for the point estimate)."""
-    return result["methods"]["fixed_variance" if is_fixed_variance(method) else "model"]
+def baseline_of(method: str, models) -> str | None:
+    """The point model a model is judged against: ``point`` for a reference-based model,
+    ``point_qe`` for a reference-free one (None where the pipeline has none, or for itself)."""
+    point = "point" + (QE_SUFFIX if is_reference_free(method) else "")
+    return point if point in models and point != method else None
+
+
+def baseline_name(point: str, candidate: str) -> str:
+    """Name of the point estimate ``point`` + the ``candidate`` calibration."""
+    return f"{point}+{candidate}"
+
+
+def served_settings(settings: EvaluationSettings) -> ServedSettings:
+    """How :mod:`uamt.uncertainty.served` measures, from the ``evaluate:`` section."""
+    return ServedSettings(
+        coverage_gamma=settings.coverage_gamma,
+        report_gammas=tuple(settings.conformal_gammas),
+        n_levels=settings.n_levels,
+        low_score_threshold=settings.low_score_threshold,
+        risk_thresholds=tuple(settings.risk_thresholds),
+        cell_tolerance=settings.quintile_coverage_tolerance,
+    )
+
+
+def row_documents(table: pd.DataFrame) -> np.ndarray:
+    """Document of each row (``doc``), else its source segment ``dataset/lp/seg_id``."""
+    if "doc" in table.columns and table["doc"].notna().all():
+        return table["doc"].astype(str).to_numpy()
+    parts = [table[c].astype(str) for c in ("dataset", "lp", "seg_id") if c in table.columns]
+    return (parts[0].str.cat(parts[1:], sep="/") if parts else pd.Series(np.arange(len(table)).astype(str))).to_numpy()
+
+
+def ask(calibration: Calibration, table: pd.DataFrame, settings: EvaluationSettings, bounds) -> ServedRows:
+    """The served distribution's answers for the rows of a predictions ``table`` (raw ``mu``,
+    ``sigma``: the point estimate's placeholder sigma is 1)."""
+    return served_rows(
+        calibration,
+        table["mu"].to_numpy(dtype=float),
+        table["sigma"].to_numpy(dtype=float),
+        table["lp"].astype(str).to_numpy(dtype=object),
+        bounds=bounds,
+        settings=served_settings(settings),
+    )
+
+
+def measure(
+    calibration: Calibration,
+    rows: ServedRows,
+    table: pd.DataFrame,
+    settings: EvaluationSettings,
+    *,
+    dev_n_eff: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """:func:`~uamt.uncertainty.served.served_metrics` of ``rows`` on ``table``'s labels, with the
+    sharpness in dev-standardised (z) units and, per LP, the ECE floor of a perfectly calibrated
+    model at the LP's document-clustered effective size (``n_eff``), fitted on ``dev_n_eff[lp]``
+    effective dev rows where given (:func:`~uamt.uncertainty.metrics.ece_sampling_floor`)."""
+    lp = table["lp"].astype(str).to_numpy()
+    docs = row_documents(table)
+    human = table["human"].to_numpy(dtype=float)
+    full = served_metrics(rows, human, lp, docs=docs, settings=served_settings(settings))
+    unit = calibration.human_std(lp.astype(object), len(lp))
+    finite = np.all(np.isfinite(rows.quantiles), axis=1)
+    sd = rows.quantiles.std(axis=1)
+    residual = np.where(finite & (sd > 0), (human - rows.center) / np.where(sd > 0, sd, 1.0), 0.0)
+    for name in [k for k in full if k not in ("avg", "worst_cells")]:
+        mask = lp == name
+        z_var = (sd[mask & finite] / unit[mask & finite]) ** 2
+        full[name]["sharpness"] = float(np.mean(z_var)) if z_var.size else None
+        n_eff = effective_sample_size(residual[mask], docs[mask])
+        fit = None if dev_n_eff is None or name not in dev_n_eff else max(1, round(dev_n_eff[name]))
+        full[name]["n_eff"] = n_eff
+        full[name]["ece_floor"] = ece_sampling_floor(max(1, round(n_eff)), settings.n_levels, n_fit=fit)
+    per_lp = [m for k, m in full.items() if k not in ("avg", "worst_cells")]
+    for key in ("sharpness", "n_eff", "ece_floor"):
+        values = [m[key] for m in per_lp if m.get(key) is not None]
+        full["avg"][key] = float(np.mean(values)) if values else None
+    return full
+
+
+def compact(full: dict[str, Any]) -> dict[str, Any]:
+    """The ``{"avg": {...}, lp: {...}}`` numbers of a :func:`measure` result (no cells/curves)."""
+
+    def keep(m: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in m.items() if k in REPORTED or k.startswith(("coverage@", "width@", "miss_"))}
+
+    return {"avg": keep(full["avg"]), **{k: keep(m) for k, m in full.items() if k not in ("avg", "worst_cells")}}
+
+
+def pinned(settings: EvaluationSettings, candidate: str) -> EvaluationSettings:
+    """``settings`` with the served candidate fixed (no rule, no other candidate fitted)."""
+    return dataclasses.replace(settings, calibration=candidate, calibration_candidates=(candidate,))
+
+
+def cross_fitted_rows(
+    table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds
+) -> ServedRows:
+    """The served distribution's answers for every dev row, each from the calibration fitted on the
+    *other* document folds (``settings.cross_fit_folds``), with the served candidate pinned: what
+    the calibration promises on dev rows it never saw (the gate's input)."""
+    docs = row_documents(table)
+    folds = document_folds(docs, min(settings.cross_fit_folds, len(set(docs.tolist()))))
+    candidate_settings = pinned(settings, calibration.selected)
+    parts = []
+    for fold in sorted(set(folds.tolist())):
+        held = folds == fold
+        fitted = fit_calibration(table[~held], method, settings=candidate_settings)[0]
+        part = table[held]
+        if method is not None:
+            part = with_model_sigma(part, method)
+        parts.append((np.flatnonzero(held), ask(fitted, part, settings, bounds)))
+    return ServedRows.stack(parts, len(table))
+
+
+def _scale_bounds(pipe: PipelineConfig):
+    from uamt.pyfunc import scale_for
+
+    return scale_for(pipe.datasets).bounds
 
 
 def calibrate_models(
     pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig, calibration_dir: str | Path
 ) -> dict[str, Path]:
-    """Fit every model's dev calibration; writes the dev predictions, ``<calibration_dir>/<model>.json``
-    and ``<metrics_dir>/dev.json``; returns ``{model: calibration path}``."""
+    """Fit every model's dev calibration (the artifact), its point + same-calibration baseline and
+    their cross-fitted dev metrics; writes the dev predictions, ``<calibration_dir>/<model>.json``,
+    ``<calibration_dir>/baselines/point+<candidate>.json`` and ``<metrics_dir>/dev.json``; returns
+    ``{model: calibration path}``."""
     dev_df = read_split(pipe.prepared_dir, "dev", pipe.datasets)
     features = open_features(encode)
-    metrics, out = {}, {}
+    bounds = _scale_bounds(pipe)
+    metrics, out, tables = {}, {}, {}
     for method in pipe.all_methods:
         table = predict_split(
             pipe.model_dir(method), dev_df, features, Path(pipe.predictions_dir) / "dev" / f"{method}.parquet"
         )
-        calibration, in_sample = fit_calibration(table, method, settings=settings, source=f"dev/{method}")
+        tables[method] = table
+        calibration, _ = fit_calibration(table, method, settings=settings, source=f"dev/{method}")
         calibration.reference_factors = fit_reference_factors(
             pipe.model_dir(method), dev_df, features, calibration, settings.min_lp_rows
         )
@@ -75,7 +215,7 @@ def calibrate_models(
         factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings)
         calibration.unseen_lp_sigma_factor = factor
         log.info(
-            "%s: unseen-LP sigma factor %.3f (leave-one-LP-out: %s; %.1f s)",
+            "%s: unseen-LP widening %.3f (leave-one-LP-out: %s; %.1f s)",
             method,
             factor,
             ", ".join(f"{lp} {c:.3f}" for lp, c in held_out.items()) or "fewer than two LPs",
@@ -83,84 +223,104 @@ def calibrate_models(
         )
         out[method] = Path(calibration_dir) / f"{method}.json"
         calibration.save(out[method])
-        block = _calibrated_block(in_sample, method)
+        sigma_table = with_model_sigma(table, method)
+        rows = cross_fitted_rows(table, method, calibration, settings, bounds)
         metrics[method] = {
-            "avg": block["macro_avg"],
-            **block["per_lp"],
+            **compact(measure(calibration, rows, sigma_table, settings)),
+            "served": "fixed_variance" if calibration.fixed else calibration.selected,
             "unseen_lp": {"sigma_factor": factor, "held_out": held_out},
         }
-        log.info("calibrated %s on %d dev rows", method, len(table))
+        log.info("calibrated %s on %d dev rows (served: %s)", method, len(table), metrics[method]["served"])
+    needed = {
+        (point, metrics[method]["served"])
+        for method in pipe.all_methods
+        if (point := baseline_of(method, pipe.all_methods)) and metrics[method]["served"] != "fixed_variance"
+    }
+    for point, candidate in sorted(needed):
+        name = baseline_name(point, candidate)
+        point_table = with_model_sigma(tables[point], point)
+        baseline, _ = fit_calibration(point_table, None, settings=pinned(settings, candidate), source=f"dev/{name}")
+        baseline.save(Path(calibration_dir) / BASELINES_DIR / f"{name}.json")
+        rows = cross_fitted_rows(point_table, None, baseline, settings, bounds)
+        metrics[name] = {**compact(measure(baseline, rows, point_table, settings)), "served": candidate}
+        log.info("fitted the baseline %s", name)
     Path(pipe.metrics_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics, Path(pipe.metrics_dir) / "dev.json")
     return out
 
 
-def _keep(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if k in REPORTED or k.startswith(("coverage@", "width@"))}
+def dev_effective_sizes(calibration: Calibration, dev: pd.DataFrame, settings: EvaluationSettings, bounds) -> dict[str, float]:
+    """Per LP: the document-clustered effective size of the dev rows the calibration was fitted on."""
+    rows = ask(calibration, dev, settings, bounds)
+    sd = rows.quantiles.std(axis=1)
+    human = dev["human"].to_numpy(dtype=float)
+    residual = np.where(sd > 0, (human - rows.center) / np.where(sd > 0, sd, 1.0), 0.0)
+    residual = np.where(np.isfinite(residual), residual, 0.0)
+    lp, docs = dev["lp"].astype(str).to_numpy(), row_documents(dev)
+    return {name: effective_sample_size(residual[lp == name], docs[lp == name]) for name in sorted(set(lp.tolist()))}
 
 
-def method_metrics(result: dict, method: str, table: pd.DataFrame | None = None, n_levels: int = 100) -> dict:
-    """``{"avg": {...}, lp: {...}}`` for the calibrated model (fixed variance for the point estimate).
-
-    With the predictions ``table``, ``ece_floor`` is the sampling floor at the effective sample size
-    ``n_eff`` (rows of one source segment are correlated: :func:`clustered_ece_floor`), not at n rows.
-    """
-    block = _calibrated_block(result, method)
-    per_lp = {lp: _keep(m) for lp, m in block["per_lp"].items()}
-    avg = _keep(block["macro_avg"])
-    if table is not None and "seg_id" in table.columns:
-        for lp, floor in clustered_ece_floor(table, n_levels).items():
-            if lp in per_lp:
-                per_lp[lp].update(floor)
-        for key in ("ece_floor", "n_eff"):
-            values = [m[key] for m in per_lp.values() if m.get(key) is not None]
-            avg[key] = float(np.mean(values)) if values else None
-    return {"avg": avg, **per_lp}
-
-
-def evaluate_models(pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig) -> dict[str, Path]:
-    """Evaluate every calibrated model on ``test`` and ``ood``; writes the predictions, the metrics
-    and the plots; returns ``{"test": ..., "ood": ..., plot name: ...}`` paths."""
+def evaluate_models(
+    pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig, calibration_dir: str | Path
+) -> dict[str, Path]:
+    """Measure every model's served calibration (``<calibration_dir>/<model>.json``, as fitted by the
+    calibrate stage) on ``test`` and ``ood``; writes the predictions, the metrics and the plots;
+    returns ``{"test": ..., "ood": ..., plot name: ...}`` paths."""
     features = open_features(encode)
+    bounds = _scale_bounds(pipe)
     frames = {
         "test": read_split(pipe.prepared_dir, "test", pipe.datasets),
         "ood": read_split(pipe.prepared_dir, "ood", pipe.ood_datasets),
     }
     metrics: dict[str, dict] = {split: {} for split in EVAL_SPLITS}
-    intervals, reliability, scatter, conditional = {}, {}, {}, {}
+    intervals, reliability, scatter, conditional, full = {}, {}, {}, {}, {}
+    tables: dict[str, dict[str, pd.DataFrame]] = {}
     for method in pipe.all_methods:
-        dev = pd.read_parquet(Path(pipe.predictions_dir) / "dev" / f"{method}.parquet")
-        dev = with_model_sigma(dev, method)
-        results = {}
+        calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
+        dev = with_model_sigma(pd.read_parquet(Path(pipe.predictions_dir) / "dev" / f"{method}.parquet"), method)
+        dev_n_eff = dev_effective_sizes(calibration, dev, settings, bounds)
+        full[method], tables[method] = {}, {}
         for split, frame in frames.items():
             table = predict_split(
-                pipe.model_dir(method),
-                frame,
-                features,
-                Path(pipe.predictions_dir) / split / f"{method}.parquet",
+                pipe.model_dir(method), frame, features, Path(pipe.predictions_dir) / split / f"{method}.parquet"
             )
-            result = evaluate_predictions(
-                with_model_sigma(table, method),
-                dev,
-                settings=settings,
-                pred_source=f"{split}/{method}",
-                dev_source=f"dev/{method}",
-                scope=SPLIT_SCOPES[split],
-            )
-            metrics[split][method] = method_metrics(result, method, table, settings.n_levels)
-            results[split] = result
-            if split == "test":
-                reliability[method] = _calibrated_block(result, method)["reliability"]
-                intervals[method] = result.get("intervals")
-                scatter[method] = table
-        conditional[method] = interval_summary(
-            results["test"],
-            metrics["test"][method],
-            results["ood"],
-            metrics["ood"][method],
-            block="fixed_variance" if is_fixed_variance(method) else "model",
+            tables[method][split] = table
+            sigma_table = with_model_sigma(table, method)
+            rows = ask(calibration, sigma_table, settings, bounds)
+            full[method][split] = measure(calibration, rows, sigma_table, settings, dev_n_eff=dev_n_eff)
+            metrics[split][method] = compact(full[method][split])
+        scatter[method] = tables[method]["test"]
+        reliability[method] = _mean_reliability(full[method]["test"])
+        # The analysis of alternatives: every calibration candidate refitted on the same dev rows
+        # and measured on test (the served one among them is the artifact's own fit).
+        analysis = evaluate_predictions(
+            with_model_sigma(tables[method]["test"], method),
+            dev,
+            settings=settings,
+            pred_source=f"test/{method}",
+            dev_source=f"dev/{method}",
+            scope="full",
         )
+        intervals[method] = analysis.get("intervals")
+        conditional[method] = {"analysis": analysis}
         log.info("evaluated %s", method)
+    baselines = _evaluate_baselines(pipe, settings, calibration_dir, tables, bounds)
+    for method in pipe.all_methods:
+        calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
+        served = "fixed_variance" if calibration.fixed else calibration.selected
+        point = baseline_of(method, pipe.all_methods)
+        baseline = None if calibration.fixed or point is None else baseline_name(point, served)
+        conditional[method] = served_summary(
+            full[method]["test"],
+            full[method]["ood"],
+            served=served,
+            rule=settings.calibration_rule,
+            known_lps=calibration.known_lps,
+            baseline=baselines.get(baseline),
+            baseline_name=baseline,
+            analysis=conditional[method]["analysis"],
+            settings=served_settings(settings),
+        )
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics["test"], metrics_dir / "test.json")
@@ -169,6 +329,31 @@ def evaluate_models(pipe: PipelineConfig, settings: EvaluationSettings, encode: 
     write_json_atomic(conditional, metrics_dir / "conditional.json")
     plots = write_plots(Path(pipe.plots_dir), reliability, metrics, scatter)
     return {"test": metrics_dir / "test.json", "ood": metrics_dir / "ood.json", **plots}
+
+
+def _evaluate_baselines(pipe, settings, calibration_dir, tables, bounds) -> dict[str, dict[str, Any]]:
+    """Served metrics on test of every ``calibration/baselines/<point>+<candidate>.json``."""
+    folder = Path(calibration_dir) / BASELINES_DIR
+    out = {}
+    for path in sorted(folder.glob("*+*.json")) if folder.is_dir() else []:
+        point = path.stem.split("+", 1)[0]
+        if point not in tables:
+            continue
+        table = with_model_sigma(tables[point]["test"], point)
+        baseline = Calibration.load(path)
+        out[path.stem] = measure(baseline, ask(baseline, table, settings, bounds), table, settings)
+    return out
+
+
+def _mean_reliability(full: dict[str, Any]) -> dict[str, list[float]]:
+    """The reliability curve averaged over LPs (expected vs observed coverage of the served intervals)."""
+    curves = [m["reliability"] for k, m in full.items() if k not in ("avg", "worst_cells")]
+    if not curves:
+        return {}
+    return {
+        "expected": curves[0]["expected"],
+        "observed": np.mean([c["observed"] for c in curves], axis=0).tolist(),
+    }
 
 
 def write_plots(plots_dir: Path, reliability: dict, metrics: dict, scatter: dict) -> dict[str, Path]:

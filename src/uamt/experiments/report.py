@@ -102,7 +102,7 @@ def build_report(
     conditional_path: str | Path | None = None,
 ) -> str:
     """The whole ``reports/experiments.md``: header, summary of findings, every section, then
-    issue 15's interval goals per model (:func:`render_goals` of ``conditional_path``, by default
+    the interval goals per model (:func:`render_goals` of ``conditional_path``, by default
     ``conditional.json`` beside ``metrics_dir``: the evaluate stage's ``metrics/conditional.json``).
 
     Raises
@@ -141,11 +141,11 @@ def build_report(
 
 
 def render_goals(path: str | Path) -> str:
-    """Issue 15's goals table (and the candidates table) of every model in ``path``
+    """The interval goals table (and the candidates table) of every model in ``path``
     (``metrics/conditional.json``, :func:`uamt.uncertainty.goals.interval_summary` per model); a
     note naming the stage to run when the file is missing (analyses can be reported without it)."""
     path = Path(path)
     if not path.is_file():
-        return f"## Issue 15 goals: intervals that adapt per segment\n\n`{path.as_posix()}` missing: run `dvc repro evaluate`.\n"
+        return f"## Interval goals: the served distribution, per LP and cell\n\n`{path.as_posix()}` missing: run `dvc repro evaluate`.\n"
     methods = read_json(path, "evaluate")
     return rendering.render("goals", {}, path=path.as_posix(), methods=methods).rstrip() + "\n"

@@ -1,8 +1,10 @@
 """Stage ``evaluate``: every model on the in-domain test set and the out-of-domain (TED) set.
 
-Calibrated with the dev fit of the ``calibrate`` stage; writes ``metrics/test.json``,
-``metrics/ood.json``, ``metrics/intervals.json``, ``metrics/conditional.json`` (issue 15 goals) and the plots (reliability, sharpness in- vs
-out-of-domain, error vs sigma) (:func:`uamt.model_evaluation.evaluate_models`).
+Measures the served calibration the ``calibrate`` stage wrote (``calibration/<model>.json``, the
+artifact the register stage ships), never a refit; writes ``metrics/test.json``,
+``metrics/ood.json``, ``metrics/intervals.json``, ``metrics/conditional.json`` (the interval goals)
+and the plots (reliability, sharpness in- vs out-of-domain, error vs sigma)
+(:func:`uamt.model_evaluation.evaluate_models`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.model_evaluation import evaluate_models
-from uamt.pipeline import PipelineConfig, load_pipeline
+from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, load_pipeline
 from uamt.stages._cli import stage_main
 from uamt.uncertainty import EvaluationSettings
 
@@ -25,6 +27,7 @@ class EvaluateConfig:
     pipeline: PipelineConfig
     evaluate: EvaluationSettings
     encode: EncodeConfig
+    calibration_dir: str = CALIBRATION_DIR
 
 
 def load_config(path: str | Path = DEFAULT_PARAMS) -> EvaluateConfig:
@@ -37,7 +40,7 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> EvaluateConfig:
 
 def run(cfg: EvaluateConfig) -> dict[str, Path]:
     """Write the test / ood metrics and plots; returns their paths."""
-    return evaluate_models(cfg.pipeline, cfg.evaluate, cfg.encode)
+    return evaluate_models(cfg.pipeline, cfg.evaluate, cfg.encode, cfg.calibration_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

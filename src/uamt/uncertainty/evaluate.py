@@ -103,6 +103,9 @@ class EvaluationSettings:
         Document folds of the cross-fitting (dev: candidate choice; test: the papers' k-fold ECE).
     low_score_threshold : float or None
         Human scores at or below it (raw scale; MQM -5 = a major error) get their own coverage.
+    risk_thresholds : tuple of float
+        Thresholds chi (raw scale) at which the served risk P(Q <= chi) is checked against the
+        observed frequency (:mod:`uamt.uncertainty.served`).
     """
 
     per_lp: bool = True
@@ -118,6 +121,7 @@ class EvaluationSettings:
     ece_bound: float = 0.01
     cross_fit_folds: int = 5
     low_score_threshold: float | None = -5.0
+    risk_thresholds: tuple[float, ...] = (-1.0, -5.0, -10.0)
 
     def __post_init__(self) -> None:
         check_candidates(self.calibration_candidates)

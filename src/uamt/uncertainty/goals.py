@@ -1,123 +1,155 @@
-"""Issue 15's interval goals, measured from :func:`~uamt.uncertainty.evaluate_predictions` results.
+"""The interval goals, measured on the served distribution (:mod:`uamt.uncertainty.served`).
 
-:func:`interval_summary` condenses one model's test result (``scope="full"``: with the candidates
-and the papers' cross-fitted ECE) and its out-of-domain result into the block the evaluate stage
-writes to ``metrics/conditional.json``: conditional coverage (per LP, domain, predicted-mu and
-sigma quintile, with the worst gap of each), coverage of the low human scores (MQM <= -5), ENCE and
-sigma P90/P10 per LP, the fixed dev -> test ECE with its sampling floor next to the papers' k-fold
-cross-fitted ECE, the candidates table (which one the rule picked) and the held-out LPs.
-:func:`goal_rows` judges that block against :data:`GOALS`; the report, the register stage (MLflow)
-and ``benchmarks/calibration_candidates.py`` all read them from here.
+:func:`served_summary` condenses one model's served metrics on test and on the out-of-domain split
+into the block the evaluate stage writes to ``metrics/conditional.json``: per LP the coverage, the
+lower / upper misses, ENCE and UPS of the served sd next to the model's raw sigma, the LP x quintile
+cells, the risk reliability at each threshold; the worst cells over all LPs; the point estimate +
+the same calibration as the baseline the method must beat; the LPs without a dev calibration of
+their own (held out); the candidates analysis.  :func:`goal_rows` judges that block against
+:data:`GOALS`; the report and the register stage (MLflow) read them from here.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-#: Issue 15's goals: (key, text, target).  ``key`` names the measured value in :func:`goal_rows`.
+#: The goals: (key, text, target).  ``key`` names the measured value in :func:`goal_rows`.
 GOALS: tuple[tuple[str, str, str], ...] = (
+    ("worst_sd_cell_gap", "coverage@0.9 within ±5 points in every LP x served-sd quintile", "|gap| <= 0.05"),
+    ("worst_mu_cell_gap", "coverage@0.9 within ±5 points in every LP x served-mu quintile", "|gap| <= 0.05"),
     ("lp_coverage_error", "coverage@0.9 within ±3 points in every LP", "max |cov - 0.9| <= 0.03"),
-    ("sigma_quintile_coverage_error", "coverage within ±5 points in every sigma quintile", "<= 0.05"),
-    ("mu_quintile_coverage_error", "coverage within ±5 points in every predicted-mu quintile", "<= 0.05"),
-    ("low_score_coverage", "coverage of segments with human score <= -5", ">= 0.80"),
-    ("sigma_p90_p10_min", "calibrated sigma P90/P10 in every LP (smallest)", ">= 1.5"),
-    ("ence", "ENCE below the affine (papers') calibration's", "< affine ENCE"),
-    ("ece_max_where_floor_allows", "ECE on the fixed split, LPs whose floor is below 0.02 (largest)", "<= 0.02"),
-    ("unseen_sigma_ratio", "held-out LPs: RMS calibrated sigma / in-domain", ">= 1.3"),
-    ("unseen_coverage_min", "held-out LPs: coverage@0.9 (smallest)", ">= 0.85"),
+    ("low_score_coverage", "coverage of segments with human score <= -5 (all LPs)", ">= 0.85"),
+    ("miss_balance_error", "lower and upper misses at 0.9 each within 0.05 ± 0.015 (worst LP)", "<= 0.015"),
+    ("risk_max_gap", "risk P(Q <= chi): |observed - predicted| per decile, every LP and chi", "<= 0.05"),
+    ("ece_max_where_floor_allows", "ECE, LPs whose document-clustered floor is below 0.02 (largest)", "<= 0.02"),
+    ("crps_vs_baseline", "CRPS minus that of the point estimate + the same calibration", "< 0"),
+    ("unseen_coverage_error", "held-out LPs: |coverage@0.9 - 0.9| (largest)", "<= 0.05"),
 )
-LP_TOLERANCE, QUINTILE_TOLERANCE, LOW_SCORE_COVERAGE = 0.03, 0.05, 0.80
-SIGMA_SPREAD, ECE_GOAL, UNSEEN_SIGMA_RATIO, UNSEEN_COVERAGE = 1.5, 0.02, 1.3, 0.85
+LP_TOLERANCE, CELL_TOLERANCE, LOW_SCORE_COVERAGE, MISS_TOLERANCE = 0.03, 0.05, 0.85, 0.015
+RISK_TOLERANCE, ECE_GOAL, UNSEEN_TOLERANCE = 0.05, 0.02, 0.05
 
 
-def _rms_sigma(per_lp: dict[str, dict], lps) -> float | None:
-    """Mean over ``lps`` of sqrt(sharpness) (sharpness = mean calibrated sigma^2, z units)."""
-    values = [math.sqrt(per_lp[lp]["sharpness"]) for lp in lps if per_lp.get(lp, {}).get("sharpness") is not None]
-    return sum(values) / len(values) if values else None
+def _per_lp(full: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {lp: m for lp, m in full.items() if lp not in ("avg", "worst_cells")}
 
 
-def unseen_lps(ood_result: dict[str, Any]) -> list[str]:
-    """LPs of an evaluated split that the dev calibration has no fit of its own for (global fallback)."""
-    applied = (ood_result.get("calibration") or {}).get("applied") or {}
-    standardizer = applied.get("standardizer") or {}
-    return sorted(lp for lp, params in standardizer.items() if params.get("fallback_to_global"))
+def _lp_row(m: dict[str, Any], tag: str) -> dict[str, Any]:
+    return {
+        "n": m["n"],
+        "coverage": m.get(f"coverage@{tag}"),
+        "width": m.get(f"width@{tag}"),
+        "miss_below": m.get(f"miss_below@{tag}"),
+        "miss_above": m.get(f"miss_above@{tag}"),
+        "low_score_coverage": m.get("low_score_coverage"),
+        "low_score_n": m.get("low_score_n"),
+        "pps": m.get("pps"),
+        "crps": m.get("crps"),
+        "ups": m.get("ups"),
+        "ups_raw": m.get("ups_raw"),
+        "ence": m.get("ence"),
+        "ence_raw": m.get("ence_raw"),
+        "sigma_p90_p10": m.get("sigma_p90_p10"),
+        "ece": m.get("ece"),
+        "ece_floor": m.get("ece_floor"),
+        "n_eff": m.get("n_eff"),
+        "cells": {kind: block["cells"] for kind, block in m["cells"].items()},
+        "risk": {chi: {k: v for k, v in r.items()} for chi, r in m["risk"].items()},
+    }
 
 
-def interval_summary(
-    test_result: dict[str, Any],
-    test_metrics: dict[str, dict],
-    ood_result: dict[str, Any] | None = None,
-    ood_metrics: dict[str, dict] | None = None,
+def served_summary(
+    test: dict[str, Any],
+    ood: dict[str, Any] | None,
     *,
-    block: str = "model",
+    served: str,
+    rule: str | None,
+    known_lps,
+    baseline: dict[str, Any] | None = None,
+    baseline_name: str | None = None,
+    analysis: dict[str, Any] | None = None,
+    settings=None,
 ) -> dict[str, Any]:
     """The ``metrics/conditional.json`` block of one model.
 
     Parameters
     ----------
-    test_result, ood_result : dict
-        :func:`~uamt.uncertainty.evaluate_predictions` on test (``scope="full"``) and out-of-domain.
-    test_metrics, ood_metrics : dict
-        ``{"avg": {...}, lp: {...}}`` of the calibrated model (the evaluate stage's
-        ``metrics/test.json`` entry: per LP ``coverage@0.9``, ``ece``, ``ece_floor``, ``sharpness``...).
-    block : str
-        The calibrated block of ``methods`` (``fixed_variance`` for the point estimate).
+    test, ood : dict
+        The model's served metrics (:func:`uamt.model_evaluation.measure`) on test and out of domain.
+    served : str
+        The served calibration (candidate name, or ``fixed_variance``).
+    known_lps : iterable of str
+        LPs with a dev calibration of their own: the other LPs of ``ood`` are the held-out ones.
+    baseline, baseline_name : dict, str
+        The served metrics on test of the point estimate + the same calibration, and its name.
+    analysis : dict
+        :func:`~uamt.uncertainty.evaluate_predictions` on test with every candidate refitted on dev
+        (its ``candidates`` table and the papers' cross-fitted ECE are reported beside).
     """
-    gamma = test_result["settings"]["coverage_gamma"]
-    tag = f"coverage@{gamma:g}"
-    conditional = test_result["methods"][block]["conditional"]
-    cross = test_result.get("cross_fitted_ece") or {}
-    lps = [lp for lp in test_metrics if lp != "avg"]
-    per_lp = {
-        lp: {
-            "coverage": test_metrics[lp].get(tag),
-            "ence": test_metrics[lp].get("ence"),
-            "sigma_p90_p10": test_metrics[lp].get("sigma_p90_p10"),
-            "ece": test_metrics[lp].get("ece"),
-            "ece_floor": test_metrics[lp].get("ece_floor"),
-            "cross_fitted_ece": (cross.get("per_lp") or {}).get(lp),
-        }
-        for lp in lps
-    }
-    avg = test_metrics.get("avg", {})
-    calibration = test_result.get("calibration") or {}
-    candidates = {
-        name: _candidate_row(c["test"], tag) for name, c in (test_result.get("candidates") or {}).items()
-    }
+    gamma = 0.9 if settings is None else settings.coverage_gamma
+    tag = f"{gamma:g}"
+    per_lp = {lp: _lp_row(m, tag) for lp, m in _per_lp(test).items()}
+    avg = test["avg"]
+    analysis = analysis or {}
+    cross = analysis.get("cross_fitted_ece") or {}
     summary: dict[str, Any] = {
         "coverage_gamma": gamma,
-        "served": calibration.get("selected") if block == "model" else block,
-        "rule": (calibration.get("selection") or {}).get("rule"),
-        "coverage": test_result["methods"][block]["pooled"].get(tag),
-        "conditional": conditional,
+        "served": served,
+        "rule": rule,
+        "coverage": avg.get(f"coverage@{tag}"),
+        "width": avg.get(f"width@{tag}"),
         "per_lp": per_lp,
+        "worst_cells": test.get("worst_cells"),
         "ece": {
-            "fixed_dev_to_test": avg.get("ece"),
+            "served": avg.get("ece"),
             "floor": avg.get("ece_floor"),
-            "cross_fitted": cross.get("macro_avg"),
-            "cross_fitted_folds": cross.get("n_folds"),
-            "cross_fitted_over": cross.get("folds_over"),
+            "papers_cross_fitted": cross.get("macro_avg"),
+            "papers_cross_fitted_folds": cross.get("n_folds"),
         },
         "ence": avg.get("ence"),
-        "candidates": candidates,
+        "ence_raw": avg.get("ence_raw"),
+        "ups": avg.get("ups"),
+        "ups_raw": avg.get("ups_raw"),
+        "crps": avg.get("crps"),
+        "baseline": None,
+        "candidates": {
+            name: _candidate_row(c["test"], f"coverage@{tag}") for name, c in (analysis.get("candidates") or {}).items()
+        },
         "held_out": None,
     }
-    if ood_result is not None and ood_metrics is not None:
-        unseen = [lp for lp in unseen_lps(ood_result) if lp in ood_metrics]
-        in_domain, held_out = _rms_sigma(test_metrics, lps), _rms_sigma(ood_metrics, unseen)
-        coverages = [ood_metrics[lp].get(tag) for lp in unseen if ood_metrics[lp].get(tag) is not None]
+    if baseline is not None:
+        b_avg = baseline["avg"]
+        b_worst = baseline.get("worst_cells") or {}
+        summary["baseline"] = {
+            "name": baseline_name,
+            "crps": b_avg.get("crps"),
+            "pps": b_avg.get("pps"),
+            "ece": b_avg.get("ece"),
+            "coverage": b_avg.get(f"coverage@{tag}"),
+            "width": b_avg.get(f"width@{tag}"),
+            "low_score_coverage": _pooled_low(_per_lp(baseline)),
+            "worst_sd_cell_gap": (b_worst.get("sd") or {}).get("gap"),
+            "worst_mu_cell_gap": (b_worst.get("mu") or {}).get("gap"),
+            "crps_delta": None if avg.get("crps") is None or b_avg.get("crps") is None else avg["crps"] - b_avg["crps"],
+        }
+    if ood is not None:
+        known = set(map(str, known_lps))
+        unseen = {lp: m for lp, m in _per_lp(ood).items() if lp not in known}
         summary["held_out"] = {
-            "lps": unseen,
-            "rms_sigma": held_out,
-            "rms_sigma_in_domain": in_domain,
-            "sigma_ratio": None if not (held_out and in_domain) else held_out / in_domain,
-            "coverage_min": min(coverages) if coverages else None,
-            "coverage_by_lp": {lp: ood_metrics[lp].get(tag) for lp in unseen},
-            "coverage_by_domain": ood_result["methods"][block]["conditional"].get("by_domain"),
+            "lps": sorted(unseen),
+            "coverage_by_lp": {lp: m.get(f"coverage@{tag}") for lp, m in unseen.items()},
+            "width_by_lp": {lp: m.get(f"width@{tag}") for lp, m in unseen.items()},
+            "in_domain_width": avg.get(f"width@{tag}"),
         }
     summary["goals"] = goal_rows(summary)
     return summary
+
+
+def _pooled_low(per_lp: dict[str, dict[str, Any]]) -> float | None:
+    """Coverage of the low-score rows of all LPs together (each LP weighted by its low-score rows)."""
+    pairs = [(m.get("low_score_coverage"), m.get("low_score_n") or 0) for m in per_lp.values()]
+    pairs = [(c, n) for c, n in pairs if c is not None and n]
+    total = sum(n for _, n in pairs)
+    return sum(c * n for c, n in pairs) / total if total else None
 
 
 def _candidate_row(test: dict[str, Any], tag: str) -> dict[str, Any]:
@@ -149,54 +181,73 @@ def _at_least(value, target) -> bool | None:
 
 
 def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per :data:`GOALS` entry: ``goal, target, value, met`` (None = not measurable), and
-    ``note`` (the ECE floor, the affine ENCE, the held-out LPs)."""
-    conditional = summary["conditional"]
+    """One row per :data:`GOALS` entry: ``key, goal, target, value, met`` (None = not measurable) and
+    ``note`` (where the worst value is, the floors, the baseline)."""
+    gamma = summary["coverage_gamma"]
     per_lp = summary["per_lp"]
-    affine = (summary.get("candidates") or {}).get("affine_ece")
-    affine_ence = None if affine is None else affine["ence"]
+    worst = summary.get("worst_cells") or {}
+    lp_gaps = {lp: abs(m["coverage"] - gamma) for lp, m in per_lp.items() if m["coverage"] is not None}
+    lp_error = max(lp_gaps.values()) if lp_gaps else None
+    half = (1.0 - gamma) / 2.0
+    miss = {
+        lp: max(abs(m["miss_below"] - half), abs(m["miss_above"] - half))
+        for lp, m in per_lp.items()
+        if m["miss_below"] is not None
+    }
+    miss_lp = max(miss, key=miss.get) if miss else None
+    risk = [
+        (r["max_gap"], lp, chi) for lp, m in per_lp.items() for chi, r in m["risk"].items() if r.get("max_gap") is not None
+    ]
+    risk_worst = max(risk) if risk else None
     floored = {lp: m for lp, m in per_lp.items() if m["ece_floor"] is not None and m["ece_floor"] < ECE_GOAL}
     eces = [m["ece"] for m in floored.values() if m["ece"] is not None]
     ece_max = max(eces) if eces else None
-    held_out = summary.get("held_out") or {}
-    low = conditional.get("low_score") or {}
+    low = _pooled_low(per_lp)
+    baseline = summary.get("baseline") or {}
+    delta = baseline.get("crps_delta")
+    held = summary.get("held_out") or {}
+    unseen = [abs(c - gamma) for c in (held.get("coverage_by_lp") or {}).values() if c is not None]
+    unseen_error = max(unseen) if unseen else None
+
+    def cell(kind: str):
+        c = worst.get(kind) or {}
+        gap = c.get("gap")
+        note = None if gap is None else f"{c['lp']} {c['cell']}: {c['coverage']:.3f} ± {1.96 * c['se']:.3f} ({c['cells_outside']}/{c['cells']} cells outside)"
+        return (None if gap is None else abs(gap), _at_most(None if gap is None else abs(gap), CELL_TOLERANCE), note)
+
     values = {
-        "lp_coverage_error": (conditional["lp_coverage_error"], _at_most(conditional["lp_coverage_error"], LP_TOLERANCE), None),
-        "sigma_quintile_coverage_error": (
-            conditional["sigma_quintile_coverage_error"],
-            _at_most(conditional["sigma_quintile_coverage_error"], QUINTILE_TOLERANCE),
-            None,
+        "worst_sd_cell_gap": cell("sd"),
+        "worst_mu_cell_gap": cell("mu"),
+        "lp_coverage_error": (lp_error, _at_most(lp_error, LP_TOLERANCE), None),
+        "low_score_coverage": (
+            low,
+            _at_least(low, LOW_SCORE_COVERAGE),
+            "per LP " + ", ".join(f"{lp} {m['low_score_coverage']:.3f}" for lp, m in per_lp.items() if m["low_score_coverage"] is not None),
         ),
-        "mu_quintile_coverage_error": (
-            conditional["mu_quintile_coverage_error"],
-            _at_most(conditional["mu_quintile_coverage_error"], QUINTILE_TOLERANCE),
-            None,
+        "miss_balance_error": (
+            None if miss_lp is None else miss[miss_lp],
+            _at_most(None if miss_lp is None else miss[miss_lp], MISS_TOLERANCE),
+            None if miss_lp is None else f"{miss_lp}: below {per_lp[miss_lp]['miss_below']:.3f}, above {per_lp[miss_lp]['miss_above']:.3f}",
         ),
-        "low_score_coverage": (low.get("coverage"), _at_least(low.get("coverage"), LOW_SCORE_COVERAGE), f"n={low.get('n')}"),
-        "sigma_p90_p10_min": (
-            _min([m["sigma_p90_p10"] for m in per_lp.values()]),
-            _at_least(_min([m["sigma_p90_p10"] for m in per_lp.values()]), SIGMA_SPREAD),
-            None,
-        ),
-        "ence": (
-            summary.get("ence"),
-            None if affine_ence is None or summary.get("ence") is None else bool(summary["ence"] < affine_ence),
-            None if affine_ence is None else f"affine {affine_ence:.3f}",
+        "risk_max_gap": (
+            None if risk_worst is None else risk_worst[0],
+            _at_most(None if risk_worst is None else risk_worst[0], RISK_TOLERANCE),
+            None if risk_worst is None else f"{risk_worst[1]} at chi={risk_worst[2]}",
         ),
         "ece_max_where_floor_allows": (
             ece_max,
             _at_most(ece_max, ECE_GOAL),
             "floor " + ", ".join(f"{lp} {m['ece_floor']:.3f}" for lp, m in per_lp.items() if m["ece_floor"] is not None),
         ),
-        "unseen_sigma_ratio": (
-            held_out.get("sigma_ratio"),
-            _at_least(held_out.get("sigma_ratio"), UNSEEN_SIGMA_RATIO),
-            "LPs " + (", ".join(held_out.get("lps") or []) or "none"),
+        "crps_vs_baseline": (
+            delta,
+            None if delta is None else bool(delta < 0),
+            None if not baseline else f"{baseline['name']} {baseline['crps']:.3f}",
         ),
-        "unseen_coverage_min": (
-            held_out.get("coverage_min"),
-            _at_least(held_out.get("coverage_min"), UNSEEN_COVERAGE),
-            None,
+        "unseen_coverage_error": (
+            unseen_error,
+            _at_most(unseen_error, UNSEEN_TOLERANCE),
+            "LPs " + (", ".join(held.get("lps") or []) or "none"),
         ),
     }
     return [
@@ -214,7 +265,7 @@ def headline_metrics(summaries: dict[str, dict[str, Any]], prefix: str = "condit
         for row in rows:
             if row["value"] is not None:
                 out[f"{prefix}.{method}.{row['key']}"] = float(row["value"])
-        if summary["ece"].get("cross_fitted") is not None:
-            out[f"{prefix}.{method}.cross_fitted_ece"] = float(summary["ece"]["cross_fitted"])
+        if summary["ece"].get("papers_cross_fitted") is not None:
+            out[f"{prefix}.{method}.papers_cross_fitted_ece"] = float(summary["ece"]["papers_cross_fitted"])
         out[f"{prefix}.{method}.goals_met"] = float(sum(row["met"] is True for row in rows))
     return out

@@ -425,7 +425,11 @@ def effective_sample_size(values, groups) -> float:
 
 @functools.lru_cache(maxsize=256)
 def ece_sampling_floor(
-    n_segments: int, n_levels: int = N_CONFIDENCE_LEVELS, n_simulations: int = 300, seed: int = 0
+    n_segments: int,
+    n_levels: int = N_CONFIDENCE_LEVELS,
+    n_simulations: int = 300,
+    seed: int = 0,
+    n_fit: int | None = None,
 ) -> float:
     """The ECE a *perfectly calibrated* Gaussian model still shows on ``n_segments`` rows.
 
@@ -435,12 +439,19 @@ def ece_sampling_floor(
     mean ECE of ``n_simulations`` test sets of ``n_segments`` standard-normal errors with sigma = 1:
     an observed ECE near it is indistinguishable from perfect calibration at that sample size.
 
+    With ``n_fit``, the calibration itself is also estimated from a finite (dev) set: each simulated
+    test set is judged with the scale a dev set of ``n_fit`` effective rows would have fitted,
+    :math:`\\hat s = \\sqrt{\\chi^2_{n_{fit}} / n_{fit}}` -- the floor of a dev-fitted calibration,
+    higher than the test-noise-only floor.
+
     Parameters
     ----------
     n_segments : int
-        Rows of the evaluated set (e.g. test rows of one LP).
+        (Effective) rows of the evaluated set (e.g. test rows of one LP).
     n_levels : int
         Confidence levels M of the ECE.
+    n_fit : int, optional
+        (Effective) rows the calibration was fitted on; None: a known calibration.
 
     Returns
     -------
@@ -450,10 +461,14 @@ def ece_sampling_floor(
     n_segments, n_simulations = int(n_segments), int(n_simulations)
     if n_segments < 1 or n_simulations < 1:
         raise ValueError(f"n_segments={n_segments} and n_simulations={n_simulations} must be >= 1")
+    if n_fit is not None and int(n_fit) < 1:
+        raise ValueError(f"n_fit={n_fit} must be >= 1")
     rng = np.random.default_rng(seed)
     gammas = confidence_levels(n_levels)
     # Level index of each |z|: segment j is inside I(gamma_b) iff erf(|z_j|/sqrt2) <= gamma_b.
     levels = np.abs(rng.standard_normal((n_simulations, n_segments)))
+    if n_fit is not None:
+        levels = levels / np.sqrt(rng.chisquare(int(n_fit), size=(n_simulations, 1)) / int(n_fit))
     index = np.clip(np.ceil(erf(levels / math.sqrt(2.0)) * (n_levels - 1)).astype(np.int64), 0, n_levels - 1)
     flat = (index + np.arange(n_simulations)[:, None] * n_levels).ravel()
     counts = np.bincount(flat, minlength=n_simulations * n_levels).reshape(n_simulations, n_levels)

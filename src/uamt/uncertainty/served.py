@@ -1,0 +1,474 @@
+"""Metrics of the served predictive distribution, read only through its protocol.
+
+What a user receives for a segment is the served calibration's distribution of the human score:
+its centre (mu), its central intervals at any level and its CDF (the risk P(Q <= chi)), on the
+human scale and clipped to the scale's bounds.  Every number here is computed from those three
+calls of a :class:`PredictiveDistribution` (the model's :class:`uamt.calibrated.Calibration`
+loaded from its artifact), so a non-Gaussian served distribution (Mondrian or signed conformal) is
+scored as it is served, never through a "Gaussian-equivalent" sigma.
+
+Quantities (per LP, macro-averaged over LPs as ``avg``):
+
+* ``pps`` -- Pearson of human and served mu.
+* ``coverage@g`` / ``width@g`` / ``miss_below@g`` / ``miss_above@g`` -- of the served central
+  interval at level g (``coverage_gamma`` and the ``report_gammas``).
+* ``ece`` -- :math:`\\frac1M\\sum_b |\\mathrm{acc}(\\gamma_b) - \\gamma_b|` over M = ``n_levels``
+  levels of ``numpy.linspace(0, 1, M)`` (the papers' grid), with the served interval at each level.
+* ``crps`` -- the continuous ranked probability score through the quantile decomposition
+  :math:`\\mathrm{CRPS}(F, y) = 2\\int_0^1 \\rho_p(y - F^{-1}(p))\\,dp`,
+  :math:`\\rho_p(u) = u\\,(p - \\mathbb 1[u < 0])`, on K = ``n_quantiles`` mid-point levels
+  :math:`p_k = (k - 1/2)/K` (human-score units; lower is better).  Quantiles are clipped to the
+  scale's bounds (the distribution users get); a level beyond the calibration's reach takes the
+  row's outermost finite quantile (:func:`clamp_tails`).
+* ``sd`` -- the served distribution's standard deviation from the same quantiles (what the spread
+  of the served distribution is; ``sharpness`` is the mean served variance).
+* ``ups`` -- Pearson of :math:`|q^* - \\mu|` and the served ``sd``; ``ups_raw`` -- the same with the
+  model's own raw sigma (what the method contributes before calibration).
+* ``ence`` -- ENCE (Levi et al.) of the served sd; ``ence_raw`` -- of the raw sigma mapped to the
+  human scale by the standardiser alone (no calibration).
+* ``nll`` -- Gaussian NLL where the served distribution is Gaussian, else None (use ``crps``).
+* ``low_score_coverage`` -- coverage at ``coverage_gamma`` of rows with human <= ``low_score_threshold``.
+* ``cells`` -- coverage at ``coverage_gamma`` in every LP x quintile cell of the served sd and of
+  the served mu, with its n, a document-clustered standard error and the worst gap.
+* ``risk`` -- for each threshold chi: Brier score, and predicted vs observed P(Q <= chi) per decile
+  of the predicted risk (the largest gap is ``max_gap``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from uamt.uncertainty.metrics import (
+    N_CONFIDENCE_LEVELS,
+    confidence_levels,
+    effective_sample_size,
+    expected_normalized_calibration_error,
+    quantile_groups,
+)
+
+
+class PredictiveDistribution(Protocol):
+    """What a served calibration offers (raw model ``mu``, ``sigma``: shape [n] on the model's scale).
+
+    ``center`` returns the served mu on the human scale, ``apply`` the served ``(mu, sigma)``; ``interval`` the central
+    interval at level ``gamma``; ``risk`` P(Q <= threshold); ``is_gaussian`` whether the served
+    distribution is the Gaussian N(mu, sigma^2) (then ``nll`` is defined).
+    """
+
+    def center(self, mu, sigma, lp=None, n_refs=None) -> np.ndarray: ...
+
+    def apply(self, mu, sigma, lp=None, n_refs=None) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def interval(self, mu, sigma, gamma: float, lp=None, mode: str = ..., n_refs=None) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray: ...
+
+    def raw_sigma_on_human_scale(self, mu, sigma, lp=None) -> np.ndarray: ...
+
+    @property
+    def is_gaussian(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class ServedSettings:
+    """How the served distribution is measured (the ``evaluate:`` section provides the values)."""
+
+    coverage_gamma: float = 0.9
+    report_gammas: tuple[float, ...] = (0.8, 0.9, 0.95)
+    n_levels: int = N_CONFIDENCE_LEVELS
+    n_quantiles: int = 100
+    low_score_threshold: float | None = -5.0
+    risk_thresholds: tuple[float, ...] = (-1.0, -5.0, -10.0)
+    n_risk_bins: int = 10
+    n_cell_groups: int = 5
+    cell_tolerance: float = 0.05
+
+
+@dataclass
+class ServedRows:
+    """Everything the served distribution says about each row, shape [n] (or [n, ...]).
+
+    ``center`` the served mu; ``intervals`` level -> (lower, upper) for every ECE, report and
+    quantile level; ``probs`` / ``quantiles`` the mid-point levels [K] and quantiles [n, K];
+    ``risk`` chi -> P(Q <= chi); ``raw_sigma`` the model's own sigma and ``raw_sigma_human`` the
+    same on the human scale (standardiser only); ``gaussian_sigma`` the served sigma where the
+    distribution is Gaussian (else None).
+    """
+
+    center: np.ndarray
+    intervals: dict[float, tuple[np.ndarray, np.ndarray]]
+    probs: np.ndarray
+    quantiles: np.ndarray
+    risk: dict[float, np.ndarray]
+    raw_sigma: np.ndarray
+    raw_sigma_human: np.ndarray
+    gaussian_sigma: np.ndarray | None
+
+    def take(self, rows: np.ndarray) -> ServedRows:
+        """The rows ``rows`` (a boolean mask or indices)."""
+        return ServedRows(
+            center=self.center[rows],
+            intervals={g: (lo[rows], hi[rows]) for g, (lo, hi) in self.intervals.items()},
+            probs=self.probs,
+            quantiles=self.quantiles[rows],
+            risk={chi: r[rows] for chi, r in self.risk.items()},
+            raw_sigma=self.raw_sigma[rows],
+            raw_sigma_human=self.raw_sigma_human[rows],
+            gaussian_sigma=None if self.gaussian_sigma is None else self.gaussian_sigma[rows],
+        )
+
+    @staticmethod
+    def stack(parts: Sequence[tuple[np.ndarray, ServedRows]], n: int) -> ServedRows:
+        """One :class:`ServedRows` of ``n`` rows from ``(row indices, part)`` pieces that cover them
+        (the out-of-fold rows of a cross-fitting, each answered by its own fold's calibration)."""
+        first = parts[0][1]
+
+        def fill(get, shape=()):
+            out = np.empty((n, *shape))
+            for index, part in parts:
+                out[index] = get(part)
+            return out
+
+        gaussian = all(part.gaussian_sigma is not None for _, part in parts)
+        return ServedRows(
+            center=fill(lambda p: p.center),
+            intervals={
+                g: (fill(lambda p, g=g: p.intervals[g][0]), fill(lambda p, g=g: p.intervals[g][1]))
+                for g in first.intervals
+            },
+            probs=first.probs,
+            quantiles=fill(lambda p: p.quantiles, first.quantiles.shape[1:]),
+            risk={chi: fill(lambda p, chi=chi: p.risk[chi]) for chi in first.risk},
+            raw_sigma=fill(lambda p: p.raw_sigma),
+            raw_sigma_human=fill(lambda p: p.raw_sigma_human),
+            gaussian_sigma=fill(lambda p: p.gaussian_sigma) if gaussian else None,
+        )
+
+
+def clamp_tails(quantiles: np.ndarray) -> np.ndarray:
+    """``quantiles`` (shape [n, K], K even, levels symmetric about the median) with every infinite
+    one -- a level beyond the calibration's reach, unbounded -- replaced by the row's nearest finite
+    quantile towards the median: the served CDF says nothing beyond its outermost finite knot, so
+    the CRPS and sd put the tail mass there (a lower bound on the spread, never an infinite one)."""
+    out = np.array(quantiles, dtype=float, copy=True)
+    k = out.shape[1]
+    for j in range(k // 2 - 2, -1, -1):
+        out[:, j] = np.where(np.isfinite(out[:, j]), out[:, j], out[:, j + 1])
+    for j in range(k // 2 + 1, k):
+        out[:, j] = np.where(np.isfinite(out[:, j]), out[:, j], out[:, j - 1])
+    return out
+
+
+def _levels(settings: ServedSettings) -> tuple[set[float], np.ndarray]:
+    """Every interval level the metrics read, and the K mid-point quantile levels."""
+    k = int(settings.n_quantiles)
+    if k < 2 or k % 2:
+        raise ValueError(f"n_quantiles={settings.n_quantiles!r} must be an even number >= 2")
+    probs = (np.arange(k) + 0.5) / k
+    levels = {float(g) for g in confidence_levels(settings.n_levels)}
+    levels |= {float(settings.coverage_gamma), *map(float, settings.report_gammas)}
+    levels |= {_quantile_level(p) for p in probs[: k // 2]}
+    return levels, probs
+
+
+def _quantile_level(p: float) -> float:
+    return round(float(1.0 - 2.0 * p), 12)
+
+
+def served_rows(
+    dist: PredictiveDistribution, mu, sigma, lp, *, n_refs=None, bounds=None, settings: ServedSettings | None = None
+) -> ServedRows:
+    """Ask the served distribution ``dist`` everything the metrics need about each row.
+
+    ``mu``, ``sigma`` (shape [n]) are the model's raw output and ``lp`` (shape [n]) the rows'
+    language pairs; ``bounds`` the scale's (low, high): the served mu, intervals and quantiles are
+    clipped to them and the risk is that of the clipped distribution (1 at or above the top of the
+    scale, 0 below its bottom), as users get them.  Levels 0 and 1 are the empty interval at mu
+    and the whole line.
+    """
+    settings = settings or ServedSettings()
+    mu = np.asarray(mu, dtype=float)
+    sigma = np.asarray(sigma, dtype=float)
+    lp = np.asarray(lp, dtype=object)
+    center = np.asarray(dist.center(mu, sigma, lp, n_refs=n_refs), dtype=float)
+    levels, probs = _levels(settings)
+    mode = "gaussian" if dist.is_gaussian else "conformal"
+    intervals = {}
+    for gamma in sorted(levels):
+        if gamma <= 0.0:
+            lower, upper = center, center
+        elif gamma >= 1.0:
+            lower, upper = np.full(mu.size, -np.inf), np.full(mu.size, np.inf)
+        else:
+            lower, upper = dist.interval(mu, sigma, gamma, lp, mode, n_refs=n_refs)
+        if bounds is not None:
+            lower, upper = np.clip(lower, *bounds), np.clip(upper, *bounds)
+        intervals[gamma] = (np.asarray(lower, dtype=float), np.asarray(upper, dtype=float))
+    if bounds is not None:
+        center = np.clip(center, *bounds)
+    k = probs.size
+    quantiles = np.empty((mu.size, k))
+    for j in range(k // 2):
+        quantiles[:, j], quantiles[:, k - 1 - j] = intervals[_quantile_level(probs[j])]
+    quantiles = clamp_tails(quantiles)
+    risk = {}
+    for chi in settings.risk_thresholds:
+        values = np.asarray(dist.risk(mu, sigma, float(chi), lp, n_refs=n_refs), dtype=float)
+        if bounds is not None:
+            values = np.where(chi >= bounds[1], 1.0, np.where(chi < bounds[0], 0.0, values))
+        risk[float(chi)] = values
+    # NLL is the Gaussian's only where the served distribution is that Gaussian (not clipped).
+    gaussian = dist.is_gaussian and bounds is None
+    return ServedRows(
+        center=center,
+        intervals=intervals,
+        probs=probs,
+        quantiles=quantiles,
+        risk=risk,
+        raw_sigma=sigma,
+        raw_sigma_human=np.asarray(dist.raw_sigma_on_human_scale(mu, sigma, lp), dtype=float),
+        gaussian_sigma=np.asarray(dist.apply(mu, sigma, lp, n_refs=n_refs)[1], dtype=float) if gaussian else None,
+    )
+
+
+def quantile_crps(human, probs, quantiles) -> np.ndarray:
+    """CRPS per row from quantiles, shape [n]: :math:`2\\,\\overline{\\rho_{p_k}(y - q_k)}` over the levels.
+
+    Parameters
+    ----------
+    human : array_like, shape [n]
+    probs : array_like, shape [K]
+        Evenly spaced mid-point levels in (0, 1).
+    quantiles : array_like, shape [n, K]
+        The predictive quantiles at ``probs``, non-decreasing along K.
+    """
+    human = np.asarray(human, dtype=float)[:, None]
+    quantiles = np.asarray(quantiles, dtype=float)
+    u = human - quantiles
+    loss = u * (np.asarray(probs, dtype=float)[None, :] - (u < 0))
+    return 2.0 * loss.mean(axis=1)
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
+    if x.size < 2 or np.std(x) == 0 or np.std(y) == 0 or not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _cells(inside: np.ndarray, values: np.ndarray, docs: np.ndarray, n_groups: int, gamma: float) -> dict[str, Any]:
+    """Coverage in the quantile groups of ``values`` (one LP): n, coverage, clustered SE, gap."""
+    if values.size < n_groups:
+        return {"cells": {}, "worst_gap": None}
+    groups = quantile_groups(values, n_groups)
+    cells = {}
+    for g in range(n_groups):
+        rows = groups == g
+        n = int(rows.sum())
+        coverage = float(np.mean(inside[rows]))
+        n_eff = effective_sample_size(inside[rows].astype(float), docs[rows]) if n > 1 else 1.0
+        se = math.sqrt(gamma * (1.0 - gamma) / max(n_eff, 1.0))
+        cells[f"q{g + 1}"] = {"n": n, "n_eff": n_eff, "coverage": coverage, "se": se, "gap": coverage - gamma}
+    worst = max(cells.values(), key=lambda c: abs(c["gap"]))
+    return {"cells": cells, "worst_gap": worst["gap"]}
+
+
+def _risk_reliability(risk: np.ndarray, event: np.ndarray, n_bins: int) -> dict[str, Any]:
+    """Brier score and predicted vs observed frequency per equal-count bin of the predicted risk."""
+    brier = float(np.mean((risk - event) ** 2))
+    n_bins = min(int(n_bins), risk.size)
+    groups = quantile_groups(risk, n_bins) if n_bins >= 1 else np.zeros(risk.size, dtype=int)
+    bins = []
+    for b in range(n_bins):
+        rows = groups == b
+        bins.append(
+            {"n": int(rows.sum()), "predicted": float(risk[rows].mean()), "observed": float(event[rows].mean())}
+        )
+    gaps = [abs(b["observed"] - b["predicted"]) for b in bins]
+    return {
+        "brier": brier,
+        "base_rate": float(event.mean()),
+        "max_gap": max(gaps) if gaps else None,
+        "bins": bins,
+    }
+
+
+def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings: ServedSettings) -> dict[str, Any]:
+    """Every served metric of the rows of one LP (``rows`` and arrays of shape [n])."""
+    gamma = settings.coverage_gamma
+    center, quantiles = rows.center, rows.quantiles
+    finite = np.all(np.isfinite(quantiles), axis=1)
+    sd = np.where(finite, quantiles.std(axis=1), np.inf)
+    abs_err = np.abs(human - center)
+
+    def inside(level: float) -> np.ndarray:
+        lower, upper = rows.intervals[float(level)]
+        return (human >= lower) & (human <= upper)
+
+    out: dict[str, Any] = {"n": int(human.size), "pps": _pearson(human, center)}
+    for level in sorted({gamma, *settings.report_gammas}):
+        lower, upper = rows.intervals[float(level)]
+        tag = f"{level:g}"
+        out[f"coverage@{tag}"] = float(np.mean(inside(level)))
+        out[f"width@{tag}"] = float(np.mean(upper - lower))
+        out[f"miss_below@{tag}"] = float(np.mean(human < lower))
+        out[f"miss_above@{tag}"] = float(np.mean(human > upper))
+    levels = confidence_levels(settings.n_levels)
+    coverage = np.array([np.mean(inside(g)) for g in levels])
+    out["ece"] = float(np.mean(np.abs(coverage - levels)))
+    out["crps"] = float(np.mean(quantile_crps(human[finite], rows.probs, quantiles[finite]))) if finite.any() else None
+    out["crps_rows"] = int(finite.sum())
+    out["sharpness"] = float(np.mean(sd[finite] ** 2)) if finite.any() else None
+    out["sd"] = float(np.mean(sd[finite])) if finite.any() else None
+    out["ups"] = _pearson(abs_err[finite], sd[finite])
+    out["ups_raw"] = _pearson(abs_err, rows.raw_sigma)
+    positive = finite & (sd > 0)
+    out["ence"] = (
+        expected_normalized_calibration_error(human[positive], center[positive], sd[positive], 5)
+        if positive.sum() >= 5
+        else None
+    )
+    raw = rows.raw_sigma_human
+    out["ence_raw"] = (
+        expected_normalized_calibration_error(human, center, raw, 5)
+        if human.size >= 5 and np.all(raw > 0) and np.std(raw) > 0
+        else None
+    )
+    low10 = float(np.quantile(sd[finite], 0.1)) if finite.sum() >= 10 else 0.0
+    out["sigma_p90_p10"] = float(np.quantile(sd[finite], 0.9) / low10) if low10 > 0 else None
+    g_sigma = rows.gaussian_sigma
+    out["nll"] = (
+        float(np.mean(0.5 * np.log(2 * np.pi * g_sigma**2) + (human - center) ** 2 / (2 * g_sigma**2)))
+        if g_sigma is not None and np.all(g_sigma > 0)
+        else None
+    )
+    covered = inside(gamma)
+    if settings.low_score_threshold is not None:
+        low = human <= settings.low_score_threshold
+        out["low_score_coverage"] = float(np.mean(covered[low])) if low.any() else None
+        out["low_score_n"] = int(low.sum())
+    spread = np.where(finite, sd, np.max(sd[finite]) if finite.any() else 0.0)
+    out["cells"] = {
+        "sd": _cells(covered, spread, docs, settings.n_cell_groups, gamma),
+        "mu": _cells(covered, center, docs, settings.n_cell_groups, gamma),
+    }
+    out["risk"] = {
+        f"{chi:g}": _risk_reliability(risk, (human <= chi).astype(float), settings.n_risk_bins)
+        for chi, risk in rows.risk.items()
+    }
+    out["reliability"] = {"expected": levels.tolist(), "observed": coverage.tolist()}
+    return out
+
+
+#: Per-LP keys averaged over LPs into ``avg`` (numbers only), besides coverage/width/miss.
+AVERAGED = (
+    "pps", "ups", "ups_raw", "ece", "crps", "sharpness", "sd", "ence", "ence_raw", "nll", "sigma_p90_p10",
+    "low_score_coverage",
+)
+
+
+def served_metrics(rows: ServedRows, human, lp, *, docs=None, settings: ServedSettings | None = None) -> dict[str, Any]:
+    """Every metric of the served distribution on a labelled set, per LP and averaged over LPs.
+
+    Parameters
+    ----------
+    rows : ServedRows
+        What the served distribution says about each row (:func:`served_rows`).
+    human : array_like, shape [n]
+        Human scores.
+    lp : array_like of str, shape [n]
+    docs : array_like, shape [n], optional
+        Document of each row (clusters of the cells' standard errors; without it every row is its
+        own cluster).
+
+    Returns
+    -------
+    dict
+        ``{lp: {...}, "avg": {...}, "worst_cells": {...}}`` (see the module docstring);
+        ``worst_cells`` holds the worst LP x sd-quintile and LP x mu-quintile cells over all LPs.
+    """
+    settings = settings or ServedSettings()
+    human = np.asarray(human, dtype=float)
+    lp = np.asarray(lp, dtype=object).astype(str)
+    docs = np.arange(human.size).astype(str) if docs is None else np.asarray(docs, dtype=object).astype(str)
+    if not (human.shape == lp.shape == docs.shape == rows.center.shape):
+        raise ValueError(
+            f"served_metrics: human {human.shape}, lp {lp.shape}, docs {docs.shape} and rows "
+            f"{rows.center.shape} must have one entry per row"
+        )
+    out: dict[str, Any] = {}
+    for name in sorted(set(lp.tolist())):
+        mask = lp == name
+        out[name] = _lp_metrics(rows.take(mask), human[mask], docs[mask], settings)
+    lps = list(out)
+    avg: dict[str, Any] = {"n": int(human.size)}
+    keys = [*AVERAGED, *(k for k in out[lps[0]] if k.startswith(("coverage@", "width@", "miss_")))] if lps else []
+    for key in keys:
+        values = [out[name][key] for name in lps if isinstance(out[name].get(key), (int, float))]
+        avg[key] = float(np.mean(values)) if values else None
+    out["avg"] = avg
+    out["worst_cells"] = worst_cells(out, settings)
+    return out
+
+
+def worst_cells(per_lp: dict[str, Any], settings: ServedSettings) -> dict[str, Any]:
+    """The worst LP x quintile cell of the served sd and of the served mu, and whether every cell is
+    within ``cell_tolerance`` of ``coverage_gamma`` (a cell whose gap is within 1.96 standard errors
+    of that tolerance is ``within_noise``)."""
+    out = {}
+    for kind in ("sd", "mu"):
+        cells = [
+            (lp, name, cell)
+            for lp, m in per_lp.items()
+            if lp not in ("avg", "worst_cells")
+            for name, cell in m["cells"][kind]["cells"].items()
+        ]
+        if not cells:
+            out[kind] = None
+            continue
+        lp, name, cell = max(cells, key=lambda c: abs(c[2]["gap"]))
+        out[kind] = {
+            "lp": lp,
+            "cell": name,
+            "coverage": cell["coverage"],
+            "gap": cell["gap"],
+            "se": cell["se"],
+            "met": bool(abs(cell["gap"]) <= settings.cell_tolerance),
+            "within_noise": bool(abs(cell["gap"]) <= settings.cell_tolerance + 1.96 * cell["se"]),
+            "cells_outside": sum(abs(c[2]["gap"]) > settings.cell_tolerance for c in cells),
+            "cells": len(cells),
+        }
+    return out
+
+
+def summary_row(metrics: dict[str, Any], gamma: float = 0.9, chi: float = -5.0) -> dict[str, Any]:
+    """The headline numbers of :func:`served_metrics` (for tables and the gate): averages over LPs
+    and the worst cells."""
+    avg = metrics["avg"]
+    tag = f"{gamma:g}"
+    worst = metrics.get("worst_cells") or {}
+    risks = [m["risk"].get(f"{chi:g}") for lp, m in metrics.items() if lp not in ("avg", "worst_cells")]
+    risks = [r for r in risks if r]
+    return {
+        "pps": avg.get("pps"),
+        "crps": avg.get("crps"),
+        "nll": avg.get("nll"),
+        "ece": avg.get("ece"),
+        "ups": avg.get("ups"),
+        "ups_raw": avg.get("ups_raw"),
+        "ence": avg.get("ence"),
+        "ence_raw": avg.get("ence_raw"),
+        f"coverage@{tag}": avg.get(f"coverage@{tag}"),
+        f"width@{tag}": avg.get(f"width@{tag}"),
+        f"miss_below@{tag}": avg.get(f"miss_below@{tag}"),
+        f"miss_above@{tag}": avg.get(f"miss_above@{tag}"),
+        "low_score_coverage": avg.get("low_score_coverage"),
+        "worst_sd_cell_gap": (worst.get("sd") or {}).get("gap"),
+        "worst_mu_cell_gap": (worst.get("mu") or {}).get("gap"),
+        f"risk_brier@{chi:g}": float(np.mean([r["brier"] for r in risks])) if risks else None,
+        f"risk_max_gap@{chi:g}": max(r["max_gap"] for r in risks) if risks else None,
+    }

@@ -1,0 +1,186 @@
+"""The served distribution is what is measured: metrics read through the calibration's protocol
+(mu, intervals at every level, risk), one artifact from calibrate to evaluate to the pyfunc."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import norm
+
+from uamt.calibrated import Calibration, fit_calibration
+from uamt.model_evaluation import ask, compact, cross_fitted_rows, measure
+from uamt.uncertainty import EvaluationSettings, expected_calibration_error, gaussian_crps
+from uamt.uncertainty.served import ServedRows, ServedSettings, quantile_crps, served_metrics, served_rows
+
+BOUNDS = (-25.0, 0.0)
+MONDRIAN = EvaluationSettings(min_lp_rows=20, calibration="mondrian_conformal", calibration_candidates=("mondrian_conformal",))
+AFFINE = EvaluationSettings(min_lp_rows=20, calibration="affine_nll", calibration_candidates=("affine_nll",))
+
+
+def mqm_like(seed: int, n: int) -> pd.DataFrame:
+    """Skewed, zero-inflated MQM-like human scores with a noisy prediction and documents of 10 rows."""
+    rng = np.random.default_rng(seed)
+    lp = np.array(["en-de", "zh-en"], dtype=object)[rng.integers(0, 2, n)]
+    human = -np.where(rng.random(n) < 0.3, 0.0, rng.gamma(1.0, 4.0, n))
+    mu = 0.5 * human + rng.normal(0.0, 2.0, n)
+    sigma = 0.5 + rng.random(n)
+    doc = np.array([f"{lp[i]}/d{i // 10}" for i in range(n)], dtype=object)
+    return pd.DataFrame({"lp": lp, "human": np.clip(human, -25, 0), "mu": mu, "sigma": sigma, "doc": doc})
+
+
+@pytest.fixture(scope="module")
+def data():
+    return mqm_like(0, 1500), mqm_like(1, 1200)
+
+
+@pytest.fixture(scope="module")
+def mondrian(data):
+    return fit_calibration(data[0], "hts", settings=MONDRIAN)[0]
+
+
+def test_quantile_crps_matches_the_gaussian_closed_form():
+    rng = np.random.default_rng(0)
+    y, mu, sigma = rng.normal(size=200), rng.normal(size=200), 0.5 + rng.random(200)
+    k = 2000
+    probs = (np.arange(k) + 0.5) / k
+    quantiles = mu[:, None] + sigma[:, None] * norm.ppf(probs)[None, :]
+    np.testing.assert_allclose(quantile_crps(y, probs, quantiles), gaussian_crps(y, mu, sigma), rtol=2e-3)
+
+
+def test_quantile_crps_hand_computed():
+    # Two quantiles at p = 1/4 (q = 0) and 3/4 (q = 2), y = 3: 2 * mean(3 * 1/4, 1 * 3/4) = 1.5.
+    assert quantile_crps([3.0], [0.25, 0.75], [[0.0, 2.0]])[0] == pytest.approx(1.5)
+
+
+def test_gaussian_served_ece_equals_the_gaussian_ece(data):
+    dev, test = data
+    calibration = fit_calibration(dev, "hts", settings=AFFINE)[0]
+    assert calibration.is_gaussian
+    rows = ask(calibration, test, AFFINE, None)
+    full = measure(calibration, rows, test, AFFINE)
+    for lp in ("en-de", "zh-en"):
+        part = test[test["lp"] == lp]
+        mu, sigma = calibration.apply(part["mu"], part["sigma"], part["lp"].to_numpy(dtype=object))
+        assert full[lp]["ece"] == pytest.approx(expected_calibration_error(part["human"], mu, sigma), abs=1e-12)
+        assert full[lp]["nll"] is not None
+
+
+def test_conformal_is_scored_as_served_not_as_a_gaussian(data, mondrian):
+    _, test = data
+    assert not mondrian.is_gaussian
+    rows = ask(mondrian, test, MONDRIAN, BOUNDS)
+    full = measure(mondrian, rows, test, MONDRIAN)
+    lp = test["lp"].to_numpy(dtype=object)
+    lower, upper = mondrian.interval(test["mu"], test["sigma"], 0.9, lp, "conformal")
+    inside = (test["human"] >= np.clip(lower, *BOUNDS)) & (test["human"] <= np.clip(upper, *BOUNDS))
+    en_de = test["lp"] == "en-de"
+    assert full["en-de"]["coverage@0.9"] == pytest.approx(inside[en_de].mean())
+    assert full["en-de"]["nll"] is None  # no Gaussian is served, so no Gaussian NLL is reported
+    # the served sd is the distribution's own spread, and the served mu is clipped as served
+    assert (rows.center <= 0).all() and np.isfinite(full["avg"]["crps"])
+    _, sd = mondrian.apply(test["mu"], test["sigma"], lp)
+    gaussian_equivalent = (upper - lower) / (2 * norm.ppf(0.95))
+    assert not np.allclose(sd, gaussian_equivalent)
+
+
+def test_risk_reliability_reads_the_served_cdf(data, mondrian):
+    _, test = data
+    rows = ask(mondrian, test, MONDRIAN, BOUNDS)
+    lp = test["lp"].to_numpy(dtype=object)
+    np.testing.assert_allclose(rows.risk[-5.0], mondrian.risk(test["mu"], test["sigma"], -5.0, lp))
+    full = measure(mondrian, rows, test, MONDRIAN)
+    block = full["zh-en"]["risk"]["-5"]
+    part = test["lp"] == "zh-en"
+    risk = rows.risk[-5.0][part.to_numpy()]
+    event = (test["human"][part] <= -5).to_numpy(dtype=float)
+    assert block["brier"] == pytest.approx(np.mean((risk - event) ** 2))
+    assert sum(b["n"] for b in block["bins"]) == part.sum()
+    assert block["max_gap"] == pytest.approx(max(abs(b["observed"] - b["predicted"]) for b in block["bins"]))
+
+
+def test_clipped_risk_is_one_at_the_top_of_the_scale(data, mondrian):
+    _, test = data
+    settings = ServedSettings(risk_thresholds=(0.0, -30.0))
+    rows = served_rows(mondrian, test["mu"], test["sigma"], test["lp"], bounds=BOUNDS, settings=settings)
+    assert (rows.risk[0.0] == 1.0).all() and (rows.risk[-30.0] == 0.0).all()
+
+
+def test_cells_are_lp_by_quintile_with_clustered_bands(data, mondrian):
+    _, test = data
+    full = measure(mondrian, ask(mondrian, test, MONDRIAN, BOUNDS), test, MONDRIAN)
+    for kind in ("sd", "mu"):
+        cells = full["en-de"]["cells"][kind]["cells"]
+        assert set(cells) == {"q1", "q2", "q3", "q4", "q5"}
+        assert sum(c["n"] for c in cells.values()) == (test["lp"] == "en-de").sum()
+        # rows of one document are correlated: n_eff <= n, the band no narrower than binomial
+        assert all(c["n_eff"] <= c["n"] + 1e-9 and c["se"] >= math.sqrt(0.09 / c["n"]) - 1e-12 for c in cells.values())
+        worst = full["worst_cells"][kind]
+        gaps = [c["gap"] for lp in ("en-de", "zh-en") for c in full[lp]["cells"][kind]["cells"].values()]
+        assert abs(worst["gap"]) == pytest.approx(max(map(abs, gaps)))
+
+
+def test_raw_and_served_uncertainty_are_reported_side_by_side(data, mondrian):
+    _, test = data
+    full = measure(mondrian, ask(mondrian, test, MONDRIAN, BOUNDS), test, MONDRIAN)
+    part = test[test["lp"] == "en-de"]
+    center = np.clip(mondrian.center(part["mu"], part["sigma"], part["lp"].to_numpy(dtype=object)), *BOUNDS)
+    expected = np.corrcoef(np.abs(part["human"] - center), part["sigma"])[0, 1]
+    assert full["en-de"]["ups_raw"] == pytest.approx(expected)
+    assert full["en-de"]["ups"] is not None and full["en-de"]["ence_raw"] is not None
+
+
+def test_perturbing_the_calibration_file_changes_the_measured_metrics(data, mondrian, tmp_path):
+    """evaluate loads the artifact: a change to calibration/<model>.json changes metrics/test.json."""
+    _, test = data
+    path = tmp_path / "hts.json"
+    mondrian.save(path)
+    before = compact(measure(Calibration.load(path), ask(Calibration.load(path), test, MONDRIAN, BOUNDS), test, MONDRIAN))
+    data_json = json.loads(path.read_text())
+    data_json["unseen_lp_sigma_factor"] = 1.0
+    data_json["standardizer"]["lps"]["en-de"]["human_mean"] -= 1.0  # a shifted centre for en-de
+    path.write_text(json.dumps(data_json))
+    perturbed = Calibration.load(path)
+    after = compact(measure(perturbed, ask(perturbed, test, MONDRIAN, BOUNDS), test, MONDRIAN))
+    assert after["en-de"]["crps"] != before["en-de"]["crps"]
+    assert after["zh-en"]["crps"] == before["zh-en"]["crps"]
+
+
+def test_cross_fitted_rows_come_from_calibrations_that_never_saw_the_row(data, mondrian):
+    dev, _ = data
+    rows = cross_fitted_rows(dev, "hts", mondrian, MONDRIAN, BOUNDS)
+    in_sample = ask(mondrian, dev, MONDRIAN, BOUNDS)
+    assert rows.center.shape == in_sample.center.shape
+    assert not np.allclose(rows.intervals[0.9][0], in_sample.intervals[0.9][0])
+    # out-of-fold coverage stays near nominal (conformal validity on unseen documents)
+    covered = (dev["human"] >= rows.intervals[0.9][0]) & (dev["human"] <= rows.intervals[0.9][1])
+    assert abs(covered.mean() - 0.9) < 0.03
+
+
+def test_served_rows_stack_restores_row_order(data, mondrian):
+    _, test = data
+    rows = ask(mondrian, test, MONDRIAN, BOUNDS)
+    order = np.arange(len(test))
+    parts = [(order[order % 2 == 0], rows.take(order % 2 == 0)), (order[order % 2 == 1], rows.take(order % 2 == 1))]
+    stacked = ServedRows.stack(parts, len(test))
+    np.testing.assert_array_equal(stacked.quantiles, rows.quantiles)
+    np.testing.assert_array_equal(stacked.intervals[0.9][1], rows.intervals[0.9][1])
+
+
+def test_served_metrics_refuse_misaligned_inputs(data, mondrian):
+    _, test = data
+    rows = ask(mondrian, test, MONDRIAN, BOUNDS)
+    with pytest.raises(ValueError, match="must have one entry per row"):
+        served_metrics(rows, test["human"][:-1], test["lp"][:-1])
+
+
+def test_clamp_tails_puts_unbounded_tail_mass_at_the_outermost_finite_quantile():
+    inf = np.inf
+    quantiles = np.array([[-inf, -inf, -2.0, -1.0, 1.0, 3.0, inf, inf], [-4.0, -3.0, -2.0, -1.0, 1.0, 2.0, 3.0, 4.0]])
+    from uamt.uncertainty.served import clamp_tails
+
+    np.testing.assert_array_equal(clamp_tails(quantiles)[0], [-2.0, -2.0, -2.0, -1.0, 1.0, 3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(clamp_tails(quantiles)[1], quantiles[1])
