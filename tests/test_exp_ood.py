@@ -34,14 +34,14 @@ def _metrics(side: int) -> dict:
                 "sharpness": v[side],
                 "pps": 0.3 - 0.1 * side,
                 "ece": 0.02 + 0.03 * side,
-                "nll": 1.0,
+                "crps": 1.0,
                 "coverage@0.9": 0.9,
             }
             for lp, v in by_lp.items()
         }
         block["avg"] = {
             key: float(np.mean([block[lp][key] for lp in LPS]))
-            for key in ("sharpness", "pps", "ece", "nll", "coverage@0.9")
+            for key in ("sharpness", "pps", "ece", "crps", "coverage@0.9")
         }
         out[method] = block
     return out

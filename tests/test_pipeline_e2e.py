@@ -68,16 +68,21 @@ def test_chain_writes_metrics_for_every_method_and_lp(pipeline_run):
     assert set(test) == {"point", "mcd_head", "ensemble", "hts", "hts_mcd", "dup", "hts_qe"}
     for method, by_lp in test.items():
         assert {"avg", "en-de", "zh-en"} <= set(by_lp), method
-        for key in ("pps", "nll", "ece", "sharpness", "crps", "coverage@0.9"):
+        for key in ("pps", "ece", "sharpness", "crps", "coverage@0.9", "miss_below@0.9", "ups_raw"):
             assert by_lp["avg"][key] is not None, (method, key)
     ood = json.loads((pipeline_run / "metrics" / "ood.json").read_text())
     assert set(ood) == set(test)
     conditional = json.loads((pipeline_run / "metrics" / "conditional.json").read_text())
     assert set(conditional) == set(test)
     for method, summary in conditional.items():
-        assert {"en-de", "zh-en"} <= set(summary["conditional"]["by_lp"]), method
+        assert {"en-de", "zh-en"} <= set(summary["per_lp"]), method
         assert summary["candidates"] and len(summary["goals"]) == 9, method
         assert summary["served"] in (*summary["candidates"], "fixed_variance"), method
+        if method not in ("point", "hts_qe"):  # hts_qe: no reference-free point model in this profile
+            assert summary["baseline"]["name"].startswith("point+"), method
+    # the gate reads dev metrics cross-fitted over documents, with the baselines beside the models
+    dev = json.loads((pipeline_run / "metrics" / "dev.json").read_text())
+    assert {f"point+{conditional['hts']['served']}", *test} <= set(dev)
     for plot in ("reliability.png", "sharpness.png", "error_vs_sigma.png"):
         assert (pipeline_run / "plots" / plot).stat().st_size > 1000
 

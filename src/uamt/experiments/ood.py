@@ -44,7 +44,8 @@ NAME = "ood"
 FIGURE = "ood_sharpness.png"
 IN, OUT = "in", "out"
 #: The metrics of the calibration-transfer table (from metrics/{test,ood}.json).
-TRANSFER_METRICS = ("pps", "ece", "nll", "coverage@0.9")
+#: Scored on the served distribution: CRPS is its proper score (NLL exists only for a Gaussian one).
+TRANSFER_METRICS = ("pps", "ece", "crps", "coverage@0.9")
 #: A calibration whose constant beta is at least this share of the in-domain sharpness is "nearly
 #: constant": its calibrated sharpness can hardly move, whatever the model predicts.
 CONSTANT_SHARE = 0.9
