@@ -184,3 +184,29 @@ def test_clamp_tails_puts_unbounded_tail_mass_at_the_outermost_finite_quantile()
 
     np.testing.assert_array_equal(clamp_tails(quantiles)[0], [-2.0, -2.0, -2.0, -1.0, 1.0, 3.0, 3.0, 3.0])
     np.testing.assert_array_equal(clamp_tails(quantiles)[1], quantiles[1])
+
+
+def test_global_fallback_is_fitted_in_the_units_an_unseen_lp_gets():
+    """Rows of an LP without its own calibration are standardised with the global (pooled, human-unit)
+    statistics; the served global fallback is fitted on dev rows standardised the same way, not on
+    the per-LP z-scores the LP-specific parameters come from."""
+    from uamt.uncertainty.candidates import fit_candidate
+
+    rng = np.random.default_rng(5)
+    n = 1600
+    lp = np.array(["en-de", "zh-en"], dtype=object)[(np.arange(n) % 4 == 0).astype(int)]
+    spread = np.where(lp == "en-de", 6.0, 1.0)  # one wide LP dominates the pooled statistics
+    human = -np.abs(rng.normal(0.0, spread))
+    dev = pd.DataFrame({"lp": lp, "human": human, "mu": human + rng.normal(0.0, spread / 2), "sigma": 1.0 + rng.random(n),
+                        "doc": [f"d{i // 8}" for i in range(n)]})
+    calibration = fit_calibration(dev, "hts", settings=MONDRIAN)[0]
+    h_z = calibration.standardizer.transform_human(dev["human"].to_numpy(), None)
+    mu_z, sigma_z = calibration.standardizer.transform_predictions(dev["mu"].to_numpy(), dev["sigma"].to_numpy(), None)
+    expected = fit_candidate("mondrian_conformal", h_z, mu_z, sigma_z, None, common={"per_lp": False, "min_lp_rows": 20},
+                             n_levels=MONDRIAN.n_levels, ece_bound=MONDRIAN.ece_bound)
+    assert calibration.served.global_params == expected.global_params
+    assert calibration.served.variance.global_params == expected.variance.global_params
+    assert calibration.served.lp_params["en-de"] != expected.global_params  # per-LP fits untouched
+    unseen = np.full(n, "xx-yy", dtype=object)
+    lower, upper = calibration.interval(dev["mu"], dev["sigma"], 0.9, unseen, "conformal")
+    assert abs(((dev["human"] >= lower) & (dev["human"] <= upper)).mean() - 0.9) < 0.02

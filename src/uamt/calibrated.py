@@ -413,7 +413,42 @@ def fit_calibration(
         dev_source=source,
         scope="served",  # the candidates' in-sample dev blocks and k-fold ECE are never read
     )
-    return Calibration.from_result(in_sample["calibration"], fixed=fixed), in_sample
+    calibration = Calibration.from_result(in_sample["calibration"], fixed=fixed)
+    refit_global_fallback(calibration, dev_table, settings if settings is not None else EvaluationSettings())
+    return calibration, in_sample
+
+
+def refit_global_fallback(calibration: Calibration, dev_table: pd.DataFrame, settings: EvaluationSettings) -> None:
+    """Refit the served calibrator's global fallback in the units it is applied in.
+
+    A row of an LP without a calibration of its own is standardised with the *global* standardiser
+    (dev statistics of all LPs pooled, in human units: en-de paragraphs with their wide spread
+    weigh in) and then calibrated with the candidate's global parameters.  Those are fitted on the
+    pooled rows standardised *per LP*, another unit.  This refits them (the candidate fitted with
+    ``per_lp=False``) on every dev row standardised the way an unseen LP's rows are, so the fallback
+    covers in the units it serves.  The per-LP parameters are untouched; a fixed-variance
+    calibration (the point estimate's) has no candidate and is left as is.
+    """
+    from uamt.uncertainty.candidates import fit_candidate
+
+    if calibration.fixed or not calibration.known_lps:
+        return
+    human = calibration.standardizer.transform_human(dev_table["human"].to_numpy(dtype=float), None)
+    mu_z, sigma_z = calibration._z(dev_table["mu"].to_numpy(dtype=float), dev_table["sigma"].to_numpy(dtype=float), None)
+    fresh = fit_candidate(
+        calibration.selected,
+        human,
+        mu_z,
+        sigma_z,
+        None,
+        common={"per_lp": False, "min_lp_rows": settings.min_lp_rows},
+        n_levels=settings.n_levels,
+        ece_bound=settings.ece_bound,
+    )
+    target = calibration.served if calibration.served is not None else calibration.affine
+    target.global_params = fresh.global_params
+    if getattr(target, "variance", None) is not None:
+        target.variance.global_params = fresh.variance.global_params
 
 
 def load_calibrations(calibration_dir: str | Path, methods) -> dict[str, Calibration]:
