@@ -1,0 +1,70 @@
+"""Markdown tables of the served-distribution metrics, as the README shows them.
+
+Reads ``metrics/test.json`` (per model and LP), ``metrics/conditional.json`` (worst cells, risk
+reliability, baselines, held-out LPs, goals) and ``metrics/dev.json`` (cross-fitted dev, what the gate
+reads), and prints:
+
+1. per model and LP: PPS, CRPS, ECE with its document-clustered floor, coverage / width / lower and
+   upper misses at 0.9, UPS and ENCE of the served sd next to the model's raw sigma;
+2. per model: what it adds over the point estimate + the same calibration (CRPS, width, worst cells,
+   low-score coverage), the risk reliability and the held-out LPs, with the goals met.
+
+    python benchmarks/served_tables.py [--metrics metrics]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def fmt(value, spec: str = ".3f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--metrics", type=Path, default=Path("metrics"))
+    args = parser.parse_args(argv)
+    test = json.loads((args.metrics / "test.json").read_text())
+    conditional = json.loads((args.metrics / "conditional.json").read_text())
+    dev = json.loads((args.metrics / "dev.json").read_text())
+
+    print("| model | LP | n | PPS | CRPS | ECE (floor) | cov@0.9 | width@0.9 | miss below / above | UPS served / raw | ENCE served / raw |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for model, by_lp in test.items():
+        for lp, m in by_lp.items():
+            print(
+                f"| {model} | {lp} | {m['n']:,} | {fmt(m.get('pps'))} | {fmt(m.get('crps'))} | "
+                f"{fmt(m.get('ece'))} ({fmt(m.get('ece_floor'))}) | {fmt(m.get('coverage@0.9'))} | "
+                f"{fmt(m.get('width@0.9'), '.2f')} | {fmt(m.get('miss_below@0.9'))} / {fmt(m.get('miss_above@0.9'))} | "
+                f"{fmt(m.get('ups'))} / {fmt(m.get('ups_raw'))} | {fmt(m.get('ence'))} / {fmt(m.get('ence_raw'))} |"
+            )
+    print()
+    print(
+        "| model | served | CRPS (baseline) | width (baseline) | worst sd cell | worst μ cell | cov MQM≤−5 | "
+        "risk max gap | held-out LPs cov | dev CRPS x-fit (baseline) | goals met |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for model, s in conditional.items():
+        goals = {g["key"]: g for g in s["goals"]}
+        base = s.get("baseline") or {}
+        held = s.get("held_out") or {}
+        cov = ", ".join(f"{lp} {fmt(c)}" for lp, c in (held.get("coverage_by_lp") or {}).items()) or "–"
+        base_name = base.get("name")
+        dev_base = dev.get(base_name, {}).get("avg", {}).get("crps") if base_name else None
+        met = sum(g["met"] is True for g in s["goals"])
+        judged = sum(g["met"] is not None for g in s["goals"])
+        print(
+            f"| {model} | {s['served']} | {fmt(s.get('crps'))} ({fmt(base.get('crps'))}) | "
+            f"{fmt(s.get('width'), '.2f')} ({fmt(base.get('width'), '.2f')}) | "
+            f"{fmt(goals['worst_sd_cell_gap']['value'])} | {fmt(goals['worst_mu_cell_gap']['value'])} | "
+            f"{fmt(goals['low_score_coverage']['value'])} | {fmt(goals['risk_max_gap']['value'])} | {cov} | "
+            f"{fmt(dev.get(model, {}).get('avg', {}).get('crps'))} ({fmt(dev_base)}) | {met}/{judged} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
