@@ -210,3 +210,22 @@ def test_global_fallback_is_fitted_in_the_units_an_unseen_lp_gets():
     unseen = np.full(n, "xx-yy", dtype=object)
     lower, upper = calibration.interval(dev["mu"], dev["sigma"], 0.9, unseen, "conformal")
     assert abs(((dev["human"] >= lower) & (dev["human"] <= upper)).mean() - 0.9) < 0.02
+
+
+@pytest.mark.parametrize("settings,method", [(MONDRIAN, "hts"), (AFFINE, "hts"), (MONDRIAN, "point")])
+def test_refit_served_equals_the_pinned_full_fit(data, settings, method):
+    """The light refit (cross-fitting, leave-one-LP-out) serves what the full pinned fit serves."""
+    from uamt.calibrated import refit_served
+
+    dev, test = data
+    table = dev.assign(sigma=np.nan) if method == "point" else dev
+    full = fit_calibration(table, method, settings=settings)[0]
+    light = refit_served(table, method, full, settings)
+    lp = test["lp"].to_numpy(dtype=object)
+    for calibration in (full, light):
+        calibration.unseen_lp_sigma_factor = 1.0
+    np.testing.assert_allclose(light.center(test["mu"], test["sigma"], lp), full.center(test["mu"], test["sigma"], lp))
+    for gamma in (0.5, 0.9):
+        for a, b in zip(light.interval(test["mu"], test["sigma"], gamma, lp), full.interval(test["mu"], test["sigma"], gamma, lp), strict=True):
+            np.testing.assert_allclose(a, b)
+    np.testing.assert_allclose(light.risk(test["mu"], test["sigma"], -5.0, lp), full.risk(test["mu"], test["sigma"], -5.0, lp))

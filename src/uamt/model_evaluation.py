@@ -41,6 +41,7 @@ from uamt.calibrated import (
     fit_calibration,
     fit_model_unseen_lp_sigma_factor,
     is_fixed_variance,
+    refit_served,
     with_model_sigma,
 )
 from uamt.encoders import EncodeConfig
@@ -173,11 +174,10 @@ def cross_fitted_rows(
     the calibration promises on dev rows it never saw (the gate's input)."""
     docs = row_documents(table)
     folds = document_folds(docs, min(settings.cross_fit_folds, len(set(docs.tolist()))))
-    candidate_settings = pinned(settings, calibration.selected)
     parts = []
     for fold in sorted(set(folds.tolist())):
         held = folds == fold
-        fitted = fit_calibration(table[~held], method, settings=candidate_settings)[0]
+        fitted = refit_served(table[~held], method, calibration, settings)
         part = table[held]
         if method is not None:
             part = with_model_sigma(part, method)
