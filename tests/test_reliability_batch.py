@@ -112,9 +112,6 @@ def test_resume_after_the_champion_moved_is_refused(scoring_store, table, tmp_pa
     settings = _settings(scoring_store, f"models:/{name}@champion")
     with pytest.raises(Killed):
         score_file(table, out, settings, log=_kill_after(1))
-    pinned = _manifest(out)["model"]
-    assert (pinned["name"], pinned["version"], pinned["loaded_as"]) == (name, "1", f"models:/{name}/1")
-
     move_to(2)
     with pytest.raises(DataError) as refused:
         score_file(table, out, settings)
@@ -127,6 +124,8 @@ def test_resume_after_the_champion_moved_is_refused(scoring_store, table, tmp_pa
     assert main([*argv, "--partition-rows", str(PARTITION_ROWS)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"uamt score: error: {out}: its parts were scored with")
+    pinned = _manifest(out)["model"]
+    assert (pinned["name"], pinned["version"], pinned["loaded_as"]) == (name, "1", f"models:/{name}/1")
 
     # The way out the message gives: finish with the pinned version.
     result = score_file(table, out, _settings(scoring_store, f"models:/{name}/1"))
@@ -168,13 +167,13 @@ def test_resume_after_the_calibration_changed_is_refused(model_copy, fake_encode
         score_file(table, out, settings, log=_kill_after(1))
     calibration = model_copy / "artifacts" / "calibration.json"
     before = sha256_file(calibration)
-    assert _manifest(out)["model"]["calibration_sha256"] == before
     data = json.loads(calibration.read_text())
     data["standardizer"]["global"]["human_std"] *= 2
     calibration.write_text(json.dumps(data))
     with pytest.raises(DataError, match=rf"calibration sha256 {before[:12]}.*now ships calibration sha256 "
                        rf"{sha256_file(calibration)[:12]}.*new --out"):  # fmt: skip
         score_file(table, out, settings)
+    assert _manifest(out)["model"]["calibration_sha256"] == before
 
 
 # ============================================================================ B. parts are verified
@@ -187,13 +186,17 @@ def _copy_over(source: str, target: str) -> Callable[[Path], str]:
 
 
 def _scramble(name: str) -> Callable[[Path], str]:
-    """Flip bytes in the middle of a part, its Parquet footer left intact."""
+    """Flip bytes of the first column chunk (right after the leading ``PAR1``), the footer intact:
+    it still says the part holds its rows."""
 
     def damage(out: Path) -> str:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_metadata(out / name).num_rows
         data = bytearray((out / name).read_bytes())
-        middle = len(data) // 3
-        data[middle : middle + 24] = bytes(b ^ 0x5A for b in data[middle : middle + 24])
+        data[8:32] = bytes(b ^ 0x5A for b in data[8:32])
         (out / name).write_bytes(bytes(data))
+        assert pq.read_metadata(out / name).num_rows == rows
         return name
 
     return damage
@@ -232,20 +235,21 @@ def _other_rows(name: str) -> Callable[[Path], str]:
         pytest.param(_forget_record(PARTS[2]), "no checksum recorded", id="part-without-a-record"),
     ],
 )
-def test_resume_scores_again_a_part_that_fails_verification(scoring_store, table, tmp_path, damage, reason):
+def test_resume_scores_again_a_part_that_fails_verification(scoring_store, table, tmp_path, capsys, damage, reason):
     """Before: each damaged part was skipped (right row count in its footer), ``_SUCCESS`` written,
     and ``pd.read_parquet(DIR)`` failed or returned duplicated and missing rows."""
     out = tmp_path / "out"
     score_file(table, out, _settings(scoring_store))
     reference = _read(out)
     name = damage(out)
-    warnings: list[str] = []
-    result = score_file(table, out, _settings(scoring_store), warn=warnings.append)
-    assert (result.n_partitions, result.n_skipped, result.n_rescored) == (5, 4, 1)
-    assert len(warnings) == 1 and warnings[0].startswith(f"{name}: ") and reason in warnings[0]
-    assert warnings[0].endswith("scoring it again")
+    argv = ["score", "--input", str(table), "--out", str(out), "--partition-rows", str(PARTITION_ROWS)]
+    assert main([*argv, "--model", f"models:/{REF_MODEL}@champion", "--no-progress"]) == 0
     pd.testing.assert_frame_equal(_read(out), reference)
     assert (out / "_SUCCESS").exists()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0].startswith(f"uamt score: warning: {name}: ") and reason in err[0], err
+    assert err[0].endswith("scoring it again")
+    assert "(4 already done, 1 scored again after failing verification)" in err[1]
 
 
 def test_part_records_hold_checksum_and_row_range(scoring_store, table, tmp_path):
