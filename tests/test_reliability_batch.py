@@ -273,6 +273,18 @@ def test_a_file_that_is_not_a_part_of_the_job_is_refused(scoring_store, table, t
         score_file(table, out, _settings(scoring_store))
 
 
+def test_a_folder_written_without_checksums_is_refused_not_trusted(scoring_store, table, tmp_path):
+    """A ``_batch.json`` of the earlier layout (no model pin, no part records): its parts cannot be
+    verified, so they are not skipped on trust."""
+    out = tmp_path / "out"
+    score_file(table, out, _settings(scoring_store))
+    manifest = _manifest(out)
+    old = {k: manifest[k] for k in ("input", "input_bytes", "input_mtime_ns", "settings")}
+    (out / "_batch.json").write_text(json.dumps(old))
+    with pytest.raises(DataError, match=r"recorded neither the model version nor part checksums.*new --out"):
+        score_file(table, out, _settings(scoring_store))
+
+
 # ============================================================================ C. one-line refusals
 @dataclass(frozen=True)
 class Refusal:

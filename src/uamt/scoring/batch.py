@@ -671,9 +671,10 @@ def store_folders(tracking_uri: str, pin: ModelPin | None = None) -> list[tuple[
     db = sqlite_path(tracking_uri)
     if db is not None:
         folders.append((db.parent / "artifacts", "the model store's artifacts"))
-    elif tracking_uri.startswith("file:") or "://" not in tracking_uri:
-        parsed = urlparse(tracking_uri)
-        folders.append((Path(unquote(parsed.path) if parsed.scheme == "file" else tracking_uri), "the tracking store"))
+    elif tracking_uri.startswith("file:"):
+        folders.append((Path(unquote(urlparse(tracking_uri).path)), "the tracking store"))
+    elif "://" not in tracking_uri and Path(tracking_uri).is_dir():  # a file store named by its path
+        folders.append((Path(tracking_uri), "the tracking store"))
     if pin is not None and pin.folder is not None:
         folders.append((Path(pin.folder), f"the files of model {pin.uri}"))
     return folders
