@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from test_reliability_scoring import fake_encoder, uamt_model  # noqa: F401 - fixtures used below
-from test_scoring_support import REF_MODEL, FakePredictor, FakePyfunc
+from test_scoring_support import QE_MODEL, REF_MODEL, FakePredictor, FakePyfunc
 
 import mlflow
 from uamt.cli import main
@@ -296,7 +296,9 @@ class Refusal:
     match: str
 
 
-def _batch_argv(tmp: Path, *extra: str, frame: pd.DataFrame | None = None, name: str = "in.parquet") -> list[str]:
+def _batch_argv(
+    tmp: Path, *extra: str, frame: pd.DataFrame | None = None, name: str = "in.parquet", model: str = f"models:/{REF_MODEL}@champion"
+) -> list[str]:
     frame = pd.DataFrame({"src": SRC, "mt": MT, "ref": REF}) if frame is None else frame
     path = tmp / name
     if name.endswith(".csv"):
@@ -304,7 +306,7 @@ def _batch_argv(tmp: Path, *extra: str, frame: pd.DataFrame | None = None, name:
     else:
         frame.to_parquet(path)
     out = [] if "--out" in extra else ["--out", str(tmp / "out")]
-    return ["--input", str(path), *out, "--model", f"models:/{REF_MODEL}@champion", "--no-progress", *extra]
+    return ["--input", str(path), *out, "--model", model, "--no-progress", *extra]
 
 
 def _with(column: str, row: int, value, n: int = 23) -> pd.DataFrame:
@@ -345,6 +347,9 @@ BATCH_REFUSALS = [
     Refusal("lp-number", lambda t, s: _batch_argv(t, frame=_with("lp", 0, "x").assign(lp=7)), r"row 0: column 'lp' must be text, got int"),
     Refusal("empty-mt-at-row-450", lambda t, s: _batch_argv(t, "--partition-rows", "50", frame=_with("mt", 450, "", n=500)), r"in\.parquet: row 450: column 'mt' is empty"),
     Refusal("null-src-at-row-20", lambda t, s: _batch_argv(t, "--partition-rows", "5", frame=_with("src", 20, None)), r"row 20: column 'src' must be text, got nothing \(null\)"),
+    Refusal("model-version-missing", lambda t, s: _batch_argv(t, model=f"models:/{REF_MODEL}/9", frame=_with("lp", 0, "de-en")), r"could not load model 'models:/uamt-test/9': .*not found"),
+    Refusal("model-folder-missing", lambda t, s: _batch_argv(t, model=str(t / "no-model")), r"could not load model '.*no-model': no model folder at"),
+    Refusal("qe-model-given-references", lambda t, s: _batch_argv(t, model=f"models:/{QE_MODEL}@champion"), r"is a reference-free \(QE\) model .*but references were given"),
     Refusal("latin1-byte-at-row-17", _latin1, r"in\.csv: row 17: column 'mt' is not valid UTF-8 \(byte 0xe9 at character 40\); convert the file to UTF-8"),
 ]  # fmt: skip
 

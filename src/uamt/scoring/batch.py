@@ -483,15 +483,20 @@ def pin_model(model: str, tracking_uri: str | None = None) -> ModelPin:
         from mlflow import MlflowClient
 
         registry = os.environ.get("MLFLOW_REGISTRY_URI") or uri
+        client = MlflowClient(tracking_uri=uri, registry_uri=registry)
         try:
-            resolved = get_model_name_and_version(MlflowClient(tracking_uri=uri, registry_uri=registry), model)
-        except Exception as exc:  # noqa: BLE001 - MLflow's errors for a missing model or alias; name it
+            resolved = get_model_name_and_version(client, model)
+            if len(resolved) == 2:  # (name, version); a logged-model id (models:/m-...) is already fixed
+                name, version = resolved[0], str(resolved[1])
+                client.get_model_version(name, version)  # models:/NAME/9 is not checked by the above
+        except Exception as exc:  # noqa: BLE001 - MLflow's errors for a missing model, version or alias
             raise UamtError(f"could not load model {model!r}: {exc}") from None
-        if len(resolved) == 2:  # (name, version); a logged-model id (models:/m-...) is already fixed
-            name, version = resolved[0], str(resolved[1])
+        if version is not None:
             loaded_as = f"models:/{name}/{version}"
     elif "://" not in model and not model.startswith("runs:/"):
         loaded_as = str(Path(model).resolve())
+        if not Path(loaded_as).is_dir():
+            raise UamtError(f"could not load model {model!r}: no model folder at {loaded_as}")
     try:
         folder = _resolve_local_folder(loaded_as, uri)
     except Exception:  # noqa: BLE001 - a remote store or a missing folder: loading names the problem
@@ -944,7 +949,8 @@ def score_file(
     warn = warn or (lambda message: None)
     if dask is not None:
         parse_dask(dask)
-    lp_column = "lp" in input_columns(input_path)  # file type and columns, before any folder is made
+    columns = input_columns(input_path)  # file type and columns, before any folder is made
+    lp_column = "lp" in columns
     if settings.lp is not None:
         check_lp_option(settings.lp)
         if lp_column:
@@ -961,6 +967,14 @@ def score_file(
     manifest = _new_manifest(input_path, settings, pin, lp_column)
     if previous is not None:
         check_same_job(out_dir, previous, manifest, pin, checked.n_partitions)
+    if client is None and dask is None:
+        # Scoring in this process: load the model now (it is cached for the partitions), so a model
+        # that cannot be loaded or does not fit the columns is refused before the folder is made.
+        # A Dask worker loads it there; the driver does not hold a copy it would not use.
+        from uamt.scoring.score import check_signature
+
+        predictor = cached_predictor(pin.loaded_as, settings.tracking_uri)
+        check_signature(predictor, has_references="ref" in columns, model=settings.model)
 
     started = time.perf_counter()
     own_client = own_cluster = None
