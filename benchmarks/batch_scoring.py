@@ -66,7 +66,9 @@ def run(n_workers: int, table: Path, out_dir: Path, settings) -> dict:
     try:
         with Client(cluster) as client:
             start = time.perf_counter()
-            client.run(batch.preload_model, settings.model, settings.tracking_uri)
+            # The version score_file will load (it pins @champion to its version once, at the start).
+            pinned = batch.pin_model(settings.model, settings.tracking_uri).loaded_as
+            client.run(batch.preload_model, pinned, settings.tracking_uri)
             load_s = time.perf_counter() - start
             cpu_before = client.run(worker_cpu_s)
             result = batch.score_file(table, out_dir, settings, client=client)

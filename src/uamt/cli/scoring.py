@@ -392,14 +392,11 @@ def run_score(args: argparse.Namespace) -> int:
 
 def run_score_batch(args: argparse.Namespace) -> int:
     """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.scoring.batch`."""
-    import dataclasses
-
     from uamt.errors import UamtError
     from uamt.registry import tracking_uri
     from uamt.scoring.batch import (
         DEFAULT_PARTITION_ROWS,
         BatchSettings,
-        batch_language_pair,
         input_columns,
         print_progress,
         score_file,
@@ -431,15 +428,18 @@ def run_score_batch(args: argparse.Namespace) -> int:
         lp=args.lp,
         tracking_uri=tracking_uri(),
     )
-    lp_choice = batch_language_pair(args.input, settings)
-    if lp_choice is not None:
-        for message in lp_choice.messages():
-            print(f"uamt score: {message}", file=sys.stderr)
-        settings = dataclasses.replace(settings, lp=lp_choice.lp)
     result = score_file(
-        args.input, args.out, settings, dask=args.dask, log=None if args.no_progress else print_progress
+        args.input,
+        args.out,
+        settings,
+        dask=args.dask,
+        log=None if args.no_progress else print_progress,
+        warn=lambda message: print(f"uamt score: warning: {message}", file=sys.stderr, flush=True),
     )
-    print(summary_line(result) + ("" if lp_choice is None else lp_choice.note()), file=sys.stderr)
+    # Which calibration the rows got (per row: --lp, the lp column, or detected from the texts).
+    for message in result.lps.messages():
+        print(f"uamt score: {message}", file=sys.stderr)
+    print(summary_line(result) + result.lps.note(), file=sys.stderr)
     return 0
 
 
