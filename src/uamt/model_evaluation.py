@@ -186,9 +186,10 @@ def cross_fitted_rows(
 
 
 def _scale_bounds(pipe: PipelineConfig):
-    from uamt.pyfunc import scale_for
+    """The scale's (low, high) that served mu, intervals and risk are clipped to (as ``uamt score``)."""
+    from uamt.data.datasets import scale_bounds
 
-    return scale_for(pipe.datasets).bounds
+    return scale_bounds(pipe.datasets)
 
 
 def calibrate_models(

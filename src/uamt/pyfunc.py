@@ -39,19 +39,9 @@ from uamt.scale import ScoreScale
 from uamt.textcheck import blank_detail, is_blank
 
 
-def scale_bounds(datasets) -> tuple[float, float] | None:
-    """The widest ``score_range`` of the declared ``datasets`` (None when none is declared)."""
-    from uamt.data.datasets import DATASET_SPECS
-
-    ranges = [DATASET_SPECS[d].score_range for d in datasets if d in DATASET_SPECS]
-    if not ranges:
-        return None
-    return (float(min(r[0] for r in ranges)), float(max(r[1] for r in ranges)))
-
-
 def scale_for(datasets: tuple[str, ...]) -> ScoreScale:
     """The one human score scale of ``datasets`` (from their declarations) with its bounds, else DataError."""
-    from uamt.data.datasets import DATASET_SPECS
+    from uamt.data.datasets import DATASET_SPECS, scale_bounds
 
     scales = {DATASET_SPECS[d].scale for d in datasets if d in DATASET_SPECS}
     if len(scales) != 1:
@@ -296,6 +286,8 @@ def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
         spec = json.loads(spec_path.read_text(encoding="utf-8"))
         scale_fields = dict(spec["scale"])
         if scale_fields.get("bounds") is None:  # registered before scales carried their bounds
+            from uamt.data.datasets import scale_bounds
+
             scale_fields["bounds"] = scale_bounds(spec.get("datasets") or ())
         scale = ScoreScale(**scale_fields)
         encoder_cfg = from_dict(EncoderConfig, spec["encoder"], where="spec.encoder")

@@ -170,3 +170,11 @@ def dataset_spec(name: str) -> DatasetSpec:
 def default_forced_splits() -> dict[str, str]:
     """dataset -> split for the datasets declared ``forced_split``."""
     return {s.name: s.forced_split for s in _SPECS if s.forced_split is not None}
+
+
+def scale_bounds(datasets) -> tuple[float, float] | None:
+    """The widest ``score_range`` of the declared ``datasets`` (None when none is declared)."""
+    ranges = [DATASET_SPECS[d].score_range for d in datasets if d in DATASET_SPECS]
+    if not ranges:
+        return None
+    return (float(min(r[0] for r in ranges)), float(max(r[1] for r in ranges)))
