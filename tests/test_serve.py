@@ -715,3 +715,21 @@ def test_uamt_serve_refuses_bad_admission_settings(tmp_path, capsys, option, val
     argv = ["serve", "--params", str(tmp_path / "none.yaml"), "--model", "/nonexistent", option, value]
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"request_timeout_s": float("nan")}, "request_timeout_s must be a number of seconds > 0, got nan"),
+        ({"request_timeout_s": 0.0}, "request_timeout_s must be a number of seconds > 0, got 0.0"),
+        ({"max_waiting": -1}, "max_waiting must be >= 0 and max_work_chars >= 1, got -1 and 60000"),
+        ({"max_work_chars": 0}, "max_waiting must be >= 0 and max_work_chars >= 1, got 64 and 0"),
+    ],
+)
+def test_admission_settings_are_checked_when_the_app_is_built(overrides, needle):
+    from uamt.errors import UamtError
+    from uamt.serve import make_app
+
+    service = ScoringService(FakePredictor(), "fake", ServeSettings(**overrides))
+    with pytest.raises(UamtError, match=re.escape(needle)):
+        make_app(service)

@@ -464,6 +464,13 @@ class AdmissionControl:
     """
 
     def __init__(self, settings: ServeSettings):
+        if not (math.isfinite(settings.request_timeout_s) and settings.request_timeout_s > 0):
+            raise UamtError(f"request_timeout_s must be a number of seconds > 0, got {settings.request_timeout_s}")
+        if settings.max_waiting < 0 or settings.max_work_chars < 1:
+            raise UamtError(
+                f"max_waiting must be >= 0 and max_work_chars >= 1, got {settings.max_waiting} and "
+                f"{settings.max_work_chars}"
+            )
         self.settings = settings
         self.waiting = 0
         self.pending_work = 0  # characters of the requests admitted and not answered yet
