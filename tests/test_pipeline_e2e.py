@@ -35,7 +35,7 @@ def small_params(tmp_path: Path, mirror: Path) -> Path:
     params["encode"]["datasets"] = ["wmt21_mqm", "ted_mqm"]
     params["register"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     params["register"]["allow_new_registry"] = True  # a fresh registry, created on purpose
-    params["register"]["gates"]["max_ece"] = 0.5  # tiny models on 400 rows: the gate's logic, not quality
+    params["register"]["gates"]["max_dev_ece"] = 0.5  # tiny models on 400 rows: the gate's logic, not quality
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path

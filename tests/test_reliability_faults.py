@@ -131,8 +131,8 @@ def test_training_killed_mid_epoch_leaves_no_valid_model_and_restarts_cleanly(tm
 
 
 # =============================================================================== (3) interrupted registration
-GOOD = {"ece": 0.01, "nll": 1.0, "pps": 0.30}
-BETTER = {"ece": 0.01, "nll": 0.9, "pps": 0.35}
+GOOD = {"ece": 0.01, "nll": 1.0, "pps": 0.30, "low_score_coverage": 0.8, "dev_ece": 0.01}
+BETTER = {"ece": 0.01, "nll": 0.9, "pps": 0.35, "low_score_coverage": 0.8, "dev_ece": 0.01}
 
 
 @pytest.fixture
@@ -283,7 +283,11 @@ def _test_metrics(model_dir: Path, dev: pd.DataFrame, test: pd.DataFrame) -> dic
 
     result = evaluate_predictions(table(test), table(dev))
     avg = result["methods"]["model"]["macro_avg"]
-    return {k: avg[k] for k in ("ece", "nll", "pps")}
+    dev_result = evaluate_predictions(table(dev), table(dev))
+    return {
+        **{k: avg[k] for k in ("ece", "nll", "pps")},
+        "dev_ece": dev_result["methods"]["model"]["macro_avg"]["ece"],
+    }
 
 
 def test_retrain_on_shuffled_annotations_is_not_promoted(store, mirror_root, tmp_path, _register):
@@ -302,7 +306,8 @@ def test_retrain_on_shuffled_annotations_is_not_promoted(store, mirror_root, tmp
     print(f"fixed test set (HTER en-de smt, {len(test_df)} rows): real {real}; shuffled {bad}")
     assert real["pps"] > 0.3 > bad["pps"], (real, bad)  # the features carry signal; shuffling kills it
 
-    gates = Gates()  # params.yaml register.gates defaults
+    # params.yaml register.gates defaults; HTER has no "bad segment" threshold (MQM <= -5)
+    gates = Gates(low_score_coverage_tolerance=None, reference_low_score_coverage_tolerance=None)
     client = registry._client(store)
     v_real = _register(store, real)
     assert registry.gate_and_alias(client, "uamt-faults", v_real, real, gates).promote, real

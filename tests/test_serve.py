@@ -553,3 +553,183 @@ def test_uamt_serve_on_a_busy_port_is_a_clear_error(tmp_path, capsys):
         argv = ["serve", "--params", str(tmp_path / "none.yaml"), "--model", f"models:/{QE_MODEL}@champion"]
         assert main([*argv, "--port", str(port)]) == 2
     assert f"uamt serve: error: cannot listen on 127.0.0.1:{port}:" in capsys.readouterr().err
+
+
+# ============================================================================ admission control
+class SlowPredictor(FakePredictor):
+    """The fake, taking ``work / chars_per_s`` seconds per call as the encoder would (uamt.rest's work
+    measure), and counting its calls and the most that ran at once."""
+
+    def __init__(self, chars_per_s: float, uses_references: bool = True):
+        super().__init__(uses_references)
+        self.chars_per_s, self.calls, self.active, self.peak = chars_per_s, 0, 0, 0
+        self._guard = threading.Lock()
+
+    def predict_frame(self, frame, **kwargs):
+        from uamt.rest import frame_work
+
+        with self._guard:
+            self.calls += 1
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            time.sleep(sum(frame_work(frame)) / self.chars_per_s)
+            return super().predict_frame(frame, **kwargs)
+        finally:
+            with self._guard:
+                self.active -= 1
+
+
+def _records(n: int, chars: int, refs: int = 1) -> list[dict]:
+    """``n`` reference-based records whose src, mt and each reference have ``chars`` characters."""
+    text = ("The quick brown fox jumps over the lazy dog. " * (chars // 45 + 1))[:chars]
+    return [{"src": text, "mt": text, "refs": [text] * refs} for _ in range(n)]
+
+
+def _timed_request(server, records, timeout: float = 30):
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    start = time.monotonic()
+    try:
+        conn.request("POST", "/invocations", json.dumps({"dataframe_records": records}).encode(),
+                     {"Content-Type": "application/json"})  # fmt: skip
+        response = conn.getresponse()
+        body = response.read()
+        return response.status, json.loads(body), response.getheader("Retry-After"), time.monotonic() - start
+    finally:
+        conn.close()
+
+
+# name: (settings, background requests sent first, the probe request, expected status, needle, most seconds
+# the probe may take).  The slow fake reads 10,000 characters per second.
+ADMISSION_CASES = {
+    "work over the budget": (
+        {"max_work_chars": 1_000},
+        [],
+        _records(1, 334),  # 3 x 334 = 1,002 characters
+        413,
+        "request needs 1,002 characters of scoring work (src + mt + reference of every scoring pass), "
+        "over the limit of 1,000 per request",
+        1.0,
+    ),
+    "work at the budget": ({"max_work_chars": 1_002}, [], _records(1, 334), 200, "predictions", 1.0),
+    "every reference is a scoring pass": (
+        {"max_work_chars": 1_000},
+        [],
+        _records(1, 100, refs=4),  # 4 passes x 300 characters
+        413,
+        "request needs 1,200 characters",
+        1.0,
+    ),
+    "queue full": (
+        {"max_waiting": 1},
+        [_records(2, 1500), _records(2, 1500)],  # 1.8 s each: one scored, one waiting
+        _records(1, 10),
+        503,
+        "server busy: 1 requests are already waiting for the model (the limit)",
+        0.5,
+    ),
+    "not at the model within the time limit": (
+        {"request_timeout_s": 0.5},
+        [_records(2, 1500)],
+        _records(1, 10),
+        503,
+        "server busy: the model was not free within the limit of 0.5 s per request",
+        1.0,
+    ),
+    "scoring past the time limit": (
+        {"request_timeout_s": 0.5, "batch_size": 2},
+        [],
+        _records(8, 500),  # 4 chunks of 2 records, 0.3 s each: stopped after the second
+        504,
+        "scoring took longer than the limit of 0.5 s per request (waiting included); stopped after 4 of 8 "
+        "records",
+        1.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADMISSION_CASES))
+def test_admission_control(case):
+    overrides, background, probe, expected, needle, most_seconds = ADMISSION_CASES[case]
+    settings = ServeSettings(**{"max_chars": 2000, "max_pairs": 1024, **overrides})
+    predictor = SlowPredictor(chars_per_s=10_000)
+    with running_server(ScoringService(predictor, "slow-fake", settings)) as server:
+        with ThreadPoolExecutor(max_workers=len(background) + 1) as pool:
+            started = []
+            for records in background:
+                started.append(pool.submit(_timed_request, server, records))
+                time.sleep(0.15)  # in this order
+            status, answer, retry_after, seconds = _timed_request(server, probe)
+            background_statuses = [f.result()[0] for f in started]
+        assert status == expected, answer
+        assert needle in (answer["error"] if status != 200 else "predictions"), answer
+        assert seconds < most_seconds, seconds
+        if status == 503:
+            assert retry_after is not None and int(retry_after) >= 1
+        assert set(background_statuses) <= {200}
+        assert predictor.peak <= 1
+        # the server is free again and answers at once
+        status, _, _, seconds = _timed_request(server, _records(1, 10))
+        assert status == 200 and seconds < 1.0
+
+
+def test_a_small_request_is_not_stalled_by_large_ones():
+    """Two clients each sent 256 records x 4 references x 2,000 characters (3.3 MB, inside the other
+    limits): they held the model 137 s and a 1-record request behind them waited 130.5 s.  Now such
+    a request is over the work budget (413 at once), and two requests at the budget (5 s each at the
+    assumed rate; 1.2 s at this fake's) delay a small one by at most their budgeted time."""
+    from uamt.rest import MAX_WORK_CHARS
+
+    predictor = SlowPredictor(chars_per_s=50_000)
+    with running_server(ScoringService(predictor, "slow-fake", ServeSettings())) as server:
+        attack = _records(256, 2000, refs=4)
+        at_budget = _records(MAX_WORK_CHARS // 3000, 1000)
+        with ThreadPoolExecutor(max_workers=5) as pool:
+            big = [pool.submit(_timed_request, server, attack, 20) for _ in range(2)]
+            large = [pool.submit(_timed_request, server, at_budget, 20) for _ in range(2)]
+            time.sleep(0.5)
+            status, answer, _, seconds = _timed_request(server, _records(1, 40), timeout=20)
+            big_results, large_results = [f.result() for f in big], [f.result() for f in large]
+    assert [r[0] for r in big_results] == [413, 413]
+    assert "over the limit of 60,000 per request" in big_results[0][1]["error"]
+    assert max(r[3] for r in big_results) < 10  # refused without scoring (parsing 3.3 MB takes a moment)
+    assert [r[0] for r in large_results] == [200, 200]
+    assert status in (200, 503), answer
+    assert seconds < 2 * MAX_WORK_CHARS / 50_000 + 2.0, seconds  # two budgets at most, then its own turn
+    assert predictor.peak == 1 and predictor.calls <= 3 + 2  # the two large ones (a chunk each), the small one
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "needle"),
+    [
+        ("--max-work-chars", "0", "--max-work-chars must be >= 1, got 0"),
+        ("--max-waiting", "-1", "--max-waiting must be >= 0, got -1"),
+        ("--request-timeout", "0", "--request-timeout must be a number of seconds > 0, got 0.0"),
+        ("--request-timeout", "nan", "--request-timeout must be a number of seconds > 0, got nan"),
+    ],
+)
+def test_uamt_serve_refuses_bad_admission_settings(tmp_path, capsys, option, value, needle):
+    from uamt.cli import main
+
+    argv = ["serve", "--params", str(tmp_path / "none.yaml"), "--model", "/nonexistent", option, value]
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"request_timeout_s": float("nan")}, "request_timeout_s must be a number of seconds > 0, got nan"),
+        ({"request_timeout_s": 0.0}, "request_timeout_s must be a number of seconds > 0, got 0.0"),
+        ({"max_waiting": -1}, "max_waiting must be >= 0 and max_work_chars >= 1, got -1 and 60000"),
+        ({"max_work_chars": 0}, "max_waiting must be >= 0 and max_work_chars >= 1, got 64 and 0"),
+    ],
+)
+def test_admission_settings_are_checked_when_the_app_is_built(overrides, needle):
+    from uamt.errors import UamtError
+    from uamt.serve import make_app
+
+    service = ScoringService(FakePredictor(), "fake", ServeSettings(**overrides))
+    with pytest.raises(UamtError, match=re.escape(needle)):
+        make_app(service)

@@ -147,8 +147,22 @@ def test_wrong_type_is_refused_with_section_and_key(tmp_path):
     from uamt.stages import register
 
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
-    params["register"]["gates"]["max_ece"] = "low"
+    params["register"]["gates"]["max_dev_ece"] = "low"
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params))
-    with pytest.raises(ConfigError, match=r"register\.gates\.max_ece: expected float, got 'low'"):
+    with pytest.raises(ConfigError, match=r"register\.gates\.max_dev_ece: expected float \| None, got 'low'"):
+        register.load_config(path)
+
+
+def test_the_retired_test_set_ece_ceiling_is_refused_by_name(tmp_path):
+    """``max_ece`` (a ceiling on the test ECE, tuned after test numbers were seen) is gone: a params
+    file that still sets it fails naming the key, instead of the gate silently not applying it."""
+    from uamt.config import ConfigError
+    from uamt.stages import register
+
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    params["register"]["gates"]["max_ece"] = 0.07
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match=r"register\.gates: unknown key\(s\) \['max_ece'\]"):
         register.load_config(path)

@@ -109,6 +109,35 @@ def previous_versions(path: Path, names: set[str]) -> dict[str, str]:
     return found
 
 
+#: metrics/test.json ``avg`` keys stored on each version (``test.<key>`` tags) and given to the gate.
+TEST_GATE_KEYS = ("ece", "nll", "pps", "ups", "sharpness", "crps")
+
+
+def gate_metrics(metrics_dir: Path, method: str) -> dict[str, float | None]:
+    """What the promotion gate (:class:`uamt.registry.Gates`) reads for ``method``, and from which split.
+
+    * test split, the served distribution: ``metrics/test.json`` ``<method>.avg`` (``ece``, ``nll``,
+      ``pps``, ...) and ``metrics/conditional.json`` ``<method>.conditional.low_score.coverage``
+      (coverage of the segments rated <= -5, as ``low_score_coverage``); compared only with the
+      champion's and the reference's numbers on the same split, never with a fixed threshold;
+    * dev split: ``metrics/dev.json`` ``<method>.avg.ece`` as ``dev_ece``, the one number checked
+      against an absolute ceiling (``max_dev_ece``), so that no threshold is set from test results.
+
+    A missing file or value is None, which the gate refuses (it never passes for lack of a number).
+    """
+
+    def read(name: str) -> dict:
+        path = Path(metrics_dir) / name
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+    test = read("test.json").get(method, {}).get("avg", {})
+    candidate: dict[str, float | None] = {k: v for k, v in test.items() if k in TEST_GATE_KEYS}
+    low_score = ((read("conditional.json").get(method) or {}).get("conditional") or {}).get("low_score") or {}
+    candidate["low_score_coverage"] = low_score.get("coverage")
+    candidate["dev_ece"] = (read("dev.json").get(method) or {}).get("avg", {}).get("ece")
+    return candidate
+
+
 def register_pipeline_models(
     pipe: PipelineConfig, reg: RegisterSettings, encode: EncodeConfig, calibration_dir: str | Path
 ) -> dict:
@@ -191,9 +220,7 @@ def register_model(
     test = json.loads((metrics_dir / "test.json").read_text(encoding="utf-8"))
     ood = json.loads((metrics_dir / "ood.json").read_text(encoding="utf-8"))
     conditional = conditional_headlines(metrics_dir / "conditional.json")
-    candidate = {
-        k: v for k, v in test[method]["avg"].items() if k in ("ece", "nll", "pps", "ups", "sharpness", "crps")
-    }
+    candidate = gate_metrics(metrics_dir, method)
     model_dir = pipe.model_dir(method)
     manifest = read_manifest(model_dir)
     scale = scale_for(pipe.datasets)
@@ -214,7 +241,7 @@ def register_model(
         python_model=UamtPyfunc(),
         artifacts=artifacts,
         signature=signature(manifest["config"].get("reference_free", False), scale.default_risk_threshold),
-        test_metrics=candidate,
+        test_metrics={k: v for k, v in candidate.items() if k != "dev_ece"},
         params={
             "method": method,
             "datasets": ",".join(pipe.datasets),
@@ -229,6 +256,7 @@ def register_model(
             "data_version": version_tag,
             "encoder_id": str(manifest.get("encoder_id")),
             "scale": scale.name,
+            "dev.ece": str(candidate.get("dev_ece")),
         },
         log_artifacts={"metrics": str(metrics_dir), "plots": pipe.plots_dir},
         experiment=reg.experiment,

@@ -4,7 +4,9 @@ Life of a model version (all recorded as version tags, never the deprecated stag
 
 1. ``register_candidate`` creates the version with ``validation_status=pending``.
 2. ``promotion_decision`` compares the candidate's metrics on the fixed test set with the
-   current champion's (calibrated ECE under a ceiling, NLL and PPS not worse beyond tolerances).
+   current champion's and with the reference's -- the first champion, alias ``@reference``, a
+   floor that does not move as champions replace each other (NLL, PPS, ECE and bad-segment
+   coverage not worse beyond tolerances) -- and its dev ECE with a ceiling (see :class:`Gates`).
 3. The verdict is written as tags (``validation_status=passed|rejected``, ``promotion_reason``);
    on a pass the ``champion`` alias moves to the candidate (the old champion keeps its version),
    otherwise the candidate gets the ``challenger`` alias.
@@ -32,6 +34,7 @@ The store itself (``prepare_store``, ``uamt registry init``):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -45,6 +48,8 @@ from uamt.errors import UamtError
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
+#: Alias of the model's first champion: the floor every candidate is also compared with.
+REFERENCE = "reference"
 STATUS_TAG = "validation_status"
 REASON_TAG = "promotion_reason"
 METRIC_TAG_PREFIX = "test."
@@ -54,16 +59,46 @@ DEFAULT_STORE = Path("mlflow")
 
 @dataclass(frozen=True)
 class Gates:
-    """Promotion thresholds, all computed on the same fixed test set.
+    """Promotion thresholds (params.yaml ``register.gates``).
 
-    ``max_ece``: calibrated ECE (averaged over LPs) must not exceed it.
-    ``nll_tolerance``: candidate NLL may exceed the champion's by at most this (nats).
-    ``pps_tolerance``: candidate PPS may fall below the champion's by at most this.
+    The candidate is compared with two baselines, on the metrics of the same held-out split (the
+    caller's ``candidate`` dict: ``nll``, ``pps``, ``ece``, ``low_score_coverage``; the register
+    stage passes the test split's):
+
+    * the current champion: ``<metric>_tolerance``, how much worse than the champion it may be;
+    * the reference, the model's first champion (alias ``@reference``): ``reference_<metric>_tolerance``.
+      The reference does not move when champions replace each other, so a run of candidates each
+      slightly worse than the last cannot ratchet the quality down: the total loss is bounded by
+      the reference tolerance, not by the number of promotions.
+
+    Relative rules need no number chosen by looking at test results.  The one absolute threshold,
+    ``max_dev_ece``, is checked on the candidate's *dev* ECE (``dev_ece``), never a test one.
+    A tolerance of None switches that comparison off.
     """
 
-    max_ece: float = 0.05
-    nll_tolerance: float = 0.02
-    pps_tolerance: float = 0.01
+    #: Ceiling on the candidate's dev ECE (``candidate["dev_ece"]``): catches a broken calibration
+    #: before any comparison; set from dev numbers.
+    max_dev_ece: float | None = 0.08
+    nll_tolerance: float | None = 0.02
+    pps_tolerance: float | None = 0.01
+    ece_tolerance: float | None = 0.01
+    low_score_coverage_tolerance: float | None = 0.02
+    reference_nll_tolerance: float | None = 0.02
+    reference_pps_tolerance: float | None = 0.01
+    reference_ece_tolerance: float | None = 0.01
+    reference_low_score_coverage_tolerance: float | None = 0.02
+
+    def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(
+                    f"register.gates.{name}={value!r} must be a finite number >= 0 (or null: off)"
+                )
+
+    def tolerance(self, metric: str, baseline: str) -> float | None:
+        """The tolerance of ``metric`` against ``baseline`` (``champion`` or ``reference``)."""
+        prefix = "" if baseline == CHAMPION else f"{baseline}_"
+        return getattr(self, f"{prefix}{metric}_tolerance")
 
 
 @dataclass(frozen=True)
@@ -143,49 +178,97 @@ def artifact_location(root: str | Path = ".") -> str:
     return (Path(root) / DEFAULT_STORE / "artifacts").resolve().as_uri()
 
 
+#: The metrics compared with the champion and the reference: name in reasons, and whether higher is better.
+GATED_METRICS: dict[str, tuple[str, bool]] = {
+    "nll": ("NLL", False),
+    "pps": ("PPS", True),
+    "ece": ("ECE", False),
+    "low_score_coverage": ("bad-segment coverage", True),
+}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def promotion_decision(
     candidate: dict[str, float],
     champion: dict[str, float] | None,
     gates: Gates,
     *,
     first_version: bool = True,
+    reference: dict[str, float] | None = None,
+    champion_version: str | None = None,
+    reference_version: str | None = None,
 ) -> Decision:
     """Decide whether ``candidate`` may replace ``champion``.
 
     Parameters
     ----------
-    candidate, champion : dict
-        Average test metrics with keys ``ece``, ``nll``, ``pps`` (champion None when there is none).
+    candidate, champion, reference : dict
+        Metrics with the keys of :data:`GATED_METRICS` on one held-out split (the caller chooses
+        which; the register stage: test), and for the candidate also ``dev_ece`` (dev split).
+        ``champion``: the current champion's (None when there is none); ``reference``: the first
+        champion's (``@reference``; None when no version was ever promoted).
     gates : Gates
     first_version : bool
         With no champion: whether this is the model's first version (none ever promoted), the one
-        case where the comparison is skipped.  Otherwise a missing champion fails the gate: a
+        case where the comparisons are skipped.  Otherwise a missing champion fails the gate: a
         candidate never passes *because* the champion is gone.
+    champion_version, reference_version : str, optional
+        Named in the reason and the checks.
 
     Returns
     -------
     Decision
-        ``promote`` and a one-line ``reason`` naming every failed check with its numbers.
+        ``promote`` and a one-line ``reason`` naming every failed check with its numbers and the
+        baseline it failed against (``dev``, ``champion vN`` or ``reference vM``).  A comparison
+        that could not be made (a baseline registered without that metric) is listed in
+        ``checks["not_compared"]``.
     """
-    for key in ("ece", "nll", "pps"):
+    required = [
+        m
+        for m in GATED_METRICS
+        if gates.tolerance(m, CHAMPION) is not None or gates.tolerance(m, REFERENCE) is not None
+    ]
+    if gates.max_dev_ece is not None:
+        required.append("dev_ece")
+    for key in required:
         value = candidate.get(key)
-        if value is None or not math.isfinite(value):
+        if not _finite(value):
             return Decision(False, f"candidate metric {key}={value!r} is missing or not finite")
     failures = []
-    checks: dict[str, Any] = {"ece": candidate["ece"], "max_ece": gates.max_ece}
-    if candidate["ece"] > gates.max_ece:
-        failures.append(f"ECE {candidate['ece']:.4f} > max_ece {gates.max_ece:.4f}")
-    if champion:
-        checks.update(champion_nll=champion.get("nll"), champion_pps=champion.get("pps"))
-        if candidate["nll"] > champion["nll"] + gates.nll_tolerance:
-            failures.append(
-                f"NLL {candidate['nll']:.4f} worse than champion {champion['nll']:.4f} + {gates.nll_tolerance}"
-            )
-        if candidate["pps"] < champion["pps"] - gates.pps_tolerance:
-            failures.append(
-                f"PPS {candidate['pps']:.4f} worse than champion {champion['pps']:.4f} - {gates.pps_tolerance}"
-            )
-    elif not first_version:
+    checks: dict[str, Any] = {key: candidate[key] for key in required}
+    not_compared: list[str] = []
+    if gates.max_dev_ece is not None:
+        checks["max_dev_ece"] = gates.max_dev_ece
+        if candidate["dev_ece"] > gates.max_dev_ece:
+            failures.append(f"dev ECE {candidate['dev_ece']:.4f} > max_dev_ece {gates.max_dev_ece:.4f}")
+    for baseline, metrics, version in (
+        (CHAMPION, champion, champion_version),
+        (REFERENCE, reference, reference_version),
+    ):
+        if not metrics:
+            continue
+        label = f"{baseline} v{version}" if version else baseline
+        checks[f"{baseline}_version"] = version
+        for metric, (name, higher_is_better) in GATED_METRICS.items():
+            tolerance = gates.tolerance(metric, baseline)
+            if tolerance is None:
+                continue
+            base = metrics.get(metric)
+            checks[f"{baseline}_{metric}"] = base
+            if not _finite(base):
+                not_compared.append(f"{metric} ({label} has none)")
+                continue
+            value = candidate[metric]
+            if higher_is_better and value < base - tolerance:
+                failures.append(f"{name} {value:.4f} worse than {label} {base:.4f} - {tolerance:g}")
+            elif not higher_is_better and value > base + tolerance:
+                failures.append(f"{name} {value:.4f} worse than {label} {base:.4f} + {tolerance:g}")
+    if not_compared:
+        checks["not_compared"] = not_compared
+    if not champion and not first_version:
         failures.append(
             "no @champion to compare with, although versions of this model were promoted before "
             "(the alias was removed, or this is not the registry they were promoted in); set "
@@ -194,8 +277,13 @@ def promotion_decision(
     if failures:
         return Decision(False, "; ".join(failures), checks)
     if champion:
-        return Decision(True, "passed all gates against the current champion", checks)
-    return Decision(True, "first version: no champion yet; passed the ECE gate", checks)
+        against = f"champion v{champion_version}" if champion_version else "the current champion"
+        if reference:
+            against += f" and reference v{reference_version}" if reference_version else " and the reference"
+        return Decision(True, f"passed all gates against {against}", checks)
+    return Decision(
+        True, "first version: no champion yet; passed the dev ECE gate; it becomes the reference", checks
+    )
 
 
 def _client(uri: str):
@@ -207,6 +295,18 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+def _metric_tags(version) -> dict[str, float]:
+    """A version's gated metrics, from its ``test.*`` tags (a tag that is not a number is left out)."""
+    metrics = {}
+    for key, value in version.tags.items():
+        if key.startswith(METRIC_TAG_PREFIX):
+            try:
+                metrics[key[len(METRIC_TAG_PREFIX) :]] = float(value)
+            except ValueError:  # "None": a metric the evaluation could not compute
+                continue
+    return metrics
+
+
 def champion_metrics(client, name: str) -> tuple[str | None, dict[str, float] | None]:
     """The champion's version and its test metrics (from its ``test.*`` tags), or (None, None)."""
     from mlflow.exceptions import MlflowException
@@ -215,12 +315,36 @@ def champion_metrics(client, name: str) -> tuple[str | None, dict[str, float] | 
         version = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
         return None, None
-    metrics = {
-        key[len(METRIC_TAG_PREFIX) :]: float(value)
-        for key, value in version.tags.items()
-        if key.startswith(METRIC_TAG_PREFIX)
-    }
-    return str(version.version), metrics
+    return str(version.version), _metric_tags(version)
+
+
+def reference_metrics(
+    client, name: str, exclude: str | None = None
+) -> tuple[str | None, dict[str, float] | None, bool]:
+    """The reference (floor) version, its metrics, and whether the ``@reference`` alias names it.
+
+    The reference is the model's first champion, aliased ``@reference`` when it was promoted.  A
+    registry from before the alias (or one whose alias was removed) falls back to the earliest
+    version ever promoted (or the champion), so the floor never disappears and never moves up by
+    itself.  To set the floor on purpose (e.g. after the test set changed, when old metrics are no
+    longer comparable), point the alias at another version.  ``exclude``: the candidate.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        version = client.get_model_version_by_alias(name, REFERENCE)
+        if str(version.version) != str(exclude):
+            return str(version.version), _metric_tags(version), True
+    except MlflowException:
+        pass
+    champion_version, _ = champion_metrics(client, name)
+    earlier = promoted_versions(client, name, exclude=exclude)
+    if champion_version is not None and champion_version != str(exclude):
+        earlier.append(champion_version)
+    if not earlier:
+        return None, None, False
+    first = min(earlier, key=int)
+    return first, _metric_tags(client.get_model_version(name, first)), False
 
 
 def mark_orphans(client, name: str, keep_version: str | None = None) -> list[str]:
@@ -249,15 +373,29 @@ def mark_orphans(client, name: str, keep_version: str | None = None) -> list[str
 def gate_and_alias(client, name: str, version: str, metrics: dict[str, float], gates: Gates) -> Decision:
     """Run the promotion gate for ``version`` and write the verdict.
 
-    On a pass the ``champion`` alias moves first and the ``passed`` status follows, so an
-    interruption at any point never shows a ``passed`` version that is not champion (see the
-    module docstring); on a fail the version is tagged ``rejected`` and gets ``challenger``.
+    The candidate is compared with the champion and with the reference (``@reference``, the first
+    champion; see :class:`Gates`).  On a pass the ``champion`` alias moves first and the ``passed``
+    status follows, so an interruption at any point never shows a ``passed`` version that is not
+    champion (see the module docstring); on a fail the version is tagged ``rejected`` and gets
+    ``challenger``.  The first version promoted becomes ``@reference``; a registry without the
+    alias gets it on its earliest promoted version.
     """
     champion_version, champion = champion_metrics(client, name)
     if champion_version == version:
         champion_version, champion = None, None
+    reference_version, reference, aliased = reference_metrics(client, name, exclude=version)
+    if reference_version is not None and not aliased:  # a registry from before the alias: adopt its floor
+        client.set_registered_model_alias(name, REFERENCE, reference_version)
     first = champion_version is None and not promoted_versions(client, name, exclude=version)
-    decision = promotion_decision(metrics, champion, gates, first_version=first)
+    decision = promotion_decision(
+        metrics,
+        champion,
+        gates,
+        first_version=first,
+        reference=reference,
+        champion_version=champion_version,
+        reference_version=reference_version,
+    )
     client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
     client.set_model_version_tag(name, version, "gate_checks", json.dumps(decision.checks, default=str))
     if decision.promote:
@@ -265,6 +403,8 @@ def gate_and_alias(client, name: str, version: str, metrics: dict[str, float], g
         client.set_model_version_tag(name, version, STATUS_TAG, "passed")
         if champion_version is not None:
             client.set_model_version_tag(name, champion_version, "replaced_by", str(version))
+        if reference_version is None:  # the first champion: the floor from now on
+            client.set_registered_model_alias(name, REFERENCE, str(version))
     else:
         client.set_model_version_tag(name, version, STATUS_TAG, "rejected")
         client.set_registered_model_alias(name, CHALLENGER, str(version))

@@ -29,8 +29,12 @@ are not safe to run concurrently).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
+import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +48,13 @@ FORMAT_KEYS = ("dataframe_records", "dataframe_split", "inputs", "instances")
 RECORD_FIELDS = ("src", "mt", "ref", "refs", "lp")
 MAX_LP_CHARS = 32
 OPTIONAL_COLUMNS = ("epistemic_var", "aleatoric_var")
+#: Characters per second the served model reads (MiniLM on ONNX, one process on 2 busy CPU cores,
+#: measured for :data:`MAX_WORK_CHARS`); only the first estimate of :class:`AdmissionControl`, which
+#: then measures its own rate for ``Retry-After``.
+ASSUMED_CHARS_PER_S = 12_000
+#: Default work budget of one request, in characters read by the model (:func:`scoring_work`):
+#: about 4 s of scoring at the rate above, so a small request waits at most that long behind it.
+MAX_WORK_CHARS = 60_000
 
 
 @dataclass(frozen=True)
@@ -63,15 +74,23 @@ class ServeSettings:
     #: Seconds a client may take to send a request's headers, and then its body (slow clients).
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    #: Admission control (:class:`AdmissionControl`): the characters the model reads for one request
+    #: (:func:`scoring_work`), how many requests may wait for the model while one is scored, and how
+    #: long a request may take from admission to answer, waiting included.
+    max_work_chars: int = MAX_WORK_CHARS
+    max_waiting: int = 64
+    request_timeout_s: float = 30.0
 
 
 class RequestError(Exception):
-    """A client error: HTTP ``status`` and a message saying what to change."""
+    """A client error: HTTP ``status`` and a message saying what to change; ``retry_after``:
+    seconds after which the same request may succeed (a busy server's 503)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
 
 
 def decode_body(body: bytes) -> Any:
@@ -247,6 +266,7 @@ class ScoringService:
                 )
             lp = record.get("lp")
             lps.append(None if lp is None else self._check_lp(lp, f"{where}.lp"))
+        self._check_work(scoring_work(src, mt, refs))
         frame = pd.DataFrame({"src": src, "mt": mt})
         if any(lp is not None for lp in lps):
             missing = [i for i, lp in enumerate(lps) if lp is None]
@@ -262,17 +282,45 @@ class ScoringService:
                 frame["refs"] = refs
         return frame
 
-    # ------------------------------------------------------------------ scoring
-    def predict(self, frame: pd.DataFrame) -> list[dict[str, Any]]:
-        """JSON-ready prediction rows of ``frame`` (a model refusal of the inputs -> RequestError 422)."""
-        try:
-            out = self.predictor.predict_frame(
-                frame,
-                confidence=self.settings.confidence,
-                risk_threshold=self.risk_threshold,
-                batch_size=self.settings.batch_size,
-                progress=False,
+    def _check_work(self, work: int) -> None:
+        limit = self.settings.max_work_chars
+        if work > limit:
+            raise RequestError(
+                413,
+                f"request needs {work:,} characters of scoring work (src + mt + reference of every scoring "
+                f"pass), over the limit of {limit:,} per request (about {limit / ASSUMED_CHARS_PER_S:.0f} s "
+                "of the model); split it into smaller requests",
             )
+
+    # ------------------------------------------------------------------ scoring
+    def _predict_frame(self, frame: pd.DataFrame, deadline: float | None) -> pd.DataFrame:
+        """The predictor's output for ``frame``; with a ``deadline`` (time.monotonic), scored in
+        chunks of about one encoder batch, and stopped with RequestError 504 once it has passed."""
+        kwargs = dict(
+            confidence=self.settings.confidence,
+            risk_threshold=self.risk_threshold,
+            batch_size=self.settings.batch_size,
+            progress=False,
+        )
+        chunks = [frame] if deadline is None else work_chunks(frame, self.settings.batch_size)
+        parts = []
+        for k, chunk in enumerate(chunks):
+            if k and time.monotonic() > deadline:
+                done = sum(len(c) for c in chunks[:k])
+                raise RequestError(
+                    504,
+                    f"scoring took longer than the limit of {self.settings.request_timeout_s:g} s per request "
+                    f"(waiting included); stopped after {done} of {len(frame)} records and nothing was "
+                    "returned; send fewer or shorter records",
+                )
+            parts.append(self.predictor.predict_frame(chunk, **kwargs))
+        return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+
+    def predict(self, frame: pd.DataFrame, deadline: float | None = None) -> list[dict[str, Any]]:
+        """JSON-ready prediction rows of ``frame`` (a model refusal of the inputs -> RequestError 422;
+        past ``deadline`` -> RequestError 504)."""
+        try:
+            out = self._predict_frame(frame, deadline)
         except UamtError as exc:  # the model refused these inputs (e.g. text it cannot encode)
             raise RequestError(422, str(exc)) from None
         if len(out) != len(frame) or any(c not in out.columns for c in OUTPUT_COLUMNS):
@@ -296,9 +344,9 @@ class ScoringService:
         """What the client should read about ``frame``'s LPs (unseen ones), most important first."""
         return [message for choice in self._lp_choices(frame).values() for message in choice.messages()]
 
-    def answer(self, frame: pd.DataFrame) -> dict[str, Any]:
+    def answer(self, frame: pd.DataFrame, deadline: float | None = None) -> dict[str, Any]:
         """The response body for a parsed request: ``predictions`` and, where any, ``warnings``."""
-        answer: dict[str, Any] = {"predictions": self.predict(frame)}
+        answer: dict[str, Any] = {"predictions": self.predict(frame, deadline)}
         warnings = self.warnings(frame)
         if warnings:
             answer["warnings"] = warnings
@@ -357,3 +405,115 @@ def registered_version(model_uri: str) -> dict[str, Any]:
         return {"name": name, "version": str(version.version), "alias": rest}
     name, _, number = name.partition("/")
     return {"name": name, "version": number or None}
+
+
+# ---------------------------------------------------------------------------------- admission control
+def scoring_work(src: Sequence[str], mt: Sequence[str], refs: Sequence[Sequence[str]]) -> int:
+    """Characters the model reads to score these records: for every scoring pass (one per reference,
+    or one without references), the record's ``src`` + ``mt`` + that reference.  Scoring time is
+    about proportional to it (the encoder reads every text; texts past its token limit are counted
+    in full, which errs on the safe side)."""
+    work = 0
+    for s, m, options in zip(src, mt, refs, strict=True):
+        base = len(s) + len(m)
+        work += sum(base + len(r) for r in options) if options else base
+    return work
+
+
+def frame_work(frame: pd.DataFrame) -> list[int]:
+    """:func:`scoring_work` of each row of a parsed request frame."""
+    if "refs" in frame.columns:
+        refs = frame["refs"].tolist()
+    elif "ref" in frame.columns:
+        refs = [[r] for r in frame["ref"].tolist()]
+    else:
+        refs = [[] for _ in range(len(frame))]
+    return [scoring_work([s], [m], [r]) for s, m, r in zip(frame["src"], frame["mt"], refs, strict=True)]
+
+
+def work_chunks(frame: pd.DataFrame, batch_size: int) -> list[pd.DataFrame]:
+    """``frame`` cut into consecutive chunks of at most ``batch_size`` scoring passes (one encoder
+    batch each; a record with more references than that is a chunk of its own)."""
+    if "refs" in frame.columns:
+        passes = [max(len(options), 1) for options in frame["refs"]]
+    else:
+        passes = [1] * len(frame)
+    chunks, start, filled = [], 0, 0
+    for i, n in enumerate(passes):
+        if filled and filled + n > batch_size:
+            chunks.append(frame.iloc[start:i])
+            start, filled = i, 0
+        filled += n
+    chunks.append(frame.iloc[start:])
+    return [c.reset_index(drop=True) for c in chunks]
+
+
+class AdmissionControl:
+    """Who gets the model, and when a request is refused instead of left waiting.
+
+    One request is scored at a time (torch modules are not safe to run concurrently), the others
+    wait in arrival order.  At most ``settings.max_waiting`` may wait: the next one gets 503 at
+    once.  A request that has not reached the model ``settings.request_timeout_s`` after admission
+    gets 503; one still scoring then is stopped between encoder batches with 504
+    (:meth:`ScoringService.answer`'s deadline).  Each 503 carries ``Retry-After``: the seconds the
+    work admitted before it should take, at the rate measured on this server's past requests.
+    Together with the work budget per request (``max_work_chars``, checked when the request is
+    parsed) this bounds how long a small request can wait behind large ones.
+
+    Not thread-safe: used from the server's one event loop.
+    """
+
+    def __init__(self, settings: ServeSettings):
+        if not (math.isfinite(settings.request_timeout_s) and settings.request_timeout_s > 0):
+            raise UamtError(f"request_timeout_s must be a number of seconds > 0, got {settings.request_timeout_s}")
+        if settings.max_waiting < 0 or settings.max_work_chars < 1:
+            raise UamtError(
+                f"max_waiting must be >= 0 and max_work_chars >= 1, got {settings.max_waiting} and "
+                f"{settings.max_work_chars}"
+            )
+        self.settings = settings
+        self.waiting = 0
+        self.pending_work = 0  # characters of the requests admitted and not answered yet
+        self.chars_per_s = float(ASSUMED_CHARS_PER_S)
+        self._lock = asyncio.Lock()
+
+    def retry_after(self) -> int:
+        """Seconds until the work admitted now should be done (at least 1)."""
+        return max(1, math.ceil(self.pending_work / self.chars_per_s))
+
+    @contextlib.asynccontextmanager
+    async def slot(self, work: int) -> AsyncIterator[float]:
+        """Hold the model for a request of ``work`` characters; yields its deadline (time.monotonic)."""
+        limit = self.settings.request_timeout_s
+        deadline = time.monotonic() + limit
+        if self._lock.locked() and self.waiting >= self.settings.max_waiting:
+            raise RequestError(
+                503,
+                f"server busy: {self.waiting} requests are already waiting for the model (the limit); "
+                f"retry after {self.retry_after()} s",
+                retry_after=self.retry_after(),
+            )
+        self.waiting += 1
+        self.pending_work += work
+        try:
+            try:
+                await asyncio.wait_for(self._lock.acquire(), timeout=limit)
+            except TimeoutError:
+                raise RequestError(
+                    503,
+                    f"server busy: the model was not free within the limit of {limit:g} s per request; "
+                    f"retry after {self.retry_after()} s",
+                    retry_after=self.retry_after(),
+                ) from None
+            finally:
+                self.waiting -= 1
+            started = time.monotonic()
+            try:
+                yield deadline
+            finally:
+                self._lock.release()
+                elapsed = time.monotonic() - started
+                if work and elapsed > 0.05:  # too short a request says little about the rate
+                    self.chars_per_s = 0.7 * self.chars_per_s + 0.3 * (work / elapsed)
+        finally:
+            self.pending_work -= work

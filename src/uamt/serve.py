@@ -1,7 +1,8 @@
 """``uamt serve``: :mod:`uamt.rest` on FastAPI + uvicorn (h11), the endpoints of ``mlflow models serve`` and
 ``/metadata``.  Not MLflow's server: it answers limits with 400 not 413, echoes the input in its errors,
 drops ``refs`` (outside the signature), predicts concurrently.  h11 refuses conflicting lengths and never
-reads a body as a second request; a body over the limit is refused unread; headers and body have deadlines.
+reads a body as a second request; a body over the limit is refused unread; headers and body have deadlines;
+each request has a work budget, a place in a bounded queue (503 + ``Retry-After`` when full) and a time limit.
 """
 
 import asyncio
@@ -15,7 +16,7 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from uamt.errors import UamtError
-from uamt.rest import RequestError, ScoringService, decode_body
+from uamt.rest import AdmissionControl, RequestError, ScoringService, decode_body, frame_work
 
 ENDPOINTS = "POST /invocations, GET /ping, /health, /version, /metadata"
 
@@ -27,8 +28,10 @@ def _error(request: Request, exc: Exception) -> JSONResponse:
         exc = RequestError(exc.status_code, f"{where}: {exc.detail}; use {ENDPOINTS}")
     elif not isinstance(exc, RequestError):
         exc = RequestError(500, "internal error; see the server log")
-    close = {"Connection": "close"} if exc.status in (408, 411, 413) else None  # the body is left unread
-    return JSONResponse({"error": exc.message, "status": exc.status}, exc.status, close)
+    headers = {"Connection": "close"} if exc.status in (408, 411, 413) else {}  # the body is left unread
+    if getattr(exc, "retry_after", None) is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    return JSONResponse({"error": exc.message, "status": exc.status}, exc.status, headers or None)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -41,9 +44,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def make_app(service: ScoringService) -> FastAPI:
-    """The FastAPI app of ``service``; calls into the model go one at a time (torch is not thread-safe)."""
+    """The FastAPI app of ``service``; calls into the model go one at a time (torch is not thread-safe),
+    admitted, queued, refused or stopped by :class:`~uamt.rest.AdmissionControl`."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    limits, model_lock = service.settings, asyncio.Lock()
+    limits, admission = service.settings, AdmissionControl(service.settings)
     app.get("/ping")(lambda: PlainTextResponse("\n"))
     app.get("/health")(lambda: {"status": "ok", **service.describe()})
     app.get("/version")(service.version)
@@ -61,8 +65,8 @@ def make_app(service: ScoringService) -> FastAPI:
         except (TimeoutError, ClientDisconnect):
             raise RequestError(408, f"body not received within {limits.body_timeout_s:g} s") from None
         frame = await asyncio.to_thread(lambda: service.parse(decode_body(body)))
-        async with model_lock:
-            return await asyncio.to_thread(service.answer, frame)
+        async with admission.slot(sum(frame_work(frame))) as deadline:
+            return await asyncio.to_thread(service.answer, frame, deadline)
 
     return app
 

@@ -249,6 +249,27 @@ def register(subparsers) -> None:
     serve.add_argument(
         "--max-body-bytes", type=int, default=16 * 1024 * 1024, help="largest request body (default 16 MiB)"
     )
+    serve.add_argument(
+        "--max-work-chars",
+        type=int,
+        default=None,
+        help="work budget of one request: characters the model reads, src + mt + reference of every "
+        "scoring pass (default 60,000: about 5 s on 2 CPU cores); more: 413",
+    )
+    serve.add_argument(
+        "--max-waiting",
+        type=int,
+        default=64,
+        help="requests that may wait for the model while one is scored (default 64); more: 503 + Retry-After",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="limit per request from admission to answer, waiting included (default 30): not at the model "
+        "by then: 503 + Retry-After; still scoring: stopped, 504",
+    )
     serve.set_defaults(handler=run_serve)
 
 
@@ -549,7 +570,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from uamt.errors import UamtError
     from uamt.predictor import load_predictor
-    from uamt.rest import ScoringService, ServeSettings, registered_version
+    from uamt.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
     from uamt.scoring.score import default_model_uri
     from uamt.serve import make_server
 
@@ -560,9 +581,14 @@ def run_serve(args: argparse.Namespace) -> int:
         ("--max-body-bytes", args.max_body_bytes),
         ("--max-refs", args.max_refs),
         ("--max-pairs", args.max_pairs),
+        ("--max-work-chars", args.max_work_chars if args.max_work_chars is not None else 1),
     ):
         if value < 1:
             raise UamtError(f"{option} must be >= 1, got {value}")
+    if args.max_waiting < 0:
+        raise UamtError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if not (math.isfinite(args.request_timeout) and args.request_timeout > 0):
+        raise UamtError(f"--request-timeout must be a number of seconds > 0, got {args.request_timeout}")
     if not 0 <= args.port <= 65535:
         raise UamtError(f"--port must be in 0..65535, got {args.port}")
     model = args.model or default_model_uri(reference_free=args.reference_free, params_path=args.params)
@@ -575,6 +601,9 @@ def run_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_refs=args.max_refs,
         max_pairs=args.max_pairs,
+        max_work_chars=args.max_work_chars if args.max_work_chars is not None else MAX_WORK_CHARS,
+        max_waiting=args.max_waiting,
+        request_timeout_s=args.request_timeout,
     )
     service = ScoringService(load_predictor(model), model, settings, registered_version(model))
     server, sock = make_server(service, args.host, args.port)
