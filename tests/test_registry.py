@@ -11,8 +11,8 @@ from uamt import registry
 from uamt.registry import Gates, promotion_decision
 
 # Candidate metrics as the register stage builds them (uamt.registration.gate_metrics): test-split
-# ECE, NLL, PPS, bad-segment coverage, and the dev-split ECE.
-BASE = {"ece": 0.01, "nll": 1.0, "pps": 0.3, "low_score_coverage": 0.8, "dev_ece": 0.01}
+# ECE, CRPS, PPS, bad-segment coverage, and the dev-split ECE.
+BASE = {"ece": 0.01, "crps": 1.0, "pps": 0.3, "low_score_coverage": 0.8, "dev_ece": 0.01}
 
 
 def test_first_version_passing_dev_ece_becomes_champion():
@@ -24,7 +24,7 @@ def test_first_version_passing_dev_ece_becomes_champion():
     ("change", "needle"),
     [
         ({"dev_ece": 0.2}, "dev ECE 0.2000 > max_dev_ece 0.0500"),
-        ({"nll": 1.5}, "NLL 1.5000 worse than champion v3 1.0000 + 0.02"),
+        ({"crps": 1.5}, "CRPS 1.5000 worse than champion v3 1.0000 + 0.02"),
         ({"pps": 0.1}, "PPS 0.1000 worse than champion v3 0.3000 - 0.01"),
         ({"ece": 0.05}, "ECE 0.0500 worse than champion v3 0.0100 + 0.01"),
         ({"low_score_coverage": 0.7}, "bad-segment coverage 0.7000 worse than champion v3 0.8000 - 0.02"),
@@ -49,9 +49,9 @@ def test_test_ece_has_no_absolute_ceiling():
 
 
 def test_within_tolerance_is_promoted():
-    champion = {"ece": 0.01, "nll": 1.0, "pps": 0.3, "low_score_coverage": 0.8}
+    champion = {"ece": 0.01, "crps": 1.0, "pps": 0.3, "low_score_coverage": 0.8}
     decision = promotion_decision(
-        {**BASE, "ece": 0.02, "nll": 1.01, "pps": 0.295, "low_score_coverage": 0.79}, champion, Gates()
+        {**BASE, "ece": 0.02, "crps": 1.01, "pps": 0.295, "low_score_coverage": 0.79}, champion, Gates()
     )
     assert decision.promote
 
@@ -59,14 +59,14 @@ def test_within_tolerance_is_promoted():
 def test_a_baseline_without_a_metric_is_named_not_compared():
     """A champion registered before a metric was gated cannot be compared on it: the decision says so
     (``not_compared``) and the other comparisons still apply."""
-    champion = {"ece": 0.01, "nll": 1.0, "pps": 0.3}
+    champion = {"ece": 0.01, "crps": 1.0, "pps": 0.3}
     decision = promotion_decision(BASE, champion, Gates(), champion_version="1")
     assert decision.promote
     assert decision.checks["not_compared"] == ["low_score_coverage (champion v1 has none)"]
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("nll_tolerance", math.nan), ("reference_pps_tolerance", -0.01), ("max_dev_ece", math.inf)]
+    ("field", "value"), [("crps_tolerance", math.nan), ("reference_pps_tolerance", -0.01), ("max_dev_ece", math.inf)]
 )
 def test_gate_settings_must_be_finite_and_not_negative(field, value):
     with pytest.raises(ValueError, match=rf"register\.gates\.{field}={value!r} must be a finite number >= 0"):
@@ -82,14 +82,14 @@ def test_champion_moves_only_after_gate(project_store, register_constant):
     ).promote
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
 
-    worse = {**BASE, "nll": 2.0, "pps": 0.10}
+    worse = {**BASE, "crps": 2.0, "pps": 0.10}
     v2 = register_constant(project_store, worse)
     decision = registry.gate_and_alias(client, "uamt-test", v2, worse, Gates())
     assert not decision.promote
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
     assert str(client.get_model_version_by_alias("uamt-test", "challenger").version) == v2
     tags = client.get_model_version(name="uamt-test", version=v2).tags
-    assert tags[registry.STATUS_TAG] == "rejected" and "NLL" in tags[registry.REASON_TAG]
+    assert tags[registry.STATUS_TAG] == "rejected" and "CRPS" in tags[registry.REASON_TAG]
 
 
 def test_interrupted_registration_leaves_champion_and_marks_orphan(project_store, register_constant):
@@ -97,10 +97,10 @@ def test_interrupted_registration_leaves_champion_and_marks_orphan(project_store
     v1 = register_constant(project_store, BASE)
     registry.gate_and_alias(client, "uamt-test", v1, BASE, Gates())
     v2 = register_constant(
-        project_store, {**BASE, "nll": 0.9, "pps": 0.35}
+        project_store, {**BASE, "crps": 0.9, "pps": 0.35}
     )  # "crash": the gate never runs
     assert str(client.get_model_version_by_alias("uamt-test", "champion").version) == v1
-    v3 = register_constant(project_store, {**BASE, "nll": 0.9, "pps": 0.35})
+    v3 = register_constant(project_store, {**BASE, "crps": 0.9, "pps": 0.35})
     assert registry.mark_orphans(client, "uamt-test", keep_version=v3) == [v2]
     assert client.get_model_version(name="uamt-test", version=v2).tags[registry.STATUS_TAG] == "orphaned"
     rows = registry.describe(project_store, "uamt-test")
@@ -109,8 +109,8 @@ def test_interrupted_registration_leaves_champion_and_marks_orphan(project_store
 
 
 # The reference-based champion of the pipeline (hts on the news MQM test set), and the QE one.
-HTS_V1 = {"ece": 0.0652, "nll": 1.4694, "pps": 0.3656, "low_score_coverage": 0.7293, "dev_ece": 0.0568}
-QE_V1 = {"ece": 0.0541, "nll": 1.4803, "pps": 0.3356, "low_score_coverage": 0.7382, "dev_ece": 0.0567}
+HTS_V1 = {"ece": 0.0652, "crps": 1.4694, "pps": 0.3656, "low_score_coverage": 0.7293, "dev_ece": 0.0568}
+QE_V1 = {"ece": 0.0541, "crps": 1.4803, "pps": 0.3356, "low_score_coverage": 0.7382, "dev_ece": 0.0567}
 
 
 def _champion(client, name="uamt-test"):
@@ -118,7 +118,7 @@ def _champion(client, name="uamt-test"):
 
 
 def test_a_series_of_slightly_worse_candidates_cannot_drift_the_champion(project_store, register_constant):
-    """Six candidates, each 0.0095 PPS and 0.019 NLL worse than the last (inside the champion
+    """Six candidates, each 0.0095 PPS and 0.019 CRPS worse than the last (inside the champion
     tolerances of 0.01 / 0.02), used to be promoted one after the other: PPS 0.366 -> 0.309.  The
     first champion is the reference: the second candidate is already 0.019 PPS below it, and the
     reason says that the reference, not the champion, stopped it."""
@@ -128,7 +128,7 @@ def test_a_series_of_slightly_worse_candidates_cannot_drift_the_champion(project
     assert str(client.get_model_version_by_alias("uamt-test", registry.REFERENCE).version) == v1
     decisions = []
     for step in range(1, 7):
-        worse = {**HTS_V1, "pps": HTS_V1["pps"] - 0.0095 * step, "nll": HTS_V1["nll"] + 0.019 * step}
+        worse = {**HTS_V1, "pps": HTS_V1["pps"] - 0.0095 * step, "crps": HTS_V1["crps"] + 0.019 * step}
         version = register_constant(project_store, worse)
         decisions.append((version, registry.gate_and_alias(client, "uamt-test", version, worse, Gates())))
     assert [d.promote for _, d in decisions] == [True, False, False, False, False, False]
@@ -137,7 +137,7 @@ def test_a_series_of_slightly_worse_candidates_cannot_drift_the_champion(project
     second = decisions[1][1].reason
     assert "worse than champion" not in second  # 0.0095 below the champion: inside its tolerance
     assert f"PPS 0.3466 worse than reference v{v1} 0.3656 - 0.01" in second
-    assert f"NLL 1.5074 worse than reference v{v1} 1.4694 + 0.02" in second
+    assert f"CRPS 1.5074 worse than reference v{v1} 1.4694 + 0.02" in second
     checks = json.loads(client.get_model_version(name="uamt-test", version=decisions[1][0]).tags["gate_checks"])
     assert checks["reference_version"] == v1 and checks["champion_version"] == v2
     champion_pps = float(client.get_model_version(name="uamt-test", version=_champion(client)).tags["test.pps"])
@@ -146,19 +146,19 @@ def test_a_series_of_slightly_worse_candidates_cannot_drift_the_champion(project
 
 def test_a_poisoned_retrain_that_improves_nll_is_not_promoted(project_store, register_constant):
     """A QE model retrained with thousands of training items rescored 0 (perfect) was promoted: its
-    test NLL improved (1.480 -> 1.457: most test segments are near 0, where it now puts its mass)
+    test CRPS improved (1.480 -> 1.457: most test segments are near 0, where it now puts its mass)
     and its PPS stayed inside the tolerance.  What such poison breaks is the segments rated bad:
     their coverage is gated too, against the champion and the reference."""
     client = registry._client(project_store)
     v1 = register_constant(project_store, QE_V1, name="uamt-test-qe")
     assert registry.gate_and_alias(client, "uamt-test-qe", v1, QE_V1, Gates()).promote
-    poisoned = {**QE_V1, "nll": 1.457, "pps": 0.3270, "ece": 0.0500, "low_score_coverage": 0.6700}
+    poisoned = {**QE_V1, "crps": 1.457, "pps": 0.3270, "ece": 0.0500, "low_score_coverage": 0.6700}
     version = register_constant(project_store, poisoned, name="uamt-test-qe")
     decision = registry.gate_and_alias(client, "uamt-test-qe", version, poisoned, Gates())
     assert not decision.promote and _champion(client, "uamt-test-qe") == v1
     assert f"bad-segment coverage 0.6700 worse than champion v{v1} 0.7382 - 0.02" in decision.reason
     assert f"bad-segment coverage 0.6700 worse than reference v{v1} 0.7382 - 0.02" in decision.reason
-    assert "NLL" not in decision.reason and "PPS" not in decision.reason
+    assert "CRPS" not in decision.reason and "PPS" not in decision.reason
 
 
 def test_a_registry_without_the_reference_alias_adopts_its_first_champion(project_store, register_constant):
@@ -248,13 +248,13 @@ def test_gate_metrics_read_test_for_comparisons_and_dev_for_the_ceiling(tmp_path
     from uamt.registration import gate_metrics
 
     (tmp_path / "test.json").write_text(
-        json.dumps({"hts": {"avg": {"ece": 0.065, "nll": 1.47, "pps": 0.366, "n": 100}}}), encoding="utf-8"
+        json.dumps({"hts": {"avg": {"ece": 0.065, "crps": 1.47, "pps": 0.366, "n": 100}}}), encoding="utf-8"
     )
     (tmp_path / "dev.json").write_text(json.dumps({"hts": {"avg": {"ece": 0.057}}}), encoding="utf-8")
-    conditional = {"hts": {"conditional": {"low_score": {"coverage": 0.73, "n": 40}}}}
+    conditional = {"hts": {"low_score_coverage": 0.73}}
     (tmp_path / "conditional.json").write_text(json.dumps(conditional), encoding="utf-8")
     candidate = gate_metrics(tmp_path, "hts")
-    assert candidate == {"ece": 0.065, "nll": 1.47, "pps": 0.366, "low_score_coverage": 0.73, "dev_ece": 0.057}
+    assert candidate == {"ece": 0.065, "crps": 1.47, "pps": 0.366, "low_score_coverage": 0.73, "dev_ece": 0.057}
     assert promotion_decision(candidate, None, Gates()).promote
     (tmp_path / "dev.json").unlink()
     candidate = gate_metrics(tmp_path, "hts")

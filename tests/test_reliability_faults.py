@@ -131,8 +131,8 @@ def test_training_killed_mid_epoch_leaves_no_valid_model_and_restarts_cleanly(tm
 
 
 # =============================================================================== (3) interrupted registration
-GOOD = {"ece": 0.01, "nll": 1.0, "pps": 0.30, "low_score_coverage": 0.8, "dev_ece": 0.01}
-BETTER = {"ece": 0.01, "nll": 0.9, "pps": 0.35, "low_score_coverage": 0.8, "dev_ece": 0.01}
+GOOD = {"ece": 0.01, "crps": 1.0, "pps": 0.30, "low_score_coverage": 0.8, "dev_ece": 0.01}
+BETTER = {"ece": 0.01, "crps": 0.9, "pps": 0.35, "low_score_coverage": 0.8, "dev_ece": 0.01}
 
 
 @pytest.fixture
@@ -285,7 +285,7 @@ def _test_metrics(model_dir: Path, dev: pd.DataFrame, test: pd.DataFrame) -> dic
     avg = result["methods"]["model"]["macro_avg"]
     dev_result = evaluate_predictions(table(dev), table(dev))
     return {
-        **{k: avg[k] for k in ("ece", "nll", "pps")},
+        **{k: avg[k] for k in ("ece", "crps", "pps")},
         "dev_ece": dev_result["methods"]["model"]["macro_avg"]["ece"],
     }
 

@@ -292,7 +292,7 @@ class ConstantModel(mlflow.pyfunc.PythonModel):
         return pd.DataFrame({"mu": [0.0] * len(model_input)})
 
 
-GOOD = {"ece": 0.01, "nll": 1.0, "pps": 0.30, "low_score_coverage": 0.8, "dev_ece": 0.01}
+GOOD = {"ece": 0.01, "crps": 1.0, "pps": 0.30, "low_score_coverage": 0.8, "dev_ece": 0.01}
 NAME = "uamt-test"
 
 
@@ -427,7 +427,7 @@ def test_gate_never_passes_by_absence_of_the_champion(project):
     _, uri = project
     client = registry._client(uri)
     client.delete_registered_model_alias(NAME, "champion")
-    decision = _register(uri, {**GOOD, "nll": 5.0, "pps": 0.01})  # far worse than version 1
+    decision = _register(uri, {**GOOD, "crps": 5.0, "pps": 0.01})  # far worse than version 1
     assert not decision.promote
     assert "no @champion to compare with, although versions of this model were promoted before" in decision.reason
     assert [r["status"] for r in registry.describe(uri, NAME)] == ["rejected", "passed"]

@@ -110,18 +110,20 @@ def previous_versions(path: Path, names: set[str]) -> dict[str, str]:
 
 
 #: metrics/test.json ``avg`` keys stored on each version (``test.<key>`` tags) and given to the gate.
-TEST_GATE_KEYS = ("ece", "nll", "pps", "ups", "sharpness", "crps")
+TEST_GATE_KEYS = ("ece", "crps", "pps", "ups", "sharpness", "nll")
 
 
 def gate_metrics(metrics_dir: Path, method: str) -> dict[str, float | None]:
     """What the promotion gate (:class:`uamt.registry.Gates`) reads for ``method``, and from which split.
 
-    * test split, the served distribution: ``metrics/test.json`` ``<method>.avg`` (``ece``, ``nll``,
-      ``pps``, ...) and ``metrics/conditional.json`` ``<method>.conditional.low_score.coverage``
-      (coverage of the segments rated <= -5, as ``low_score_coverage``); compared only with the
-      champion's and the reference's numbers on the same split, never with a fixed threshold;
-    * dev split: ``metrics/dev.json`` ``<method>.avg.ece`` as ``dev_ece``, the one number checked
-      against an absolute ceiling (``max_dev_ece``), so that no threshold is set from test results.
+    * test split, the served distribution: ``metrics/test.json`` ``<method>.avg`` (``ece``, ``crps``,
+      ``pps``, ...; ``nll`` only where the served distribution is Gaussian) and
+      ``metrics/conditional.json`` ``<method>.low_score_coverage`` (coverage of the segments rated
+      <= -5, all LPs); compared only with the champion's and the reference's numbers on the same
+      split, never with a fixed threshold;
+    * dev split: ``metrics/dev.json`` ``<method>.avg.ece``, the served calibration's ECE
+      *cross-fitted over dev documents*, as ``dev_ece``: the one number checked against an absolute
+      ceiling (``max_dev_ece``), so that no threshold is set from test results.
 
     A missing file or value is None, which the gate refuses (it never passes for lack of a number).
     """
@@ -131,9 +133,8 @@ def gate_metrics(metrics_dir: Path, method: str) -> dict[str, float | None]:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
     test = read("test.json").get(method, {}).get("avg", {})
-    candidate: dict[str, float | None] = {k: v for k, v in test.items() if k in TEST_GATE_KEYS}
-    low_score = ((read("conditional.json").get(method) or {}).get("conditional") or {}).get("low_score") or {}
-    candidate["low_score_coverage"] = low_score.get("coverage")
+    candidate: dict[str, float | None] = {k: v for k, v in test.items() if k in TEST_GATE_KEYS and v is not None}
+    candidate["low_score_coverage"] = (read("conditional.json").get(method) or {}).get("low_score_coverage")
     candidate["dev_ece"] = (read("dev.json").get(method) or {}).get("avg", {}).get("ece")
     return candidate
 

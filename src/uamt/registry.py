@@ -5,7 +5,7 @@ Life of a model version (all recorded as version tags, never the deprecated stag
 1. ``register_candidate`` creates the version with ``validation_status=pending``.
 2. ``promotion_decision`` compares the candidate's metrics on the fixed test set with the
    current champion's and with the reference's -- the first champion, alias ``@reference``, a
-   floor that does not move as champions replace each other (NLL, PPS, ECE and bad-segment
+   floor that does not move as champions replace each other (CRPS, PPS, ECE and bad-segment
    coverage not worse beyond tolerances) -- and its dev ECE with a ceiling (see :class:`Gates`).
 3. The verdict is written as tags (``validation_status=passed|rejected``, ``promotion_reason``);
    on a pass the ``champion`` alias moves to the candidate (the old champion keeps its version),
@@ -62,7 +62,7 @@ class Gates:
     """Promotion thresholds (params.yaml ``register.gates``).
 
     The candidate is compared with two baselines, on the metrics of the same held-out split (the
-    caller's ``candidate`` dict: ``nll``, ``pps``, ``ece``, ``low_score_coverage``; the register
+    caller's ``candidate`` dict: ``crps``, ``pps``, ``ece``, ``low_score_coverage``; the register
     stage passes the test split's):
 
     * the current champion: ``<metric>_tolerance``, how much worse than the champion it may be;
@@ -79,11 +79,11 @@ class Gates:
     #: Ceiling on the candidate's dev ECE (``candidate["dev_ece"]``): catches a broken calibration
     #: before any comparison; set from dev numbers.
     max_dev_ece: float | None = 0.08
-    nll_tolerance: float | None = 0.02
+    crps_tolerance: float | None = 0.02
     pps_tolerance: float | None = 0.01
     ece_tolerance: float | None = 0.01
     low_score_coverage_tolerance: float | None = 0.02
-    reference_nll_tolerance: float | None = 0.02
+    reference_crps_tolerance: float | None = 0.02
     reference_pps_tolerance: float | None = 0.01
     reference_ece_tolerance: float | None = 0.01
     reference_low_score_coverage_tolerance: float | None = 0.02
@@ -180,7 +180,7 @@ def artifact_location(root: str | Path = ".") -> str:
 
 #: The metrics compared with the champion and the reference: name in reasons, and whether higher is better.
 GATED_METRICS: dict[str, tuple[str, bool]] = {
-    "nll": ("NLL", False),
+    "crps": ("CRPS", False),
     "pps": ("PPS", True),
     "ece": ("ECE", False),
     "low_score_coverage": ("bad-segment coverage", True),
@@ -447,7 +447,7 @@ def describe(uri: str, name: str) -> list[dict[str, Any]]:
                 "method": tags.get("method", ""),
                 "data_version": tags.get("data_version", ""),
                 "ece": tags.get(f"{METRIC_TAG_PREFIX}ece", ""),
-                "nll": tags.get(f"{METRIC_TAG_PREFIX}nll", ""),
+                "crps": tags.get(f"{METRIC_TAG_PREFIX}crps", ""),
                 "pps": tags.get(f"{METRIC_TAG_PREFIX}pps", ""),
                 "reason": tags.get(REASON_TAG, ""),
             }
@@ -477,7 +477,7 @@ def register_candidate(
     Parameters
     ----------
     test_metrics
-        The average test metrics the gate compares (``ece``, ``nll``, ``pps``, ...); stored as
+        The average test metrics the gate compares (``ece``, ``crps``, ``pps``, ...); stored as
         ``test.<name>`` tags on the version so the next candidate can be compared without
         re-reading runs.
     log_artifacts

@@ -15,7 +15,7 @@ def _registry_show(args: argparse.Namespace) -> int:
 
     uri = registry.tracking_uri(args.tracking_uri)
     rows = registry.describe(uri, args.name)
-    columns = ["version", "aliases", "status", "method", "data_version", "ece", "nll", "pps", "reason"]
+    columns = ["version", "aliases", "status", "method", "data_version", "ece", "crps", "pps", "reason"]
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) if rows else len(c) for c in columns}
     widths["reason"] = len("reason")
     print("  ".join(c.ljust(widths[c]) for c in columns))

@@ -110,6 +110,7 @@ def served_summary(
         "ups": avg.get("ups"),
         "ups_raw": avg.get("ups_raw"),
         "crps": avg.get("crps"),
+        "low_score_coverage": _pooled_low(per_lp),
         "baseline": None,
         "candidates": {
             name: _candidate_row(c["test"], f"coverage@{tag}") for name, c in (analysis.get("candidates") or {}).items()
