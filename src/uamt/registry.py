@@ -30,11 +30,12 @@ The store itself (``prepare_store``, ``uamt registry init``):
   where the database was made; :func:`check_artifacts_inside`: model files or an experiment's
   artifact root outside the database's folder), with the way out: a new registry for the copy.
 * A SQLite registry has a marker beside it, ``<db>.uamt-registry.json``, recording which models
-  and versions it held, and where the database is (``db_path``).  Registration refuses a registry that existed (marker present, or a
-  previous ``metrics/registry.json`` naming a version) and is gone or does not hold those
-  versions any more: a new empty database would restart the version numbers at 1, so that
-  ``models:/uamt-comet/1`` would silently name another model.  A new registry is only created on
-  purpose: ``uamt registry init`` or ``register.allow_new_registry: true``.
+  and versions it held, and where the database is (``db_path``).  Registration refuses a registry
+  that existed (marker present, or a previous ``metrics/registry.json`` naming a version) and is
+  gone or does not hold those versions any more: a new empty database would restart the version
+  numbers at 1, so that ``models:/uamt-comet/1`` would silently name another model.  A new
+  registry is only created on purpose: ``uamt registry init`` or
+  ``register.allow_new_registry: true``.
 * The gate never passes a candidate *because* there is no champion, except the very first
   version of a model (none of its versions was ever promoted); a registry whose ``@champion``
   alias was removed rejects candidates until the alias is set again.
