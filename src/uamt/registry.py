@@ -791,7 +791,7 @@ def prepare_store(
     if db is not None and not holds_store(db):
         if marker is not None or expected:
             known = _describe_models(marker.get("models", {})) if marker else ""
-            known = known or ", ".join(f"{n} version {v}" for n, v in sorted(expected.items()))
+            known = known or ", ".join(f"{n} version {v}" for n, v in sorted(expected.items())) or "it"
             source = marker_path(uri) if marker is not None else "the previous metrics/registry.json"
             raise UamtError(
                 f"registry {db} {_absence(db)}, but it existed ({source} records {known}); a new empty "
