@@ -320,9 +320,13 @@ def _register(uri: str, metrics: dict = GOOD, *, allow_new: bool = False) -> reg
 
 
 def _stage_params(tmp: Path, uri: str, allow_new: bool = False) -> Path:
+    """params.yaml of the register stage; the prepared splits it hashes (``data_version``) exist."""
+    prepared = tmp / "prepared"
+    prepared.mkdir(exist_ok=True)
+    pd.DataFrame({"src": ["a"], "mt": ["b"], "score": [0.0]}).to_parquet(prepared / "test.parquet")
     path = tmp / "params.yaml"
     path.write_text(
-        f"pipeline:\n  metrics_dir: {tmp / 'metrics'}\n  register_qe_method: null\n"
+        f"pipeline:\n  metrics_dir: {tmp / 'metrics'}\n  prepared_dir: {prepared}\n  register_qe_method: null\n"
         f"register:\n  model_name: {NAME}\n  tracking_uri: {uri}\n  allow_new_registry: {str(allow_new).lower()}\n"
         "encode: {}\n",
         encoding="utf-8",

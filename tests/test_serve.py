@@ -733,3 +733,62 @@ def test_admission_settings_are_checked_when_the_app_is_built(overrides, needle)
     service = ScoringService(FakePredictor(), "fake", ServeSettings(**overrides))
     with pytest.raises(UamtError, match=re.escape(needle)):
         make_app(service)
+
+
+# ============================================================================ round 3: exposure
+@pytest.mark.parametrize(
+    ("model_uri", "shown"),
+    [
+        ("/srv/secret/uamt/models/pyfunc", "pyfunc"),
+        ("relative/dir/pyfunc/", "pyfunc"),
+        ("file:///srv/secret/uamt/pyfunc", "pyfunc"),
+        (f"models:/{REF_MODEL}@champion", f"models:/{REF_MODEL}@champion"),
+        ("runs:/0123abcd/model", "runs:/0123abcd/model"),
+    ],
+)
+def test_health_and_metadata_never_show_a_path_on_the_server(model_uri, shown):
+    """Before: /health and /metadata returned `--model`'s absolute path. Now a local folder is named
+    by its last component; registry and run URIs are shown as given."""
+    with running_server(ScoringService(FakePredictor(), model_uri, SETTINGS)) as server:
+        answers = {path: request(server, "GET", path) for path in ("/health", "/version", "/metadata")}
+    for path, (status, data) in answers.items():
+        assert status == 200, path
+        assert json.loads(data)["model"] == shown, path
+        assert b"/srv/secret" not in data and b"relative/dir" not in data, path
+
+
+@pytest.mark.parametrize(
+    ("host", "warning"),
+    [
+        ("127.0.0.1", None),
+        ("127.0.0.2", None),
+        ("::1", None),
+        ("[::1]", None),
+        ("localhost", None),
+        ("0.0.0.0", "every network interface"),
+        ("::", "every network interface"),
+        ("192.0.2.10", "an interface other machines can reach"),
+        ("fe80::1%eth0", "an interface other machines can reach"),
+    ],
+)
+def test_a_host_other_machines_can_reach_is_warned_about(host, warning):
+    """Before: `uamt serve --host 0.0.0.0` said nothing; it serves anyone who can reach the machine."""
+    from uamt.serve import exposure_warning
+
+    said = exposure_warning(host)
+    if warning is None:
+        assert said is None
+    else:
+        assert said.startswith(f"--host {host} listens on {warning}") and "no authentication" in said
+
+
+def test_serving_on_every_interface_prints_the_warning(capsys):
+    from uamt.serve import make_server
+
+    _, sock = make_server(ScoringService(FakePredictor(), "fake", SETTINGS), "0.0.0.0", 0)
+    sock.close()
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"uamt serve: warning: --host 0\.0\.0\.0 listens on every network interface: .*\n", err), err
+    _, sock = make_server(ScoringService(FakePredictor(), "fake", SETTINGS), "127.0.0.1", 0)
+    sock.close()
+    assert capsys.readouterr().err == ""

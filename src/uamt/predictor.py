@@ -17,7 +17,10 @@ Output frame columns
 Loading never writes: a registered model whose artifacts are on the local file system is loaded
 from there (MLflow would otherwise write a ``registered_model_meta`` file into the registry's
 artifact folder), any other is downloaded to a temporary folder; and a tracking store that does
-not exist is an error, never created.
+not exist, is empty, corrupt, locked or of an older MLflow schema is an error, never created,
+initialised or migrated.  A SQLite store copied or moved from another checkout (its marker names
+another place, or the model's files lie outside the database's folder) is refused: it would
+serve the original checkout's files.
 """
 
 from __future__ import annotations
@@ -110,13 +113,8 @@ def _check_model_folder(folder: Path) -> None:
 
 
 def _local_model_folder(model: str) -> Path | None:
-    """Where the artifacts of ``model`` lie on this file system, if they do (None: download them)."""
-    if model.startswith("models:/"):
-        from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
-
-        underlying = ModelsArtifactRepository.get_underlying_uri(model)
-        folder = _file_path(underlying)
-        return folder if folder is not None and folder.is_dir() else None
+    """Where the artifacts of a run or folder ``model`` lie on this file system (None: download them);
+    ``models:/`` URIs are resolved by :func:`_resolve_local_folder`."""
     if "://" in model or model.startswith("runs:/"):
         return None
     return Path(model)
@@ -253,22 +251,60 @@ def _remember_folder(uri: str, model: str, folder: Path) -> None:
 
 
 def _resolve_local_folder(model: str, uri: str) -> Path | None:
-    """:func:`_local_model_folder`, remembered per unchanged SQLite store for ``models:/`` URIs:
-    resolving an alias imports MLflow's SQL store (~1.5 s of every ``uamt score``)."""
+    """Where the artifacts of ``model`` lie on this file system (None: download them); for
+    ``models:/`` URIs remembered per unchanged SQLite store: resolving an alias imports MLflow's
+    SQL store (~1.5 s of every ``uamt score``).
+
+    Raises UamtError when a ``models:/`` model's files lie outside the SQLite store's folder (a
+    store copied or moved from another checkout, :func:`uamt.registry.check_artifacts_inside`).
+    """
+    from uamt.registry import check_artifacts_inside, check_store_schema
+
     if not model.startswith("models:/"):
         return _local_model_folder(model)
     # Aliases live in the registry store: MLflow's own registry URI where one is set, else the
     # tracking store.
     registry = os.environ.get("MLFLOW_REGISTRY_URI") or uri
     folder = _cached_folder(registry, model)
-    if folder is None:
-        import mlflow
+    if folder is not None:
+        check_artifacts_inside(registry, str(folder), f"the files of {model}")
+        return folder
+    check_store_schema(registry)  # MLflow would initialise or migrate an incomplete store
+    from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
 
-        mlflow.set_tracking_uri(uri)
-        folder = _local_model_folder(model)
-        if folder is not None:
-            _remember_folder(registry, model, folder)
+    import mlflow
+
+    # MLflow resolves the alias in its process-wide registry URI: set both, so that a process that
+    # used another store before (the retrain deployment, tests) resolves it in this one.
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(registry)
+    underlying = ModelsArtifactRepository.get_underlying_uri(model)
+    check_artifacts_inside(registry, underlying, f"the files of {model}")
+    folder = _file_path(underlying)
+    if folder is None or not folder.is_dir():
+        return None
+    _remember_folder(registry, model, folder)
     return folder
+
+
+def _check_run_artifacts(model: str, uri: str) -> None:
+    """Refuse a ``runs:/`` model of a SQLite store whose run's artifacts lie outside the store's
+    folder (a copied or moved store); anything else passes."""
+    from uamt.registry import check_artifacts_inside, check_store_schema, sqlite_path
+
+    if not model.startswith("runs:/") or sqlite_path(uri) is None:
+        return
+    check_store_schema(uri)
+    from mlflow.exceptions import MlflowException
+
+    from mlflow import MlflowClient
+
+    run_id = model[len("runs:/") :].lstrip("/").split("/", 1)[0]
+    try:
+        artifact_uri = MlflowClient(tracking_uri=uri).get_run(run_id).info.artifact_uri
+    except MlflowException:
+        return  # an unknown run: MLflow's own message when it loads
+    check_artifacts_inside(uri, artifact_uri, f"the artifacts of run {run_id}")
 
 
 def load_predictor(model: str) -> Predictor:
@@ -285,13 +321,16 @@ def load_predictor(model: str) -> Predictor:
         The store, model or alias does not exist, a model file is corrupt (named), or the model
         is not a uamt model.
     """
-    from uamt.registry import check_store_exists, tracking_uri
+    from uamt.registry import check_store_exists, check_store_location, store_errors, tracking_uri
 
     uri = tracking_uri()
     if model.startswith(("models:/", "runs:/")):
         check_store_exists(uri)
+        check_store_location(uri)
     try:
-        folder = _resolve_local_folder(model, uri)
+        with store_errors(uri):
+            folder = _resolve_local_folder(model, uri)
+            _check_run_artifacts(model, uri)
         artifacts = uamt_artifacts(folder) if folder is not None and folder.is_dir() else None
         if artifacts is not None:
             # A uamt model on this file system: loaded from its artifacts as its load_context would,
@@ -321,6 +360,7 @@ def _load_through_mlflow(model: str, uri: str, folder: Path | None) -> Predictor
     from mlflow.exceptions import MlflowException
 
     mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(os.environ.get("MLFLOW_REGISTRY_URI") or uri)
     try:
         if folder is not None:
             if folder.is_dir():

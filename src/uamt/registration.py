@@ -10,7 +10,14 @@ and the ``champion`` alias moves last, only if the gate passes.  The MLflow call
 Before anything is logged, the registry is checked (:func:`uamt.registry.prepare_store`): a
 registry that existed (its marker beside the SQLite database, or the previous
 ``metrics/registry.json``) and is gone is an error, and a new one is only created with
-``register.allow_new_registry: true`` (or by ``uamt registry init``).
+``register.allow_new_registry: true`` (or by ``uamt registry init``); a store copied or moved
+from another checkout, or a corrupt or locked one, is refused.
+
+Each version's ``data_version`` tag is the content hash of the prepared splits it was trained,
+calibrated and tested on (:func:`prepared_data_version`): without them (``data/prepared`` missing
+or empty) registration is refused rather than tagged with the hash of nothing.  The encoder export
+and spec a version carries are written to a temporary folder that is removed once MLflow has copied
+them into the store.
 """
 
 from __future__ import annotations
@@ -139,6 +146,30 @@ def gate_metrics(metrics_dir: Path, method: str) -> dict[str, float | None]:
     return candidate
 
 
+def prepared_data_version(prepared_dir: str | Path) -> str:
+    """The ``data_version`` tag of a registration: the content hash of the prepared splits in
+    ``prepared_dir`` (:func:`uamt.data.prepare.data_version`).
+
+    Raises
+    ------
+    uamt.errors.UamtError
+        ``prepared_dir`` holds no ``*.parquet`` split: the hash would be that of nothing
+        (``e3b0c44298fc``), a version whose data cannot be traced.
+    """
+    from uamt.data.prepare import data_version
+    from uamt.errors import UamtError
+
+    folder = Path(prepared_dir)
+    if not any(folder.glob("*.parquet")):
+        state = "does not exist" if not folder.exists() else "holds no prepared split (*.parquet)"
+        raise UamtError(
+            f"{folder}: {state}, so the data the models were trained on cannot be named (the "
+            "data_version tag of a registered version); nothing was registered. Restore it first "
+            f"(`dvc checkout {folder}`, `dvc pull {folder}`, or `dvc repro prepare`)"
+        )
+    return data_version(folder)
+
+
 def register_pipeline_models(
     pipe: PipelineConfig, reg: RegisterSettings, encode: EncodeConfig, calibration_dir: str | Path
 ) -> dict:
@@ -151,19 +182,30 @@ def register_pipeline_models(
     names = {reg.model_name}
     if pipe.register_qe_method is not None:
         names.add(reg.model_name + REGISTRY_QE_SUFFIX)
+    version_tag = prepared_data_version(pipe.prepared_dir)  # before the store is touched
     uri = registry.tracking_uri(reg.tracking_uri)
     status = registry.prepare_store(
         uri,
         allow_new=reg.allow_new_registry,
         expected=previous_versions(Path(pipe.metrics_dir) / "registry.json", names),
+        experiment=reg.experiment,
     )
     log.info("%s", status)
-    summary = register_model(pipe, reg, encode, calibration_dir, pipe.register_method, reg.model_name)
-    if pipe.register_qe_method is not None:
-        qe_model = f"{pipe.register_qe_method}{QE_SUFFIX}"
-        summary["qe"] = register_model(
-            pipe, reg, encode, calibration_dir, qe_model, reg.model_name + REGISTRY_QE_SUFFIX
+    with registry.store_errors(uri):
+        summary = register_model(
+            pipe, reg, encode, calibration_dir, pipe.register_method, reg.model_name, data_version=version_tag
         )
+        if pipe.register_qe_method is not None:
+            qe_model = f"{pipe.register_qe_method}{QE_SUFFIX}"
+            summary["qe"] = register_model(
+                pipe,
+                reg,
+                encode,
+                calibration_dir,
+                qe_model,
+                reg.model_name + REGISTRY_QE_SUFFIX,
+                data_version=version_tag,
+            )
     write_json_atomic(summary, Path(pipe.metrics_dir) / "registry.json")
     return summary
 
@@ -208,10 +250,38 @@ def register_model(
     calibration_dir: str | Path,
     method: str,
     model_name: str,
+    *,
+    data_version: str | None = None,
 ) -> dict:
-    """Log ``models/<method>`` as an MLflow run + pyfunc, register it under ``model_name``, gate it."""
+    """Log ``models/<method>`` as an MLflow run + pyfunc, register it under ``model_name``, gate it.
+
+    ``data_version``: the tag (default :func:`prepared_data_version` of ``pipe.prepared_dir``).
+    The encoder export and the spec are written to a temporary folder, removed when done.
+    """
+    with tempfile.TemporaryDirectory(prefix="uamt-spec-") as spec_dir:
+        return _register_model(
+            pipe,
+            reg,
+            encode,
+            calibration_dir,
+            method,
+            model_name,
+            data_version or prepared_data_version(pipe.prepared_dir),
+            Path(spec_dir),
+        )
+
+
+def _register_model(
+    pipe: PipelineConfig,
+    reg: RegisterSettings,
+    encode: EncodeConfig,
+    calibration_dir: str | Path,
+    method: str,
+    model_name: str,
+    version_tag: str,
+    spec_dir: Path,
+) -> dict:
     from uamt import registry
-    from uamt.data.prepare import data_version
     from uamt.models.api import read_manifest
     from uamt.pyfunc import ENCODER_ARTIFACT, scale_for, signature, write_spec
     from uamt.pyfunc_model import UamtPyfunc
@@ -225,8 +295,6 @@ def register_model(
     model_dir = pipe.model_dir(method)
     manifest = read_manifest(model_dir)
     scale = scale_for(pipe.datasets)
-    version_tag = data_version(pipe.prepared_dir)
-    spec_dir = Path(tempfile.mkdtemp(prefix="uamt-spec-"))
     calibration = Path(calibration_dir) / f"{method}.json"
     artifacts = {"model": str(model_dir), "calibration": str(calibration)}
     runtime = serving_runtime(reg.serving_runtime, encode.encoder, model_dir)

@@ -21,12 +21,23 @@ The store itself (``prepare_store``, ``uamt registry init``):
 
 * Read-only commands (``uamt registry show``, ``uamt score``) never create a store: a SQLite
   database that does not exist is an error naming it (:func:`check_store_exists`).
+* Read-only commands never initialise or migrate a store either: a SQLite file that is empty
+  (0 bytes), corrupt, locked by another process, or lacks tables this MLflow expects is an error
+  naming the file, before MLflow opens it (:func:`check_store_exists`, :func:`check_store_schema`);
+  SQLite errors inside MLflow calls become one line too (:func:`store_errors`).
+* A SQLite store and its artifacts are one thing that moves together: the artifacts lie beside the
+  database (``<db folder>/artifacts``, :func:`artifact_location`), and MLflow records their
+  absolute paths.  A store copied or moved with its checkout (``cp -a A B``) would still read and
+  write the original's files, so it is refused (:func:`check_store_location`: the marker records
+  where the database was made; :func:`check_artifacts_inside`: model files or an experiment's
+  artifact root outside the database's folder), with the way out: a new registry for the copy.
 * A SQLite registry has a marker beside it, ``<db>.uamt-registry.json``, recording which models
-  and versions it held.  Registration refuses a registry that existed (marker present, or a
-  previous ``metrics/registry.json`` naming a version) and is gone or does not hold those
-  versions any more: a new empty database would restart the version numbers at 1, so that
-  ``models:/uamt-comet/1`` would silently name another model.  A new registry is only created on
-  purpose: ``uamt registry init`` or ``register.allow_new_registry: true``.
+  and versions it held, and where the database is (``db_path``).  Registration refuses a registry
+  that existed (marker present, or a previous ``metrics/registry.json`` naming a version) and is
+  gone or does not hold those versions any more: a new empty database would restart the version
+  numbers at 1, so that ``models:/uamt-comet/1`` would silently name another model.  A new
+  registry is only created on purpose: ``uamt registry init`` or
+  ``register.allow_new_registry: true``.
 * The gate never passes a candidate *because* there is no champion, except the very first
   version of a model (none of its versions was ever promoted); a registry whose ``@champion``
   alias was removed rejects candidates until the alias is set again.
@@ -38,6 +49,8 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,12 +162,17 @@ def _file_store_path(uri: str) -> Path | None:
 
 
 def check_store_exists(uri: str) -> None:
-    """Refuse a local tracking store that does not exist, before MLflow opens (and creates) it.
+    """Refuse a local tracking store that does not exist or that MLflow could not read without
+    changing it, before MLflow opens (and creates or initialises) it.
+
+    For a SQLite store the database is opened read-only with the standard library (no MLflow
+    import): an empty file, a file that is not a SQLite database, a database locked by another
+    process (after :data:`LOCK_WAIT_S`), or one without MLflow's tables is refused.
 
     Raises
     ------
     uamt.errors.UamtError
-        Naming the missing SQLite database file or store folder.
+        Naming the missing, empty, corrupt or locked SQLite database file or store folder.
     """
     db = sqlite_path(uri)
     if db is not None:
@@ -162,6 +180,13 @@ def check_store_exists(uri: str) -> None:
             raise UamtError(
                 f"tracking store {uri}: database {db} does not exist (nothing was created); check "
                 "--tracking-uri / $MLFLOW_TRACKING_URI / register.tracking_uri, or create a new "
+                "registry with `uamt registry init`"
+            )
+        if not sqlite_tables(db) & CORE_TABLES:
+            raise UamtError(
+                f"tracking store {uri}: database {db} holds no MLflow tables ({db.stat().st_size} bytes): "
+                "it is not an MLflow store, and a read-only command does not make it one (nothing was "
+                "changed); restore the store from a backup, or move the file aside and create a new "
                 "registry with `uamt registry init`"
             )
         return
@@ -173,9 +198,193 @@ def check_store_exists(uri: str) -> None:
         )
 
 
-def artifact_location(root: str | Path = ".") -> str:
-    """Where a new experiment keeps artifacts when the store is the local default."""
-    return (Path(root) / DEFAULT_STORE / "artifacts").resolve().as_uri()
+# ----------------------------------------------------------------------------- a SQLite store's health
+#: Seconds a command waits for another process's lock on a SQLite store before it gives up.
+LOCK_WAIT_S = 5.0
+#: Tables every MLflow database with registered-model aliases has (MLflow >= 2.3): a database
+#: holding none of them is not an MLflow store.
+CORE_TABLES = frozenset({"experiments", "runs", "registered_models", "model_versions"})
+
+
+def _sqlite_message(db: Path | str, exc: BaseException) -> str:
+    """One line saying what is wrong with SQLite database ``db`` (from a ``sqlite3`` error)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "locked" in text or "busy" in text:
+        return (
+            f"tracking store {db}: the database is locked by another process ({text}; waited "
+            f"{LOCK_WAIT_S:g} s): try again when that process has finished (nothing was changed)"
+        )
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return (
+            f"tracking store {db}: the database is corrupt ({text}): restore it from a backup, or move "
+            "it aside and create a new registry with `uamt registry init` (nothing was changed)"
+        )
+    return f"tracking store {db}: cannot read the database ({text})"
+
+
+def sqlite_tables(db: Path) -> set[str]:
+    """Names of the tables of SQLite database ``db``, read without writing anything.
+
+    The file is opened read-only (``mode=ro``): a read never creates, initialises or migrates it.
+
+    Raises
+    ------
+    uamt.errors.UamtError
+        ``db`` is not a SQLite database, is locked by another process for more than
+        :data:`LOCK_WAIT_S` seconds, or cannot be read.
+    """
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"{Path(db).resolve().as_uri()}?mode=ro", uri=True, timeout=LOCK_WAIT_S)
+        try:
+            rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        raise UamtError(_sqlite_message(db, exc)) from None
+    return {str(name) for (name,) in rows}
+
+
+def check_store_schema(uri: str) -> None:
+    """Refuse, for a read-only command, a SQLite store that MLflow would initialise or migrate when
+    it opens it (some of the tables this MLflow version defines are missing).
+
+    Imports MLflow's database models (call it right before MLflow opens the store).
+    """
+    db = sqlite_path(uri)
+    if db is None:
+        return
+    check_store_exists(uri)
+    from mlflow.store.db.base_sql_model import Base
+    from mlflow.store.db.utils import _all_tables_exist  # noqa: F401 - registers every table of Base
+
+    missing = sorted(set(Base.metadata.tables) - {t for t in sqlite_tables(db) if not t.startswith("alembic_")})
+    if missing:
+        import mlflow
+
+        raise UamtError(
+            f"tracking store {db}: lacks the tables {missing} that MLflow {mlflow.__version__} expects "
+            "(a store of an older MLflow); opening it would migrate it, and a read-only command does "
+            f"not change a store (nothing was changed): back it up and run `mlflow db upgrade {uri}`"
+        )
+
+
+def _sqlite_error(exc: BaseException | None) -> BaseException | None:
+    """The ``sqlite3`` error behind ``exc`` (through SQLAlchemy's ``orig`` and exception chains)."""
+    import sqlite3
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, sqlite3.Error):
+            return exc
+        orig = getattr(exc, "orig", None)
+        if isinstance(orig, sqlite3.Error):
+            return orig
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@contextmanager
+def store_errors(uri: str) -> Iterator[None]:
+    """Turn a SQLite error raised inside MLflow calls on store ``uri`` (locked, corrupt, unreadable)
+    into one :class:`~uamt.errors.UamtError` line naming the database; other errors pass."""
+    try:
+        yield
+    except UamtError:
+        raise
+    except Exception as exc:
+        cause = _sqlite_error(exc)
+        if cause is None:
+            raise
+        raise UamtError(_sqlite_message(sqlite_path(uri) or uri, cause)) from None
+
+
+# ----------------------------------------------------------------------------- a SQLite store's place
+def _local_path(location: str) -> Path | None:
+    """The local path of a ``file:`` URI or a plain absolute path; None for remote locations."""
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" and location.startswith("/"):
+        return Path(location)
+    return None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def _copied_store_message(db: Path, evidence: str, original: Path) -> str:
+    return (
+        f"registry {db} was copied or moved from another place: {evidence}. MLflow keeps absolute "
+        f"paths, so this store reads and writes the model files under {original}, not beside {db}. "
+        f"For a copied or moved checkout, start a new registry here: move {db.parent} aside, then run "
+        "`uamt registry init` and `dvc repro -f -s register` (version numbers restart at 1); or point "
+        "$MLFLOW_TRACKING_URI / register.tracking_uri at the original store"
+    )
+
+
+def check_store_location(uri: str) -> None:
+    """Refuse a SQLite store whose marker says its database was made at another path (a checkout
+    copied with ``cp -a`` or moved).  Stores without a marker, or whose marker records no absolute
+    location, pass (see :func:`check_artifacts_inside`)."""
+    db = sqlite_path(uri)
+    marker = read_marker(uri) if db is not None else None
+    if db is None or marker is None:
+        return
+    recorded = marker.get("db_path")
+    if recorded:
+        made_at = Path(str(recorded))
+    else:  # markers written before db_path: their tracking URI, when it is absolute
+        made_at = sqlite_path(str(marker.get("tracking_uri") or ""))
+        if made_at is None or not made_at.is_absolute():
+            return
+    if not _same_file(made_at, db):
+        raise UamtError(
+            _copied_store_message(db, f"its marker {marker_path(uri)} records it at {made_at}", made_at.parent)
+        )
+
+
+def check_artifacts_inside(uri: str, location: str, what: str) -> None:
+    """Refuse ``location`` (model files, or an experiment's artifact root) of SQLite store ``uri``
+    when it is a local path outside the database's folder: the files of another copy of the store.
+
+    ``what`` names the location in the message.  Remote locations (``s3://``, ``mlflow-artifacts:``)
+    and other kinds of store pass.
+    """
+    db = sqlite_path(uri)
+    path = _local_path(location) if db is not None else None
+    if db is None or path is None or _inside(path, db.parent):
+        return
+    raise UamtError(_copied_store_message(db, f"{what} are at {path}, outside {db.parent}", path))
+
+
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment of SQLite store ``uri`` keeps its artifacts: ``artifacts/`` beside the
+    database (``mlflow/artifacts`` for the default store); None for other stores (their own root)."""
+    db = sqlite_path(uri)
+    if db is None:
+        return None
+    return (db.parent / "artifacts").resolve().as_uri()
+
+
+def check_experiment_location(client, uri: str, experiment: str) -> None:
+    """Refuse registering into ``experiment`` of SQLite store ``uri`` when its artifact root lies
+    outside the database's folder (registering would write into another copy's files)."""
+    if sqlite_path(uri) is None:
+        return
+    found = client.get_experiment_by_name(experiment)
+    if found is not None and found.artifact_location:
+        check_artifacts_inside(uri, found.artifact_location, f"the artifacts of experiment {experiment!r}")
 
 
 #: The metrics compared with the champion and the reference: name in reasons, and whether higher is better.
@@ -313,7 +522,9 @@ def champion_metrics(client, name: str) -> tuple[str | None, dict[str, float] | 
 
     try:
         version = client.get_model_version_by_alias(name, CHAMPION)
-    except MlflowException:
+    except MlflowException as exc:
+        if _sqlite_error(exc) is not None:  # a locked or corrupt store is not "no champion"
+            raise
         return None, None
     return str(version.version), _metric_tags(version)
 
@@ -428,16 +639,22 @@ def describe(uri: str, name: str) -> list[dict[str, Any]]:
     from mlflow.exceptions import MlflowException
 
     check_store_exists(uri)
-    client = _client(uri)
-    try:
-        model = client.get_registered_model(name)
-    except MlflowException as exc:
-        raise UamtError(f"no registered model named {name!r} in {uri}") from exc
+    check_store_location(uri)
+    check_store_schema(uri)
+    with store_errors(uri):
+        client = _client(uri)
+        try:
+            model = client.get_registered_model(name)
+        except MlflowException as exc:
+            if _sqlite_error(exc) is not None:
+                raise
+            raise UamtError(f"no registered model named {name!r} in {uri}") from exc
+        versions = client.search_model_versions(f"name='{name}'")
     aliases_by_version: dict[str, list[str]] = {}
     for alias, version in (model.aliases or {}).items():
         aliases_by_version.setdefault(str(version), []).append(alias)
     rows = []
-    for version in sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: -int(v.version)):
+    for version in sorted(versions, key=lambda v: -int(v.version)):
         tags = version.tags
         rows.append(
             {
@@ -497,8 +714,8 @@ def register_candidate(
         db.parent.mkdir(parents=True, exist_ok=True)  # registering writes; reading never creates
     client = _client(uri)
     if mlflow.get_experiment_by_name(experiment) is None:
-        location = artifact_location() if uri.startswith("sqlite:") else None
-        mlflow.create_experiment(experiment, artifact_location=location)
+        mlflow.create_experiment(experiment, artifact_location=artifact_location(uri))
+    check_experiment_location(client, uri, experiment)  # a copied store: never write the original's files
     mlflow.set_experiment(experiment)
     tags = dict(tags or {})
     with mlflow.start_run(run_name=run_name) as run:
@@ -566,6 +783,8 @@ def _write_marker(uri: str, data: dict[str, Any]) -> None:
 
     path = marker_path(uri)
     if path is not None:
+        # Where the database is: a copy of the store (with its marker) is told apart by this.
+        data = {**data, "db_path": str(sqlite_path(uri).resolve())}
         atomic_write_json(path, data, indent=2, sort_keys=True)
 
 
@@ -634,18 +853,21 @@ def init_store(uri: str, *, replace_missing: bool = False, created_by: str = "ua
     """
     db = sqlite_path(uri)
     marker = read_marker(uri)
-    if db is not None and not db.is_file() and marker is not None and not replace_missing:
+    existed = db is None or holds_store(db)
+    if db is not None and not existed and marker is not None and not replace_missing:
         raise UamtError(
-            f"registry {db} is gone but existed ({marker_path(uri)} records "
+            f"registry {db} {_absence(db)} but existed ({marker_path(uri)} records "
             f"{_describe_models(marker.get('models', {})) or 'it'}): restore the database, or pass "
             "--replace-missing to start a new registry on purpose (version numbers restart at 1)"
         )
-    existed = db.is_file() if db is not None else True
+    if db is not None and existed and marker is not None:
+        check_store_location(uri)  # a copied store is not this checkout's registry
     if db is not None and not existed:
         db.parent.mkdir(parents=True, exist_ok=True)
         _forget_open_store(uri)
-    client = _client(uri)
-    state = _registry_state(client)  # opening the store creates a missing SQLite database
+    with store_errors(uri):
+        client = _client(uri)
+        state = _registry_state(client)  # opening the store creates a missing SQLite database
     if db is None:
         return f"{uri}: not a SQLite store; nothing to initialise (it holds {len(state)} models)"
     if existed and marker is not None:
@@ -662,7 +884,22 @@ def init_store(uri: str, *, replace_missing: bool = False, created_by: str = "ua
     return f"{db}: {'adopted existing' if existed else 'created new'} registry; marker {marker_path(uri)}"
 
 
-def prepare_store(uri: str, *, allow_new: bool, expected: dict[str, str] | None = None) -> str:
+def holds_store(db: Path) -> bool:
+    """Whether SQLite file ``db`` exists and holds an MLflow store (an empty file does not);
+    UamtError when it is corrupt or locked."""
+    return db.is_file() and bool(sqlite_tables(db) & CORE_TABLES)
+
+
+def _absence(db: Path) -> str:
+    """``is gone`` or ``is empty (N bytes, no MLflow tables)``: how a registry is not at ``db``."""
+    if not db.is_file():
+        return "is gone"
+    return f"is empty ({db.stat().st_size} bytes, no MLflow tables)"
+
+
+def prepare_store(
+    uri: str, *, allow_new: bool, expected: dict[str, str] | None = None, experiment: str | None = None
+) -> str:
     """Check, before registering anything, that ``uri`` is the registry this project registers into.
 
     Parameters
@@ -672,12 +909,16 @@ def prepare_store(uri: str, *, allow_new: bool, expected: dict[str, str] | None 
         existed (no marker, no ``expected`` version).  Never replaces one that existed.
     expected : dict, optional
         model name -> a version the registry must hold (from the previous ``metrics/registry.json``).
+    experiment : str, optional
+        The MLflow experiment the registration logs to: its artifact root must lie beside the
+        database (:func:`check_experiment_location`).
 
     Raises
     ------
     uamt.errors.UamtError
-        The registry existed and is gone, or does not hold the versions its marker (or
-        ``expected``) names; or there is none and ``allow_new`` is false.
+        The registry existed and is gone (or its database is empty), or does not hold the versions
+        its marker (or ``expected``) names; there is none and ``allow_new`` is false; the store was
+        copied or moved from another checkout; its database is corrupt or locked.
     """
     db = sqlite_path(uri)
     if db is not None:
@@ -687,21 +928,39 @@ def prepare_store(uri: str, *, allow_new: bool, expected: dict[str, str] | None 
     hint_new = (
         f"create it with `uamt registry init --tracking-uri {uri}` (or set register.allow_new_registry: true)"
     )
-    if db is not None and not db.is_file():
+    if db is not None and not holds_store(db):
         if marker is not None or expected:
             known = _describe_models(marker.get("models", {})) if marker else ""
-            known = known or ", ".join(f"{n} version {v}" for n, v in sorted(expected.items()))
+            known = known or ", ".join(f"{n} version {v}" for n, v in sorted(expected.items())) or "it"
             source = marker_path(uri) if marker is not None else "the previous metrics/registry.json"
             raise UamtError(
-                f"registry {db} is gone, but it existed ({source} records {known}); a new empty "
+                f"registry {db} {_absence(db)}, but it existed ({source} records {known}); a new empty "
                 "registry would restart version numbers at 1, so models:/NAME/1 would silently name "
                 "another model. Restore the database (or point register.tracking_uri at it); to start "
                 f"a new registry on purpose run `uamt registry init --tracking-uri {uri} --replace-missing`"
             )
         if not allow_new:
-            raise UamtError(f"no registry at {db}: {hint_new}")
+            empty = f" ({db.name} {_absence(db)})" if db.is_file() else ""
+            raise UamtError(f"no registry at {db}{empty}: {hint_new}")
         return init_store(uri, created_by="register.allow_new_registry")
+    check_store_location(uri)
+    with store_errors(uri):
+        return _check_registered_versions(uri, marker, expected, allow_new, experiment, hint_new)
+
+
+def _check_registered_versions(
+    uri: str,
+    marker: dict[str, Any] | None,
+    expected: dict[str, str],
+    allow_new: bool,
+    experiment: str | None,
+    hint_new: str,
+) -> str:
+    """:func:`prepare_store` on an existing store: the versions its record names are there."""
+    db = sqlite_path(uri)
     client = _client(uri)
+    if experiment is not None:
+        check_experiment_location(client, uri, experiment)
     # The marker is the record of this registry (it survives `uamt registry init --replace-missing`,
     # after which the previous metrics/registry.json names versions of the old one); without a
     # marker (a store from before markers, or another kind of store), the previous
@@ -720,7 +979,9 @@ def prepare_store(uri: str, *, allow_new: bool, expected: dict[str, str] | None 
     for name, (version, run_id) in sorted(wanted.items()):
         try:
             found = client.get_model_version(name, version)
-        except MlflowException:
+        except MlflowException as exc:
+            if _sqlite_error(exc) is not None:  # locked or corrupt: not an absent version
+                raise
             found = None
         if found is None or (run_id and found.run_id != run_id):
             what = "does not hold" if found is None else "holds another"
@@ -747,7 +1008,8 @@ def record_version(uri: str, name: str) -> None:
     if marker_path(uri) is None:
         return
     marker = read_marker(uri) or {"tracking_uri": uri, "created": _now(), "created_by": "register", "models": {}}
-    state = _model_state(_client(uri), name)
+    with store_errors(uri):
+        state = _model_state(_client(uri), name)
     if state is not None:
         marker.setdefault("models", {})[name] = {**state, "recorded": _now()}
     _write_marker(uri, marker)

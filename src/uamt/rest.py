@@ -358,10 +358,11 @@ class ScoringService:
 
     # ------------------------------------------------------------------ what the server says about itself
     def describe(self) -> dict[str, Any]:
-        """The model and the settings in force (``/health``)."""
+        """The model and the settings in force (``/health``); the model as :func:`public_model_name`
+        says it (never a path on the server's disk)."""
         scale = self.predictor.scale
         return {
-            "model": self.model_uri,
+            "model": public_model_name(self.model_uri),
             **{k: v for k, v in self.registered.items() if k in ("version", "alias")},
             "method": self.predictor.method,
             "uses_references": bool(self.predictor.uses_references),
@@ -392,16 +393,43 @@ class ScoringService:
         }
 
 
-def registered_version(model_uri: str) -> dict[str, Any]:
+def public_model_name(model_uri: str) -> str:
+    """What the server tells clients its model is: a ``models:/`` or ``runs:/`` URI as given, any
+    other (a local folder, a ``file:`` or remote URI) by its last path component only -- where the
+    model lies on the server's disk is no client's business."""
+    if model_uri.startswith(("models:/", "runs:/")):
+        return model_uri
+    from pathlib import PurePosixPath
+    from urllib.parse import unquote, urlparse
+
+    path = unquote(urlparse(model_uri).path) if "://" in model_uri else model_uri
+    return PurePosixPath(path.rstrip("/")).name or "model"
+
+
+def registered_version(model_uri: str, tracking_uri: str | None = None) -> dict[str, Any]:
     """Name, version and alias of a ``models:/NAME@ALIAS`` or ``models:/NAME/N`` URI (read-only);
-    empty for a run or a folder."""
+    empty for a run or a folder.
+
+    The alias is looked up in the store every command uses (:func:`uamt.registry.tracking_uri`;
+    ``$MLFLOW_REGISTRY_URI`` where set, as :func:`uamt.predictor.load_predictor` does), never in
+    MLflow's own default (which would create ``mlflow.db`` in the working folder).
+    """
     if not model_uri.startswith("models:/"):
         return {}
-    from mlflow import MlflowClient
+    import os
+
+    from uamt import registry
 
     name, _, rest = model_uri[len("models:/") :].partition("@")
     if rest:
-        version = MlflowClient().get_model_version_by_alias(name, rest)
+        from mlflow import MlflowClient
+
+        uri = registry.tracking_uri(tracking_uri)
+        registry_uri = os.environ.get("MLFLOW_REGISTRY_URI") or uri
+        registry.check_store_schema(registry_uri)  # read-only: never create or migrate it
+        with registry.store_errors(registry_uri):
+            client = MlflowClient(tracking_uri=uri, registry_uri=registry_uri)
+            version = client.get_model_version_by_alias(name, rest)
         return {"name": name, "version": str(version.version), "alias": rest}
     name, _, number = name.partition("/")
     return {"name": name, "version": number or None}

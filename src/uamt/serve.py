@@ -3,10 +3,14 @@
 drops ``refs`` (outside the signature), predicts concurrently.  h11 refuses conflicting lengths and never
 reads a body as a second request; a body over the limit is refused unread; headers and body have deadlines;
 each request has a work budget, a place in a bounded queue (503 + ``Retry-After`` when full) and a time limit.
+It has no authentication and no TLS: binding an address other machines can reach (``--host 0.0.0.0``) is
+warned about on stderr (:func:`exposure_warning`).
 """
 
 import asyncio
+import ipaddress
 import socket
+import sys
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -93,11 +97,45 @@ class HeaderDeadlineH11(H11Protocol):
         self._arm()
 
 
+def exposure_warning(host: str) -> str | None:
+    """A warning when ``host`` is an address other machines can reach (anything but loopback), else None.
+
+    A name is resolved; one that does not resolve is left to the bind to refuse.
+    """
+    name = host.strip("[]")
+    try:
+        addresses = {ipaddress.ip_address(name.split("%", 1)[0])}
+    except ValueError:
+        try:
+            found = socket.getaddrinfo(name, None)
+        except OSError:
+            return None
+        addresses = {ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in found}
+    if all(address.is_loopback for address in addresses):
+        return None
+    where = (
+        "every network interface"
+        if any(address.is_unspecified for address in addresses)
+        else "an interface other machines can reach"
+    )
+    return (
+        f"--host {host} listens on {where}: anyone who can reach this machine can use the model "
+        "(the server has no authentication and no TLS; only its request limits protect it). Keep the "
+        "default 127.0.0.1 and put an authenticating reverse proxy in front, or firewall the port"
+    )
+
+
 def make_server(service: ScoringService, host: str = "127.0.0.1", port: int = 5000):
-    """``(server, sock)``: a uvicorn server for ``service``, to ``server.run(sockets=[sock])``; port 0: a free one."""
+    """``(server, sock)``: a uvicorn server for ``service``, to ``server.run(sockets=[sock])``; port 0: a free one.
+
+    A ``host`` other machines can reach is warned about on stderr (:func:`exposure_warning`).
+    """
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as exc:
         raise UamtError(f"cannot listen on {host}:{port}: {exc}") from None
+    warning = exposure_warning(host)
+    if warning:
+        print(f"uamt serve: warning: {warning}", file=sys.stderr, flush=True)
     protocol = type("Protocol", (HeaderDeadlineH11,), {"header_timeout_s": service.settings.header_timeout_s})
     return uvicorn.Server(uvicorn.Config(make_app(service), http=protocol, log_level="info")), sock

@@ -6,6 +6,10 @@ A handler returns an exit code (or None for 0).  :class:`uamt.errors.UamtError` 
 :class:`uamt.config.ConfigError` are printed as one line on stderr with exit code 2; so is an
 option argparse refuses (``uamt score: error: argument --seed: must be >= 0, got -1``), before
 any handler runs.
+
+Run inside a uamt checkout whose own code is not the code running (a virtual environment copied
+or moved from another checkout: its scripts and editable install still point there), every
+command first warns on stderr and says how to recreate the environment (:func:`foreign_code_warning`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from uamt import __version__
 
@@ -45,6 +50,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def foreign_code_warning(folder: Path | None = None) -> str | None:
+    """A warning when ``folder`` (default: the working folder) is a uamt checkout but the ``uamt``
+    package running is another checkout's (a ``.venv`` copied with ``cp -a`` runs the original's
+    Python and code), else None."""
+    import uamt
+
+    root = Path.cwd() if folder is None else Path(folder)
+    own = root / "src" / "uamt" / "__init__.py"
+    running = Path(uamt.__file__).resolve()
+    if not own.is_file() or running == own.resolve():
+        return None
+    return (
+        f"this is the checkout {root.resolve()}, but the uamt code running is {running.parent} "
+        f"(Python {sys.executable}): a virtual environment copied or moved from another checkout still "
+        "runs that checkout's code and Python; recreate it here: rm -rf .venv && make setup"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from uamt.config import ConfigError
     from uamt.errors import UamtError
@@ -57,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
+    warning = foreign_code_warning()
+    if warning:
+        print(f"uamt: warning: {warning}", file=sys.stderr)
     try:
         code = args.handler(args)
     except (UamtError, ConfigError) as exc:

@@ -1,13 +1,29 @@
 """``uamt registry show``: what the model registry holds; ``uamt registry init``: create one on purpose.
 
-``show`` only reads: a tracking URI naming a SQLite database that does not exist is an error
-(exit 2), never a new empty database.  ``init`` is the one command (besides the register stage
+``show`` only reads: a tracking URI naming a SQLite database that does not exist, is empty,
+corrupt, locked, of an older MLflow schema, or was copied from another checkout is an error
+(exit 2), never a new, initialised or migrated database.  It names the model and the store, and
+prints metrics to 4 significant digits.  ``init`` is the one command (besides the register stage
 with ``register.allow_new_registry: true``) that creates a registry; see :mod:`uamt.registry`.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+
+#: Columns of ``uamt registry show`` holding numbers (test-set metrics), printed to 4 significant digits.
+METRIC_COLUMNS = ("ece", "crps", "pps")
+
+
+def significant(value: object, digits: int = 4) -> str:
+    """``value`` (a number, or a tag's text) to ``digits`` significant digits; text that is not a
+    finite number as it is."""
+    try:
+        number = float(str(value))
+    except ValueError:
+        return str(value)
+    return f"{number:.{digits}g}" if math.isfinite(number) else str(value)
 
 
 def _registry_show(args: argparse.Namespace) -> int:
@@ -15,6 +31,14 @@ def _registry_show(args: argparse.Namespace) -> int:
 
     uri = registry.tracking_uri(args.tracking_uri)
     rows = registry.describe(uri, args.name)
+    for row in rows:
+        row.update({c: significant(row[c]) for c in METRIC_COLUMNS if row[c] != ""})
+    champion = next((r["version"] for r in rows if "champion" in r["aliases"].split(",")), None)
+    store = registry.sqlite_path(uri) or uri
+    print(
+        f"model {args.name} in {store}: {len(rows)} version{'s' if len(rows) != 1 else ''}"
+        + (f", @champion {champion}" if champion else ", no @champion")
+    )
     columns = ["version", "aliases", "status", "method", "data_version", "ece", "crps", "pps", "reason"]
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) if rows else len(c) for c in columns}
     widths["reason"] = len("reason")
