@@ -450,9 +450,19 @@ def run_score_batch(args: argparse.Namespace) -> int:
         for message in lp_choice.messages():
             print(f"uamt score: {message}", file=sys.stderr)
         # One LP for every row of the batch: the pair of the first partition's rows when they agree
-        # (UNDETERMINED_LP when they all contradict --lp: scored as unseen, as the warning says).
-        row_lps = set(lp_choice.row_lps or ())
-        settings = dataclasses.replace(settings, lp=row_lps.pop() if len(row_lps) == 1 else lp_choice.lp)
+        # (UNDETERMINED_LP when they all contradict --lp: scored as unseen, as the warning says);
+        # rows of several pairs cannot share one calibration: all are scored as unseen.
+        from uamt.scoring.language_pair import UNDETERMINED_LP
+
+        row_lps = sorted(set(lp_choice.row_lps or ()))
+        lp = lp_choice.lp if not row_lps else row_lps[0] if len(row_lps) == 1 else UNDETERMINED_LP
+        if len(row_lps) > 1:
+            print(
+                "uamt score: the first partition mixes language pairs and a batch takes one: every row is "
+                "scored as an unseen pair (widened); give each row its pair in an lp column",
+                file=sys.stderr,
+            )
+        settings = dataclasses.replace(settings, lp=lp)
     result = score_file(
         args.input, args.out, settings, dask=args.dask, log=None if args.no_progress else print_progress
     )
