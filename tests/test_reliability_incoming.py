@@ -44,6 +44,7 @@ from uamt.incoming import (
     DERIVED,
     IncomingConfig,
     ingest_incoming,
+    journal_file,
     load_config,
     read_pending,
     read_pool,
@@ -737,7 +738,8 @@ KILL_AFTER_POOL = textwrap.dedent(
 )
 
 
-def test_a_process_killed_between_pool_and_manifest_leaves_nothing_orphaned(tmp_path, incoming_config):
+@pytest.mark.parametrize("without_journal", [False, True], ids=["recorded", "left-by-an-older-version"])
+def test_a_process_killed_between_pool_and_manifest_leaves_nothing_orphaned(without_journal, tmp_path, incoming_config):
     """The case as found, with a real SIGKILL: the next tick recovers, withdraw finds the file."""
     cfg = incoming_config()
     write(tmp_path / "incoming/a.csv", good_csv(3))
@@ -745,7 +747,10 @@ def test_a_process_killed_between_pool_and_manifest_leaves_nothing_orphaned(tmp_
     run = subprocess.run([sys.executable, "-c", KILL_AFTER_POOL, json.dumps(fields)], timeout=300, check=False)
     assert run.returncode == -signal.SIGKILL
     assert len(read_pool(cfg.pool_path)) == 3 and not Path(cfg.manifest_path).exists()  # the state found
+    if without_journal:  # the state a version without the write-ahead record left behind
+        journal_file(cfg).unlink()
     result = ingest_incoming(cfg)
+    assert len(result.recovered) == 1 and (tmp_path / "incoming/processed/a.csv").is_file()
     assert result.rows_rejected == 0 and not result.rejected  # was: "already ingested (same sha256)", 3 rejected
     assert withdraw(cfg, "a.csv")["rows_removed"] == 3  # was: "no ingested file named 'a.csv'"
 

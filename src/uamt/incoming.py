@@ -1260,6 +1260,11 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
             continue
         pool = read_pool(cfg.pool_path)
         manifest = read_ingest_manifest(manifest_path)
+        adopted = _adopt_orphaned_rows(path, data, pool, manifest, manifest_path)
+        if adopted:
+            result.recovered.append(adopted)
+            move(path, processed)
+            continue
         check = _check_file(path, data, cfg, pool, manifest, published)
         accept = not check.file_problems and (check.ok or cfg.on_bad_rows == "keep_good")
         usable = check.good.reset_index(drop=True) if accept and check.good is not None else None
@@ -1319,6 +1324,31 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
             result.rows_duplicate += len(check.duplicates)
             reject(path, check, check.n_rows - len(check.duplicates))
     return result
+
+
+def _adopt_orphaned_rows(
+    path: Path, data: bytes, pool: pd.DataFrame, manifest: dict[str, Any], manifest_path: Path
+) -> str | None:
+    """A file whose rows are in the pool without a manifest entry (killed between the two writes by
+    a version without the write-ahead record): record it now, as ingested; returns what was done."""
+    if not len(pool):
+        return None
+    sha = sha256_bytes(data)
+    rows = int((pool[SHA_COLUMN].astype(str) == sha).sum())
+    if not rows or any(f["sha256"] == sha for f in manifest["files"]):
+        return None
+    manifest["files"].append(
+        {
+            "file": path.name,
+            "sha256": sha,
+            "rows_added": rows,
+            "ingested_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "recovered": "rows found in the pool without a manifest entry",
+        }
+    )
+    write_ingest_manifest(manifest_path, manifest)
+    log.warning("%s: its %d row(s) were in the pool without a manifest entry: recorded now", path.name, rows)
+    return f"recorded {path.name} ({sha[:12]}): its {rows} row(s) were in the pool without a manifest entry"
 
 
 def _check_against_pool(check: Validation, pool: pd.DataFrame, manifest: dict[str, Any]) -> None:
