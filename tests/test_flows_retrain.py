@@ -64,7 +64,10 @@ def new_annotations(prepared: Path, n_sources: int = 2) -> tuple[pd.DataFrame, p
     rows = fresh[fresh["src"].isin(sources)]
     test = pd.read_parquet(prepared / "test.parquet").iloc[:1]
     columns = ["dataset", "lp", "src", "mt", "ref", "score", "system", "doc", "seg_id"]
-    return rows[columns].reset_index(drop=True), test[columns].assign(system="new-system")
+    # A new system's translation of a test sentence (the published row itself under a renamed system
+    # is refused at ingestion: tests/test_reliability_incoming.py).
+    test_row = test[columns].assign(system="new-system", mt=test["mt"] + " (new system)")
+    return rows[columns].reset_index(drop=True), test_row
 
 
 def registry_versions(uri: str) -> list[dict]:

@@ -41,8 +41,10 @@ from test_flows_harness import REPO_ROOT
 
 from uamt.config import ConfigError, load_section
 from uamt.incoming import (
+    DERIVED,
     IncomingConfig,
     ingest_incoming,
+    journal_file,
     load_config,
     read_pending,
     read_pool,
@@ -398,7 +400,13 @@ def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys, in
     params = write(
         tmp_path / "params.yaml",
         yaml.safe_dump(
-            {"incoming": {k: v for k, v in dataclasses.asdict(cfg).items() if k.endswith(("dir", "path"))}}
+            {
+                "incoming": {
+                    k: v
+                    for k, v in dataclasses.asdict(cfg).items()
+                    if k.endswith(("dir", "path")) and k not in DERIVED  # those come from other sections
+                }
+            }
         ),
     )
     sha = manifest["files"][1]["sha256"][:10]
@@ -643,3 +651,228 @@ def test_utf16_text_input_to_uamt_score_is_named(tmp_path):
         DataError, match=r"encoded as UTF-16 \(byte-order mark FF FE\).*iconv -f UTF-16 -t UTF-8"
     ):
         read_lines(path)
+
+
+# ============================================================================ round 3: ingestion is one transaction
+def _die(exc: type[BaseException] = RuntimeError):
+    def raiser(*args, **kwargs):
+        raise exc("simulated kill")
+
+    return raiser
+
+
+def _die_after(real):
+    """``real``, then a crash: the step is done, the next one never starts."""
+
+    def run(*args, **kwargs):
+        real(*args, **kwargs)
+        raise RuntimeError("simulated kill")
+
+    return run
+
+
+# (step that dies, how: the function patched in uamt.incoming, and what the next tick must do)
+INTERRUPTED = [
+    ("before-the-pool", "write_pool", _die, "rolled back"),
+    ("after-the-pool", "write_pool", _die_after, "rolled forward"),  # the case found: rows orphaned
+    ("after-the-manifest", "write_ingest_manifest", _die_after, "rolled forward"),
+    ("at-the-move", "_move", _die, "rolled forward"),
+]
+
+
+@pytest.mark.parametrize(("step", "target", "how", "recovery"), INTERRUPTED, ids=[c[0] for c in INTERRUPTED])
+def test_an_ingestion_interrupted_at_any_step_is_finished_or_undone_by_the_next_tick(
+    step, target, how, recovery, tmp_path, monkeypatch, incoming_config
+):
+    """Killed between the pool write and the manifest write, the rows stayed in the pool, the next
+    tick called the file "already ingested (same sha256)" (rows_rejected 3) and withdraw could not
+    find it.  Now a write-ahead record makes the next tick roll the change forward or back."""
+    import uamt.incoming as inc
+
+    cfg = incoming_config()
+    write(tmp_path / "incoming/a.csv", good_csv(3))
+    real = getattr(inc, target)
+    with monkeypatch.context() as patch:
+        patch.setattr(inc, target, how(real) if how is _die_after else how())
+        with pytest.raises(RuntimeError, match="simulated kill"):
+            ingest_incoming(cfg)
+    result = ingest_incoming(cfg)  # the next tick, nothing patched
+    assert len(result.recovered) == 1 and result.recovered[0].startswith(recovery), result.recovered
+    assert not result.rejected and result.rows_rejected == 0
+    assert result.ingested == (["a.csv"] if recovery == "rolled back" else [])
+    assert len(read_pool(cfg.pool_path)) == 3
+    manifest = json.loads(Path(cfg.manifest_path).read_text())
+    assert [(f["file"], f["rows_added"]) for f in manifest["files"]] == [("a.csv", 3)]
+    assert {p.name for p in (tmp_path / "incoming").iterdir()} == {"processed"}
+    assert (tmp_path / "incoming/processed/a.csv").is_file()
+    assert not inc.journal_file(cfg).exists()
+    assert withdraw(cfg, "a.csv")["rows_removed"] == 3 and len(read_pool(cfg.pool_path)) == 0
+
+
+def test_a_withdrawal_interrupted_after_the_pool_is_finished_by_the_next_tick(tmp_path, monkeypatch, incoming_config):
+    import uamt.incoming as inc
+
+    cfg = incoming_config()
+    write(tmp_path / "incoming/a.csv", good_csv(3))
+    ingest_incoming(cfg)
+    with monkeypatch.context() as patch:
+        patch.setattr(inc, "write_pool", _die_after(inc.write_pool))
+        with pytest.raises(RuntimeError, match="simulated kill"):
+            withdraw(cfg, "a.csv")
+    assert ingest_incoming(cfg).recovered[0].startswith("rolled forward the withdrawal of a.csv")
+    manifest = json.loads(Path(cfg.manifest_path).read_text())
+    assert manifest["files"][0]["withdrawn_at"] and manifest["files"][0]["rows_withdrawn"] == 3
+
+
+KILL_AFTER_POOL = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import uamt.incoming as inc
+    real = inc.write_pool
+    def write_then_die(*args, **kwargs):
+        real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)  # between the pool write and the manifest write
+    inc.write_pool = write_then_die
+    inc.ingest_incoming(inc.IncomingConfig(**json.loads(sys.argv[1])))
+    """
+)
+
+
+@pytest.mark.parametrize("without_journal", [False, True], ids=["recorded", "left-by-an-older-version"])
+def test_a_process_killed_between_pool_and_manifest_leaves_nothing_orphaned(without_journal, tmp_path, incoming_config):
+    """The case as found, with a real SIGKILL: the next tick recovers, withdraw finds the file."""
+    cfg = incoming_config()
+    write(tmp_path / "incoming/a.csv", good_csv(3))
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k.endswith(("dir", "path"))}
+    run = subprocess.run([sys.executable, "-c", KILL_AFTER_POOL, json.dumps(fields)], timeout=300, check=False)
+    assert run.returncode == -signal.SIGKILL
+    assert len(read_pool(cfg.pool_path)) == 3 and not Path(cfg.manifest_path).exists()  # the state found
+    if without_journal:  # the state a version without the write-ahead record left behind
+        journal_file(cfg).unlink()
+    result = ingest_incoming(cfg)
+    assert len(result.recovered) == 1 and (tmp_path / "incoming/processed/a.csv").is_file()
+    assert result.rows_rejected == 0 and not result.rejected  # was: "already ingested (same sha256)", 3 rejected
+    assert withdraw(cfg, "a.csv")["rows_removed"] == 3  # was: "no ingested file named 'a.csv'"
+
+
+# ============================================================================ round 3: size limits
+ROWS_6 = good_csv(6)
+
+
+def _parquet(rows: int) -> bytes:
+    import io
+
+    import pandas as pd
+
+    buffer = io.BytesIO()
+    pd.read_csv(io.StringIO(good_csv(rows))).to_parquet(buffer)
+    return buffer.getvalue()
+
+
+OVERSIZED = [
+    ("bytes-csv", "big.csv", good_csv(40), {"max_file_bytes": 1000},
+     r"big\.csv: field '\*': 2,\d{3} bytes, over the limit of incoming\.max_file_bytes = 1,000; not read"),
+    ("rows-csv", "many.csv", ROWS_6, {"max_rows": 5}, r"6 data rows, over the limit of incoming\.max_rows = 5"),
+    ("rows-tsv", "many.tsv", ROWS_6.replace(",", "\t"), {"max_rows": 5}, r"6 data rows, over the limit"),
+    ("rows-jsonl", "many.jsonl", "".join(jsonl(src=f"s{i}") for i in range(6)), {"max_rows": 5}, r"6 data rows"),
+    ("rows-parquet", "many.parquet", _parquet(6), {"max_rows": 5}, r"6 data rows, over the limit"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "data", "limits", "match"), [c[1:] for c in OVERSIZED], ids=[c[0] for c in OVERSIZED])
+def test_an_oversized_file_is_refused_with_the_limit_named(name, data, limits, match, tmp_path, incoming_config):
+    """No limit used to exist: 100,000 rows (63 MB) took 690 MB of memory in validation."""
+    cfg = incoming_config(**limits)
+    write(tmp_path / "incoming" / name, data)
+    result = ingest_incoming(cfg)
+    assert result.rejected == [name] and result.rows_added == 0
+    assert re.search(match, Path(result.reports[name]).read_text()), Path(result.reports[name]).read_text()
+    assert re.search(match, validate_file(tmp_path / "incoming/rejected" / name, cfg).report())
+    ok = incoming_config()  # the defaults take the same files
+    assert validate_file(tmp_path / "incoming/rejected" / name, ok).ok
+
+
+# ============================================================================ round 3: rows no model trains on
+def test_rows_of_a_dataset_no_model_trains_on_are_refused(tmp_path, incoming_config):
+    """200 WMT21 DA ja-en rows were ingested and triggered a retrain, but no trained dataset held them."""
+    cfg = incoming_config(trained_datasets=("wmt21_mqm", "wmt23_mqm"))
+    rows = [f"wmt21_da,ja-en,源文{i}。,Translation {i}.,Reference {i}.,0.{i},sysA" for i in range(3)]
+    write(tmp_path / "incoming/da.csv", "\n".join([HEADER, *rows]) + "\n")
+    write(tmp_path / "incoming/mqm.csv", good_csv(3))
+    result = ingest_incoming(cfg)
+    assert result.ingested == ["mqm.csv"] and result.rejected == ["da.csv"]
+    report = Path(result.reports["da.csv"]).read_text()
+    assert (
+        "da.csv: row 1 (line 2): field 'dataset': no model trains on wmt21_da (pipeline.datasets: "
+        "['wmt21_mqm', 'wmt23_mqm']), so its rows would never be trained" in report
+    )
+
+
+def test_trained_datasets_come_from_pipeline_datasets(tmp_path):
+    cfg = load_config(REPO_ROOT / "params.yaml")
+    pipeline = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())["pipeline"]["datasets"]
+    assert cfg.trained_datasets == tuple(pipeline) and cfg.published_dir == "data/prepared"
+    assert cfg.max_file_bytes >= 1_000_000 and cfg.max_rows >= 10_000
+    path = write(tmp_path / "params.yaml", "incoming:\n  trained_datasets: [wmt21_da]\n")
+    with pytest.raises(ConfigError, match=r"incoming\.trained_datasets is read from pipeline\.datasets"):
+        load_config(path)
+
+
+# ============================================================================ round 3: published labels
+def _published(tmp_path: Path) -> Path:
+    """A prepared split holding published labels of Source 0-2 / Translation 0-2 by sysA."""
+    import pandas as pd
+
+    folder = tmp_path / "prepared"
+    folder.mkdir()
+    pd.DataFrame(
+        {
+            "dataset": "wmt21_mqm",
+            "lp": "en-de",
+            "src": [f"Source {i}." for i in range(3)],
+            "mt": [f"Translation {i}." for i in range(3)],
+            "ref": [f"Reference {i}." for i in range(3)],
+            "score": [-0.0, -1.0, -2.0],
+            "system": "sysA",
+        }
+    ).to_parquet(folder / "d_q.parquet")
+    return folder
+
+
+def _row(i: int, score: float, system: str = "sysA") -> str:
+    return f"wmt21_mqm,en-de,Source {i}.,Translation {i}.,Reference {i}.,{score},{system}"
+
+
+PUBLISHED = [
+    # (id, row, what happens with on_published_conflict=reject, report regex)
+    ("contradicts", _row(1, -20), "bad", r"row 1 \(line 2\): field 'score': contradicts the published label of the "
+     r"same src and mt \(wmt21_mqm system 'sysA', score -1\): -20 is more than 5 away"),
+    ("renamed-system", _row(2, -2, "sysA-v2"), "bad", r"field 'system': repeats a published item \(same src and mt: "
+     r"wmt21_mqm system 'sysA', score -2\) under another system name 'sysA-v2'"),
+    ("exact-repeat", _row(0, 0), "duplicate", r"field '\*': already published \(wmt21_mqm system 'sysA', score 0\): skipped"),
+    ("re-rated-within-tolerance", _row(1, -3), "kept", None),
+    ("new-item", _row(7, -3), "kept", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("row", "outcome", "match"), [c[1:] for c in PUBLISHED], ids=[c[0] for c in PUBLISHED])
+@pytest.mark.parametrize("policy", ["reject", "flag"])
+def test_rows_that_contradict_or_repeat_published_labels_are_reported(row, outcome, match, policy, tmp_path, incoming_config):
+    """An item of the published data rescored (0 for everything) or repeated under a renamed system
+    used to join the training pool unnoticed."""
+    cfg = incoming_config(published_dir=str(_published(tmp_path)), on_published_conflict=policy)
+    write(tmp_path / "incoming/new.csv", f"{HEADER}\n{row}\n")
+    result = ingest_incoming(cfg)
+    manifest = json.loads(Path(cfg.manifest_path).read_text()) if Path(cfg.manifest_path).exists() else {"files": []}
+    report = Path(result.reports["new.csv"]).read_text() if "new.csv" in result.reports else ""
+    if match:
+        assert re.search(match, report), report
+    if outcome == "kept" or (outcome == "bad" and policy == "flag"):
+        assert result.rows_added == 1 and len(read_pool(cfg.pool_path)) == 1
+        flagged = outcome == "bad"
+        assert manifest["files"][0]["rows_conflicting_published"] == int(flagged)
+        assert manifest["files"][0].get("rows_flagged") == ([1] if flagged else None)
+        assert ("(flagged, kept)" in report) == flagged and result.rows_flagged == int(flagged)
+    else:  # rejected (bad row) or skipped (a published row again): nothing reaches the pool
+        assert result.rows_added == 0 and result.rejected == ["new.csv"]
+        assert (result.rows_duplicate == 1) == (outcome == "duplicate")

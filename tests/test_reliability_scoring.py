@@ -752,21 +752,36 @@ def test_score_without_lp_detects_the_pair_and_warns_when_unseen(lp_model, fake_
         "language pair de-en was never seen in training (the model knows en-de, zh-en)",
         "detected language pair de-en",
     ]
-    # --lp of a known pair: no detection, no warning, intervals not widened.
-    argv[argv.index("--out") + 1] = str(tmp_path / "given.jsonl")
+    # --lp of a known pair the German -> English text contradicts: scored as unseen (widened, like
+    # the detected de-en), and the warning says so (it used to take en-de's calibration silently).
+    argv[argv.index("--out") + 1] = str(tmp_path / "contradicted.jsonl")
     assert main([*argv, "--lp", "en-de"]) == 0
+    err = capsys.readouterr().err
+    assert "uamt score: the text of 20 of 20 rows contradicts --lp en-de: detected de-en (20)" in err
+    contradicted_records, contradicted = _jsonl((tmp_path / "contradicted.jsonl").read_text())
+    assert (contradicted["lp"], contradicted["lp_rows_contradicting"]) == ("en-de", 20)
+    for a, b in zip(contradicted_records, records, strict=True):
+        assert a["sigma"] == pytest.approx(b["sigma"])
+    # --lp of an unseen pair the text agrees with: the widened global calibration, and the warning.
+    argv[argv.index("--out") + 1] = str(tmp_path / "unseen.jsonl")
+    assert main([*argv, "--lp", "de-en"]) == 0
+    assert "language pair de-en was never seen in training" in capsys.readouterr().err
+    _, unseen = _jsonl((tmp_path / "unseen.jsonl").read_text())
+    assert (unseen["lp"], unseen["lp_source"], unseen["lp_seen_in_training"]) == ("de-en", "given", False)
+    # English -> German text with --lp en-de: the known pair, no warning, not widened.
+    swapped = _score_argv(tmp_path, out="given.jsonl", src=MT, mt=SRC)
+    swapped[swapped.index("--model") + 1] = str(lp_model)
+    assert main([*swapped, "--lp", "en-de"]) == 0
     assert "language pair" not in capsys.readouterr().err
     given_records, given = _jsonl((tmp_path / "given.jsonl").read_text())
     assert (given["lp"], given["lp_source"], given["lp_seen_in_training"]) == ("en-de", "given", True)
     assert "warnings" not in given
-    for a, b in zip(given_records, records, strict=True):
+    # The same text with --lp de-en contradicts it: widened x1.30 against en-de (the global fit copied).
+    swapped[swapped.index("--out") + 1] = str(tmp_path / "swapped-contradicted.jsonl")
+    assert main([*swapped, "--lp", "de-en"]) == 0
+    widened_records, _ = _jsonl((tmp_path / "swapped-contradicted.jsonl").read_text())
+    for a, b in zip(given_records, widened_records, strict=True):
         assert b["sigma"] == pytest.approx(1.3 * a["sigma"])
-    # --lp of an unseen pair: the widened global calibration, and the warning (it used to be silent).
-    argv[argv.index("--out") + 1] = str(tmp_path / "unseen.jsonl")
-    assert main([*argv, "--lp", "fr-en"]) == 0
-    assert "language pair fr-en was never seen in training" in capsys.readouterr().err
-    _, unseen = _jsonl((tmp_path / "unseen.jsonl").read_text())
-    assert (unseen["lp"], unseen["lp_source"], unseen["lp_seen_in_training"]) == ("fr-en", "given", False)
 
 
 def test_batch_score_without_lp_detects_the_pair_and_warns(lp_model, fake_encoder, tmp_path, capsys, scoring_tracking):
@@ -779,11 +794,21 @@ def test_batch_score_without_lp_detects_the_pair_and_warns(lp_model, fake_encode
     assert "uamt score: detected language pair de-en" in err
     assert err.splitlines()[-1].endswith("; LP de-en never seen in training: intervals widened x1.30")
     detected = pd.read_parquet(tmp_path / "parts").sort_values("row")
+    # An lp column of a known pair: its calibration, no detection, not widened.
+    pd.DataFrame({"src": SRC, "mt": MT, "ref": REF, "lp": "en-de"}).to_csv(tmp_path / "in-lp.csv", index=False)
+    argv[argv.index("--input") + 1] = str(tmp_path / "in-lp.csv")
     argv[argv.index("--out") + 1] = str(tmp_path / "given")
-    assert main([*argv, "--no-progress", "--lp", "en-de"]) == 0
+    assert main([*argv, "--no-progress"]) == 0
     assert "language pair" not in capsys.readouterr().err
     given = pd.read_parquet(tmp_path / "given").sort_values("row")
     np.testing.assert_allclose(detected["sigma"], 1.3 * given["sigma"])
+    # --lp en-de on this German -> English text contradicts it: widened as unseen, with the warning.
+    argv[argv.index("--input") + 1] = str(tmp_path / "in.csv")
+    argv[argv.index("--out") + 1] = str(tmp_path / "contradicted")
+    assert main([*argv, "--no-progress", "--lp", "en-de"]) == 0
+    assert "contradicts --lp en-de: detected de-en" in capsys.readouterr().err
+    contradicted = pd.read_parquet(tmp_path / "contradicted").sort_values("row")
+    np.testing.assert_allclose(contradicted["sigma"], detected["sigma"])
 
 
 def test_mlflow_predict_still_refuses_an_unknown_language_pair(uamt_model, fake_encoder):

@@ -120,7 +120,7 @@ def test_choose_language_pair_given_detected_unseen_and_undetermined():
     from uamt.scoring.language_pair import choose_language_pair
 
     known = ("en-de", "zh-en")
-    given = choose_language_pair(GERMAN, ENGLISH, "en-de", known, sigma_factor=1.3)
+    given = choose_language_pair(ENGLISH, GERMAN, "en-de", known, sigma_factor=1.3)
     assert given.lp == "en-de" and given.how == "given" and not given.unseen and given.messages() == []
     detected = choose_language_pair(GERMAN * 3, ENGLISH * 3, None, known, sigma_factor=1.3)
     assert detected.lp == "de-en" and detected.how == "detected" and detected.unseen
@@ -128,8 +128,13 @@ def test_choose_language_pair_given_detected_unseen_and_undetermined():
     assert "de-en was never seen in training" in unseen and "en-de, zh-en" in unseen and "x1.30" in unseen
     assert how.startswith("detected language pair de-en: source de")
     assert detected.to_summary() == {"lp": "de-en", "lp_source": "detected", "lp_seen_in_training": False}
-    mixed = choose_language_pair(GERMAN + ENGLISH + ["这是一个测试。", "Это тест."], ENGLISH, None, known)
-    assert mixed.lp is None and mixed.how == "undetermined" and "global calibration" in mixed.messages()[0]
+    # Rows of several pairs: each keeps its own (de-en, en-en, ...), no single LP.
+    mixed = choose_language_pair(GERMAN + ENGLISH + ["这是一个测试。", "Это тест."], (ENGLISH * 3)[:8], None, known)
+    assert mixed.lp is None and mixed.how == "detected" and mixed.row_counts["de-en"] == 3
+    assert "detected language pairs per row: de-en (3), en-en (3)" in mixed.messages()[-1]
+    nothing = choose_language_pair(["...", "12"], ["?", "!"], None, known)  # no language in the text
+    assert nothing.lp is None and nothing.how == "undetermined" and set(nothing.row_lps) == {"und"}
+    assert "could not be determined confidently (lines 1, 2)" in nothing.messages()[0]
     assert choose_language_pair(GERMAN, ENGLISH, None, ()).lp is None  # no per-LP calibration: no detection
 
 
@@ -178,3 +183,146 @@ def test_calibrate_stage_fits_and_writes_the_unseen_lp_factor(tmp_path, monkeypa
         assert set(unseen["held_out"]) == {"aa-bb", "cc-dd", "ee-ff"}
         assert unseen["held_out"]["ee-ff"] > 1.2 > unseen["held_out"]["aa-bb"]  # the noisy LP drives it
         assert {"avg", "aa-bb", "cc-dd", "ee-ff"} <= set(dev[method])  # the metrics stay
+
+
+# ---------------------------------------------------------------------------- detection that cannot be bypassed
+# Yiddish (YIVO spelling, and Hasidic spelling without points): py3langid knows no Yiddish and calls
+# it Hebrew with 74-99% confidence per line.
+YIDDISH = [
+    "איך האָב ליב צו לייענען ביכער אין דער היים.",
+    "דער טאַטע איז געגאַנגען אין שול אויף שבת.",
+    "מיר וועלן מאָרגן פֿאָרן קיין ניו־יאָרק.",
+    "די קינדער שפּילן זיך אין הויף.",
+    "וואָס מאַכסטו? עס גייט מיר גוט, אַ דאַנק.",
+    "דאָס איז אַ שיינע שטאָט מיט אַ סך אַלטע הייזער.",
+    "זי האָט געשריבן אַ בריוו צו איר באָבע.",
+    "דער עולם האָט זיך צונויפֿגעקליבן אין זאַל.",
+    "מיר האָבן נישט קיין צייט היינט.",
+    "דער ייִדישער טעאַטער איז געווען זייער באַליבט.",
+    "ער לערנט זיך ייִדיש אין אוניווערסיטעט.",
+    "דער ווינטער איז דאָ געווען זייער קאַלט.",
+]
+YIDDISH_HASIDIC = ["דער רבי האט גערעדט צום עולם", "מיר גייען היינט אין שטוב", "דער זיידע איז געווען א גרויסער למדן"]
+HEBREW = [
+    "הממשלה החליטה היום להעלות את שכר המינימום.",
+    "ראש העיר נפגש עם התושבים בשכונה הצפונית.",
+    "מחירי הדירות בתל אביב ממשיכים לעלות.",
+    "השחקן הבקיע שני שערים במשחק אתמול בערב.",
+    "המשטרה פתחה בחקירה בעקבות התאונה בכביש.",
+    "התלמידים חזרו ללימודים אחרי חופשת הקיץ.",
+]
+ENGLISH_12 = ENGLISH * 4
+# Kanji-only Japanese (headlines, notices): every character is Japanese (JIS X 0208) and several are
+# Japanese forms outside simplified Chinese (発, 済, 険, 気): py3langid calls them Chinese.
+KANJI_JAPANESE = [
+    "東京都知事選挙結果発表",
+    "本日天気晴朗",
+    "株式会社設立登記申請書",
+    "国際連合安全保障理事会開催",
+    "大阪府警察本部交通部長就任",
+    "日本経済新聞社説",
+    "新型感染症対策本部会議",
+    "東京証券取引所株価急落",
+]
+CHINESE = [
+    "这是一个关于天气的测试句子。",
+    "我们明天要去北京开会。",
+    "政府发布了新的经济政策。",
+    "他说这个问题很快就会解决。",
+    "学生们在图书馆里认真学习。",
+    "这家公司去年的收入增长了很多。",
+]
+KNOWN = ("en-de", "he-en", "zh-en")
+
+
+@pytest.mark.parametrize(
+    ("case", "src", "mt", "lp", "calibration_lps"),
+    [
+        # before: detected he-en (64%), he-en's calibration (narrower than unseen)
+        ("yiddish-file", YIDDISH, ENGLISH_12, None, {"und"}),
+        ("yiddish-hasidic-spelling", YIDDISH_HASIDIC * 4, ENGLISH_12, None, {"und"}),
+        # before: undetermined -> lp None -> the global calibration, not widened
+        ("yiddish-and-russian", YIDDISH[:6] + ["Правительство объявило сегодня о новых мерах поддержки экономики."] * 6, ENGLISH_12, None, {"und", "ru-en"}),
+        # before: detected zh-en
+        ("kanji-only-japanese", KANJI_JAPANESE, ENGLISH[:2] * 4, None, {"und"}),
+        # before: --lp accepted silently, en-de's / zh-en's calibration on German -> English text
+        ("german-as-en-de", GERMAN * 4, ENGLISH_12, "en-de", {"und"}),
+        ("german-as-zh-en", GERMAN * 4, ENGLISH_12, "zh-en", {"und"}),
+        # must not change: the text agrees with the pair (given or detected)
+        ("hebrew-detected", HEBREW * 2, ENGLISH_12, None, {"he-en"}),
+        ("chinese-detected", CHINESE * 2, ENGLISH_12, None, {"zh-en"}),
+        ("hebrew-given", HEBREW * 2, ENGLISH_12, "he-en", {"he-en"}),
+        ("german-given-right", GERMAN * 4, ENGLISH_12, "de-en", {"de-en"}),
+        # a file mixing two pairs: each row its own (no pair taken from the first rows for all)
+        ("en-de-then-zh-en", ENGLISH * 2 + CHINESE * 3, GERMAN * 2 + ENGLISH * 6, None, {"en-de", "zh-en"}),
+    ],
+)
+def test_no_row_gets_a_calibration_its_text_does_not_support(case, src, mt, lp, calibration_lps):
+    from uamt.scoring.language_pair import UNDETERMINED_LP, choose_language_pair
+
+    choice = choose_language_pair(src, mt, lp, KNOWN, sigma_factor=1.4)
+    frame = choice.assign(pd.DataFrame({"src": src, "mt": mt}))
+    assert set(frame["lp"]) == calibration_lps, choice.row_counts
+    calibration = _calibration(1.4)
+    calibration.standardizer.lp_params = {k: dict(calibration.standardizer.global_params) for k in KNOWN}
+    _, sigma = calibration.apply(np.zeros(len(frame)), np.ones(len(frame)), frame["lp"].to_numpy(dtype=object))
+    expected = np.where(np.isin(frame["lp"], KNOWN), 1.0, 1.4)
+    np.testing.assert_allclose(sigma, expected)  # every undetermined / contradicting row is widened
+    if UNDETERMINED_LP in calibration_lps:
+        text = " ".join(choice.messages())
+        assert "scored as an unseen language pair and intervals are widened x1.40" in text, text
+        assert ("contradicts --lp" in text) == (lp is not None)
+
+
+def test_lp_contradiction_warning_names_both_pairs_and_the_lines():
+    from uamt.scoring.language_pair import choose_language_pair
+
+    choice = choose_language_pair(GERMAN * 4, ENGLISH * 4, "en-de", KNOWN, sigma_factor=1.4)
+    first = choice.messages()[0]
+    assert first.startswith("the text of 12 of 12 rows contradicts --lp en-de: detected de-en (12)")
+    assert "(lines 1, 2, 3, 4, 5, ...)" in first and first.endswith("check --lp")
+    assert choice.to_summary()["lp_rows_contradicting"] == 12
+    assert "12 rows contradict --lp en-de: intervals widened x1.40" in choice.note()
+
+
+def test_detection_never_widens_real_news_text():
+    """On news text of the trained pairs a handful of lines at most are undetermined (punctuation-only
+    lines take their file's language) and nothing contradicts the right --lp."""
+    from uamt.scoring.language_pair import choose_language_pair
+
+    for src, mt, lp in ((GERMAN * 5, ENGLISH * 5, "de-en"), (CHINESE * 3, ENGLISH[:2] * 9, "zh-en")):
+        src = [*src, ".", "“", "GB 18030-2022"]
+        mt = [*mt, ".", "”", "GB 18030-2022"]
+        detected = choose_language_pair(src, mt, None, KNOWN)
+        assert detected.lp == lp and detected.undetermined_rows == [], detected.row_counts
+        assert choose_language_pair(src, mt, lp, KNOWN).row_lps is None  # agrees: nothing changed
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [("de-en", True), ("yue-en", True), ("en-hbo", True), ("", False), ("de-en\nINFO fake log line", False),
+     ("../../etc/passwd", False), ("DE-EN", False), ("de_en", False), ("deu-engl", False), ("de-en ", False)],
+)
+def test_lp_must_be_two_iso_codes(text, ok):
+    from uamt.scoring.language_pair import parse_language_pair
+
+    if ok:
+        assert parse_language_pair(text) == text
+    else:
+        with pytest.raises(ValueError, match=r"expected a language pair xx-yy of ISO 639 codes"):
+            parse_language_pair(text)
+
+
+@pytest.mark.parametrize("bad", ["", "de-en\nINFO uamt: fake log line", "../../etc/passwd", "German"])
+@pytest.mark.parametrize("command", ["score", "compare"])
+def test_cli_refuses_a_malformed_lp_before_loading_anything(bad, command, tmp_path, capsys):
+    """``--lp ""`` used to fail with a traceback after the model had loaded; a newline printed a fake
+    log line; a path was taken as a pair."""
+    from uamt.cli import main
+
+    text = tmp_path / "lines.txt"
+    text.write_text("Hallo Welt.\n", encoding="utf-8")
+    assert main([command, "-s", str(text), "-t", str(text), "--model", str(tmp_path / "no-model"), "--lp", bad]) == 2
+    err = capsys.readouterr().err
+    assert f"--lp: expected a language pair xx-yy of ISO 639 codes (2-3 lowercase letters each, e.g. de-en), got {bad!r}" in err
+    assert "INFO uamt: fake log line" not in err.replace(repr(bad), "")  # shown escaped, never as a line

@@ -31,9 +31,15 @@ ago waits for the next tick).
 :func:`validate_file` reads one file and returns every problem it finds, each naming the file,
 the row (1-based data row; ``line`` = line of a text file) and the field.  :func:`ingest_incoming`
 validates every new file and, per ``incoming.on_bad_rows``, either rejects a file with any bad row
-(``reject_file``) or takes its good rows (``keep_good``); nothing is half-ingested: the pool is
-rewritten atomically (temp file + ``os.replace``), then the manifest, then the file is moved to
-``processed/`` (or ``rejected/`` with ``<name>.report.txt``).  A file whose sha256 was ingested
+(``reject_file``) or takes its good rows (``keep_good``); nothing is half-ingested: each accepted
+file is one transaction -- a write-ahead record (:func:`journal_file`), the pool rewritten
+atomically (temp file + ``os.replace``: the commit point), the manifest, the move to
+``processed/`` (or ``rejected/`` with ``<name>.report.txt``) -- and a tick that finds the record
+of a killed one rolls it forward or back first (:func:`recover_interrupted`).  A file over
+``incoming.max_file_bytes`` is refused unread, one over ``incoming.max_rows`` before validation.
+Rows of a dataset no model trains on (outside ``pipeline.datasets``) are refused; rows about a
+published item (``prepare.out_dir``) that contradict its label or repeat it under another system
+name are rejected or flagged (``incoming.on_published_conflict``).  A file whose sha256 was ingested
 before (recorded in the pool's ``source_sha256`` column and in ``manifest.json``) is never
 ingested again, and rows whose content (:func:`content_key`) is already in the pool are skipped
 and counted, whatever the file's name or bytes (a re-export with CRLF line ends, say).
@@ -71,7 +77,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.config import DEFAULT_PARAMS, ConfigError, load_section, read_params
 from uamt.data.datasets import DATASET_SPECS, DATASETS, DatasetSpec
 from uamt.data.schema import COLUMNS, decode_text, sample_std, to_arrow
 from uamt.errors import DataError, UamtError
@@ -138,6 +144,30 @@ class IncomingConfig:
     settle_s : float
         A file modified less than this many seconds ago is left for the next tick (it may still be
         being copied; the convention is write-then-rename, see docs/orchestration.md).
+    max_file_bytes : int
+        A larger file is refused unread (validation holds ~11x a text file's size in memory:
+        100,000 rows of 63 MB took 690 MB); split it.
+    max_rows : int
+        A file with more data rows is refused before its rows are validated (a parquet file is
+        checked on its metadata, before it is decompressed).
+    on_published_conflict : {"reject", "flag"}
+        A row whose (src, mt) has a published label (``published_dir``) and that contradicts it (a
+        score more than ``published_tolerance`` of the scale away) or repeats it under another
+        system name: ``reject`` makes it a bad row (``on_bad_rows`` decides the file), ``flag``
+        takes it and lists it in the report and the manifest (``rows_flagged``).
+    published_tolerance : float
+        Share of the dataset's ``score_bounds`` width (0.2: 5 MQM points) an incoming score may be
+        from every published score of the same (src, mt) before it contradicts them.
+    journal_path : str or None
+        Write-ahead record of the ingestion or withdrawal in progress (null: ``<manifest>.journal``
+        beside the manifest); a tick that finds one finishes or undoes that change first.
+    trained_datasets : tuple of str or None
+        Datasets a model trains on: rows of any other dataset are refused (they would never be
+        trained).  Not a key of the ``incoming`` section: :func:`load_config` reads it from
+        ``pipeline.datasets``; None accepts every dataset.
+    published_dir : str or None
+        The prepared splits holding the published labels (:func:`load_config`: ``prepare.out_dir``);
+        None or a missing folder: no comparison with published labels.
     """
 
     dir: str = "data/incoming"
@@ -155,6 +185,13 @@ class IncomingConfig:
     lps: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_LPS))
     pending_path: str = "data/.retrain.pending"
     settle_s: float = 0.0
+    max_file_bytes: int = 20_000_000
+    max_rows: int = 50_000
+    on_published_conflict: Literal["reject", "flag"] = "reject"
+    published_tolerance: float = 0.2
+    journal_path: str | None = None
+    trained_datasets: tuple[str, ...] | None = None
+    published_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in (*self.score_bounds, *self.lps):
@@ -172,14 +209,53 @@ class IncomingConfig:
                 )
         if not math.isfinite(self.settle_s) or self.settle_s < 0:
             raise ConfigError(f"{SECTION}.settle_s must be a finite number >= 0")
+        for name in self.trained_datasets or ():
+            if name not in DATASETS:
+                raise ConfigError(f"pipeline.datasets: dataset={name!r} not supported; choose from {sorted(DATASETS)}")
+        if self.max_file_bytes < 1:
+            raise ConfigError(f"{SECTION}.max_file_bytes must be >= 1")
+        if self.max_rows < 1:
+            raise ConfigError(f"{SECTION}.max_rows must be >= 1")
+        if not (math.isfinite(self.published_tolerance) and self.published_tolerance >= 0):
+            raise ConfigError(f"{SECTION}.published_tolerance must be a finite number >= 0")
         if self.interval_minutes < 1:
             raise ConfigError(f"{SECTION}.interval_minutes must be >= 1")
         if self.dask_workers < 1:
             raise ConfigError(f"{SECTION}.dask_workers must be >= 1")
 
 
+#: Fields of :class:`IncomingConfig` read from other sections, never from ``incoming``.
+DERIVED = {"trained_datasets": "pipeline.datasets", "published_dir": "prepare.out_dir"}
+
+
 def load_config(path: str | Path = DEFAULT_PARAMS) -> IncomingConfig:
-    return load_section(IncomingConfig, SECTION, path)
+    """The ``incoming`` section, with ``trained_datasets`` from ``pipeline.datasets`` and
+    ``published_dir`` from ``prepare.out_dir`` (each None when its section is absent)."""
+    params = read_params(path)
+    section = params.get(SECTION)
+    if isinstance(section, dict):
+        for key, source in DERIVED.items():
+            if key in section:
+                raise ConfigError(f"{path}:{SECTION}.{key} is read from {source}; remove it from {SECTION}")
+    cfg = load_section(IncomingConfig, SECTION, path)
+    derived: dict[str, Any] = {}
+    if "pipeline" in params:
+        from uamt.pipeline import PipelineConfig
+
+        derived["trained_datasets"] = tuple(load_section(PipelineConfig, "pipeline", path).datasets)
+    if "prepare" in params:
+        from uamt.data.prepare import PrepareConfig
+
+        derived["published_dir"] = str(load_section(PrepareConfig, "prepare", path).out_dir)
+    return dataclasses.replace(cfg, **derived) if derived else cfg
+
+
+def journal_file(cfg: IncomingConfig) -> Path:
+    """Where the write-ahead record of an ingestion or withdrawal lives (``cfg.journal_path``)."""
+    if cfg.journal_path:
+        return Path(cfg.journal_path)
+    manifest = Path(cfg.manifest_path)
+    return manifest.with_name(manifest.name + ".journal")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -249,6 +325,10 @@ class Validation:
     file_problems: list[Problem] = field(default_factory=list)
     row_problems: list[Problem] = field(default_factory=list)
     duplicates: list[Problem] = field(default_factory=list)
+    #: rows kept but listed: they contradict or repeat a published label (``on_published_conflict: flag``)
+    flagged: list[Problem] = field(default_factory=list)
+    #: rows that contradict or repeat a published label (rejected or flagged)
+    published_conflicts: int = 0
     good: pd.DataFrame | None = None  # canonical rows that passed every check
 
     @property
@@ -274,15 +354,29 @@ class Validation:
         counts = f"rows: {self.n_rows}, bad rows: {len(self.bad_rows)}"
         if self.duplicates:
             counts += f", duplicates skipped: {len(self.duplicates)}"
+        if self.flagged:
+            counts += f", flagged (kept): {len(self.flagged)}"
         lines = [f"file: {name}", f"sha256: {self.sha256}", counts]
-        lines += [p.describe(name) for p in self.file_problems + self.row_problems + self.duplicates]
+        problems = self.file_problems + self.row_problems + self.duplicates + self.flagged
+        lines += [p.describe(name) for p in problems]
         return "\n".join(lines) + "\n"
 
 
-def read_table(path: Path, data: bytes) -> tuple[pd.DataFrame, list[int] | None]:
+def _too_many_rows(n: int, max_rows: int | None) -> None:
+    if max_rows is not None and n > max_rows:
+        raise DataError(
+            f"{n} data rows, over the limit of incoming.max_rows = {max_rows}; split the file into "
+            f"files of at most {max_rows} rows"
+        )
+
+
+def read_table(
+    path: Path, data: bytes, max_rows: int | None = None
+) -> tuple[pd.DataFrame, list[int] | None]:
     """The rows of an incoming file as strings/objects, and the file line of each row (None: no lines).
 
-    Blank lines at the end of a text file (an editor's extra newline) are ignored.
+    Blank lines at the end of a text file (an editor's extra newline) are ignored.  More than
+    ``max_rows`` data rows are refused before they are parsed (parquet: from its metadata).
 
     Raises
     ------
@@ -296,7 +390,11 @@ def read_table(path: Path, data: bytes) -> tuple[pd.DataFrame, list[int] | None]
         try:
             import pyarrow.parquet as pq
 
-            return pq.read_table(io.BytesIO(data)).to_pandas(), None
+            parquet = pq.ParquetFile(io.BytesIO(data))
+            _too_many_rows(parquet.metadata.num_rows, max_rows)
+            return parquet.read().to_pandas(), None
+        except DataError:
+            raise
         except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
             raise DataError(f"{name}: cannot read as parquet ({show(str(exc))})") from exc
     hint = wide_encoding_hint(data)
@@ -305,6 +403,8 @@ def read_table(path: Path, data: bytes) -> tuple[pd.DataFrame, list[int] | None]
     lines = decode_text(data, name).split("\n")  # DataError naming the line of a non-UTF-8 byte
     while lines and not lines[-1].strip():
         lines.pop()
+    if suffix in (".jsonl", ".tsv"):  # one row per non-blank line (TSV is read unquoted): before parsing
+        _too_many_rows(sum(1 for line in lines if line.strip()) - (suffix == ".tsv"), max_rows)
     if suffix == ".jsonl":
         records, numbers = [], []
         for number, line in enumerate(lines, start=1):
@@ -333,6 +433,7 @@ def read_table(path: Path, data: bytes) -> tuple[pd.DataFrame, list[int] | None]
         )
     except Exception as exc:  # noqa: BLE001 - the csv parser raises several types
         raise DataError(f"{name}: cannot parse as {suffix[1:]} ({show(str(exc))})") from exc
+    _too_many_rows(len(frame), max_rows)
     return frame, list(range(2, 2 + len(frame)))
 
 
@@ -546,10 +647,16 @@ class IncomingRow(BaseModel):
 
     @field_validator("dataset", mode="plain")
     @classmethod
-    def _dataset(cls, value: Any) -> str:
+    def _dataset(cls, value: Any, info: ValidationInfo) -> str:
         value = value.strip() if isinstance(value, str) else value
         if not (isinstance(value, str) and value in DATASET_SPECS):
             raise _reason(f"unknown dataset {show(value)}; choose from {sorted(DATASETS)}")
+        trained = info.context["cfg"].trained_datasets
+        if trained is not None and value not in trained:
+            raise _reason(
+                f"no model trains on {value} (pipeline.datasets: {list(trained)}), so its rows would "
+                "never be trained; send rows of those datasets, or add it to pipeline.datasets in params.yaml"
+            )
         return value
 
     @field_validator("lp", mode="plain")
@@ -770,10 +877,16 @@ def validate_file(
     """
     cfg = cfg or IncomingConfig()
     path = Path(path)
-    data = path.read_bytes() if data is None else data
+    if data is None:
+        size = path.stat().st_size
+        if size > cfg.max_file_bytes:
+            result = Validation(path=path, sha256="(not read)")
+            result.file_problems.append(Problem(None, "*", _size_message(size, cfg.max_file_bytes)))
+            return result
+        data = path.read_bytes()
     sha = sha256_bytes(data)
     try:
-        frame, row_lines = read_table(path, data)
+        frame, row_lines = read_table(path, data, cfg.max_rows)
     except DataError as exc:
         result = Validation(path=path, sha256=sha)
         message = str(exc)
@@ -812,6 +925,89 @@ def _write_text_creating_folder(path: Path, text: str) -> None:
     in a user's value or file name) are written as backslash escapes, never an error."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
+
+
+def write_ingest_manifest(path: str | Path, manifest: dict[str, Any]) -> None:
+    """Write the ingest manifest atomically."""
+    _write_text_creating_folder(Path(path), json.dumps(manifest, indent=2) + "\n")
+
+
+def _write_journal(cfg: IncomingConfig, record: dict[str, Any]) -> None:
+    record = {**record, "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    _write_text_creating_folder(journal_file(cfg), json.dumps(record, indent=2) + "\n")
+
+
+def _drop_pending_change(cfg: IncomingConfig, sha256: str) -> None:
+    """Take an undone change out of the pending-retrain marker (the marker goes once nothing is owed)."""
+    path = Path(cfg.pending_path)
+    try:
+        pending = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # absent, or unreadable: leave it (a retrain too many is harmless)
+        return
+    changes = [c for c in pending.get("changes", []) if not (c.get("sha256") == sha256 and "rows_added" in c)]
+    if changes:
+        _write_text_creating_folder(path, json.dumps({**pending, "changes": changes}, indent=2) + "\n")
+    else:
+        path.unlink(missing_ok=True)
+
+
+def recover_interrupted(cfg: IncomingConfig) -> str | None:
+    """Finish or undo the ingestion or withdrawal whose write-ahead record (:func:`journal_file`)
+    is still there (the process died between its steps); call it under :func:`retrain_lock`.
+
+    The pool is the commit point (it is replaced atomically): when it already holds the change,
+    the change is rolled forward (manifest entry written, the file moved to ``processed/`` with
+    its report); when it does not, it is rolled back (the pending-retrain change dropped; the file
+    stays in the incoming folder and is ingested afresh).  Returns what was done, or None.
+    """
+    path = journal_file(cfg)
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        op, sha = record["op"], record["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(
+            f"{path}: unreadable record of an interrupted ingestion ({exc}); compare {cfg.pool_path} "
+            f"with {cfg.manifest_path}, then delete it"
+        ) from exc
+    pool = read_pool(cfg.pool_path)
+    in_pool = bool(len(pool)) and bool((pool[SHA_COLUMN].astype(str) == sha).any())
+    manifest_path = Path(cfg.manifest_path)
+    manifest = read_ingest_manifest(manifest_path)
+    active = [f for f in manifest["files"] if f["sha256"] == sha and not f.get("withdrawn_at")]
+    if op == "ingest":
+        source = Path(record["path"])
+        if in_pool:
+            if not active:
+                manifest["files"].append(record["entry"])
+                write_ingest_manifest(manifest_path, manifest)
+            if source.is_file() and not source.is_symlink() and sha256_bytes(source.read_bytes()) == sha:
+                target = _move(source, source.parent / "processed")
+                if record.get("report"):
+                    _write_text_creating_folder(target.with_name(target.name + ".report.txt"), record["report"])
+            done = f"rolled forward the ingestion of {record['entry']['file']} ({sha[:12]}): its rows were in the pool"
+        else:
+            _drop_pending_change(cfg, sha)
+            done = (
+                f"rolled back the ingestion of {record['entry']['file']} ({sha[:12]}): its rows never "
+                "reached the pool; the file is ingested afresh"
+            )
+    elif op == "withdraw":
+        if not in_pool:
+            for entry in active:
+                entry["withdrawn_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+                entry["rows_withdrawn"] = record.get("rows", 0)
+            if active:
+                write_ingest_manifest(manifest_path, manifest)
+            done = f"rolled forward the withdrawal of {record['file']} ({sha[:12]})"
+        else:  # the pool still has the rows: nothing changed but the marker (a retrain too many)
+            done = f"rolled back the withdrawal of {record['file']} ({sha[:12]}): its rows are still in the pool"
+    else:
+        raise DataError(f"{path}: unknown operation {op!r} in the record of an interrupted ingestion")
+    path.unlink()
+    log.warning("recovered an interrupted change: %s", done)
+    return done
 
 
 def read_ingest_manifest(path: str | Path) -> dict[str, Any]:
@@ -853,7 +1049,16 @@ class _NotReady(Exception):
     """A file modified within ``settle_s``: left for the next tick."""
 
 
-def read_incoming_file(path: Path, settle_s: float = 0.0, now: float | None = None) -> bytes:
+def _size_message(size: int, limit: int) -> str:
+    return (
+        f"{size:,} bytes, over the limit of incoming.max_file_bytes = {limit:,}; not read: split it "
+        "into smaller files (or raise the limit in params.yaml)"
+    )
+
+
+def read_incoming_file(
+    path: Path, settle_s: float = 0.0, now: float | None = None, max_bytes: int | None = None
+) -> bytes:
     """The bytes of one regular file of the incoming folder, read without following links.
 
     Raises
@@ -881,6 +1086,8 @@ def read_incoming_file(path: Path, settle_s: float = 0.0, now: float | None = No
         )
     if settle_s and (now if now is not None else time.time()) - info.st_mtime < settle_s:
         raise _NotReady(f"modified less than {settle_s:g} s ago")
+    if max_bytes is not None and info.st_size > max_bytes:
+        raise _Refused(_size_message(info.st_size, max_bytes))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -891,7 +1098,10 @@ def read_incoming_file(path: Path, settle_s: float = 0.0, now: float | None = No
         opened = os.fstat(handle.fileno())
         if not stat.S_ISREG(opened.st_mode) or opened.st_ino != info.st_ino:
             raise _Refused("replaced while being opened: not read")
-        return handle.read()
+        data = handle.read() if max_bytes is None else handle.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:  # grew since it was looked at
+            raise _Refused(_size_message(os.fstat(handle.fileno()).st_size, max_bytes))
+        return data
 
 
 def _move(path: Path, folder: Path) -> Path:
@@ -946,8 +1156,10 @@ class IngestResult:
     rows_added: int = 0
     rows_rejected: int = 0
     rows_duplicate: int = 0  # rows skipped: the same judgement is already in the pool or the file
+    rows_flagged: int = 0  # rows taken but listed: they contradict or repeat a published label
     reports: dict[str, str] = field(default_factory=dict)  # file name -> report path
     errors: dict[str, str] = field(default_factory=dict)  # file name -> why it could not be moved
+    recovered: list[str] = field(default_factory=list)  # an interrupted ingestion/withdrawal finished or undone
 
     @property
     def changed(self) -> bool:
@@ -955,15 +1167,25 @@ class IngestResult:
 
 
 def _check_file(
-    path: Path, data: bytes, cfg: IncomingConfig, pool: pd.DataFrame, manifest: dict
+    path: Path,
+    data: bytes,
+    cfg: IncomingConfig,
+    pool: pd.DataFrame,
+    manifest: dict,
+    published: Callable[[], dict[tuple, list[dict[str, Any]]]] = dict,
 ) -> Validation:
-    """:func:`validate_file` + the checks against the pool; an unexpected error refuses this file only."""
+    """:func:`validate_file` + the checks against the pool and the published labels (``published``:
+    the index of :func:`published_labels`, built on first use); an unexpected error refuses this
+    file only."""
     try:
         check = validate_file(path, cfg, data=data)
         if check.sha256 in _ingested_sha256s(pool, manifest):
             check.file_problems.append(Problem(None, "*", "already ingested (same sha256): not added again"))
-        elif check.good is not None and len(check.good) and len(pool):
-            _check_against_pool(check, pool, manifest)
+        elif check.good is not None and len(check.good):
+            if len(pool):
+                _check_against_pool(check, pool, manifest)
+            if len(check.good):
+                _check_against_published(check, published(), cfg)
     except Exception as exc:  # noqa: BLE001 - one file that breaks the validator must not block the others
         log.exception("validating %s failed", path)
         check = Validation(path=path, sha256=sha256_bytes(data))
@@ -993,6 +1215,16 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
     processed, rejected = incoming / "processed", incoming / "rejected"
     manifest_path = Path(cfg.manifest_path)
     started = time.time()
+    recovered = recover_interrupted(cfg)
+    if recovered:
+        result.recovered.append(recovered)
+    published_index: dict[tuple, list[dict[str, Any]]] | None = None
+
+    def published() -> dict[tuple, list[dict[str, Any]]]:
+        nonlocal published_index
+        if published_index is None:
+            published_index = published_labels(cfg)
+        return published_index
 
     def move(path: Path, folder: Path) -> Path | None:
         try:
@@ -1013,7 +1245,7 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
 
     for path in new_files(incoming):
         try:
-            data = read_incoming_file(path, cfg.settle_s, started)
+            data = read_incoming_file(path, cfg.settle_s, started, cfg.max_file_bytes)
         except _NotReady as exc:
             result.deferred.append(path.name)
             log.info("%s: %s; left for the next tick", path.name, exc)
@@ -1028,35 +1260,50 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
             continue
         pool = read_pool(cfg.pool_path)
         manifest = read_ingest_manifest(manifest_path)
-        check = _check_file(path, data, cfg, pool, manifest)
+        adopted = _adopt_orphaned_rows(path, data, pool, manifest, manifest_path)
+        if adopted:
+            result.recovered.append(adopted)
+            move(path, processed)
+            continue
+        check = _check_file(path, data, cfg, pool, manifest, published)
         accept = not check.file_problems and (check.ok or cfg.on_bad_rows == "keep_good")
         usable = check.good.reset_index(drop=True) if accept and check.good is not None else None
         if usable is not None and len(usable):
             usable = usable.assign(**{SHA_COLUMN: check.sha256})
             merged = pd.concat([pool, usable], ignore_index=True) if len(pool) else usable
+            entry = {
+                "file": path.name,
+                "sha256": check.sha256,
+                "rows": check.n_rows,
+                "rows_added": len(usable),
+                "rows_rejected": len(check.bad_rows),
+                "rows_duplicate": len(check.duplicates),
+                "rows_conflicting_published": check.published_conflicts,
+                "ingested_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            }
+            if check.flagged:
+                entry["rows_flagged"] = sorted({p.row for p in check.flagged if p.row is not None})
+            report_text = check.report() if not check.ok or check.duplicates or check.flagged else None
+            # One transaction: the write-ahead record, then the pool (the commit point: an atomic
+            # replace), the manifest, the move; a tick that finds the record finishes or undoes it.
+            _write_journal(cfg, {"op": "ingest", "path": str(path), "sha256": check.sha256,
+                                 "entry": entry, "report": report_text})  # fmt: skip
             mark_pending(cfg, {"file": path.name, "sha256": check.sha256, "rows_added": len(usable)})
             write_pool(merged.reset_index(drop=True), cfg.pool_path)
-            manifest["files"].append(
-                {
-                    "file": path.name,
-                    "sha256": check.sha256,
-                    "rows": check.n_rows,
-                    "rows_added": len(usable),
-                    "rows_rejected": len(check.bad_rows),
-                    "rows_duplicate": len(check.duplicates),
-                    "ingested_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                }
-            )
-            _write_text_creating_folder(manifest_path, json.dumps(manifest, indent=2) + "\n")
+            manifest["files"].append(entry)
+            write_ingest_manifest(manifest_path, manifest)
             result.ingested.append(path.name)
             result.rows_added += len(usable)
             result.rows_rejected += len(check.bad_rows)
             result.rows_duplicate += len(check.duplicates)
+            result.rows_flagged += len(check.flagged)
             target = move(path, processed)
-            if not check.ok or check.duplicates:
+            if report_text is not None:
                 report = (target or processed / path.name).with_name((target or path).name + ".report.txt")
-                _write_text_creating_folder(report, check.report())
+                _write_text_creating_folder(report, report_text)
                 result.reports[path.name] = str(report)
+            if target is not None:  # else the next tick retries the move (the record says what to do)
+                journal_file(cfg).unlink(missing_ok=True)
             log.info(
                 "ingested %s: %d row(s) added, %d rejected, %d duplicate(s) skipped",
                 path.name,
@@ -1067,13 +1314,41 @@ def ingest_incoming(cfg: IncomingConfig) -> IngestResult:
         else:
             if check.ok and check.good is not None and not len(check.good):
                 if check.duplicates and not check.bad_rows:
-                    message = f"nothing new: all {len(check.duplicates)} row(s) are already in the pool or repeat a row"
+                    message = (
+                        f"nothing new: all {len(check.duplicates)} row(s) are already in the pool "
+                        "(or published) or repeat a row"
+                    )
                 else:
                     message = "no usable rows"
                 check.file_problems.append(Problem(None, "*", message))
             result.rows_duplicate += len(check.duplicates)
             reject(path, check, check.n_rows - len(check.duplicates))
     return result
+
+
+def _adopt_orphaned_rows(
+    path: Path, data: bytes, pool: pd.DataFrame, manifest: dict[str, Any], manifest_path: Path
+) -> str | None:
+    """A file whose rows are in the pool without a manifest entry (killed between the two writes by
+    a version without the write-ahead record): record it now, as ingested; returns what was done."""
+    if not len(pool):
+        return None
+    sha = sha256_bytes(data)
+    rows = int((pool[SHA_COLUMN].astype(str) == sha).sum())
+    if not rows or any(f["sha256"] == sha for f in manifest["files"]):
+        return None
+    manifest["files"].append(
+        {
+            "file": path.name,
+            "sha256": sha,
+            "rows_added": rows,
+            "ingested_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "recovered": "rows found in the pool without a manifest entry",
+        }
+    )
+    write_ingest_manifest(manifest_path, manifest)
+    log.warning("%s: its %d row(s) were in the pool without a manifest entry: recorded now", path.name, rows)
+    return f"recorded {path.name} ({sha[:12]}): its {rows} row(s) were in the pool without a manifest entry"
 
 
 def _check_against_pool(check: Validation, pool: pd.DataFrame, manifest: dict[str, Any]) -> None:
@@ -1109,6 +1384,88 @@ def _check_against_pool(check: Validation, pool: pd.DataFrame, manifest: dict[st
         check.good = check.good.drop(index=dropped)
 
 
+def _item_key(scale: str, row: Any) -> tuple:
+    """(score scale, lp, src, mt), normalised: the translation a label is about, whatever system name."""
+    return (scale, row["lp"], _norm_text(row["src"]), _norm_text(row["mt"]))
+
+
+def published_labels(cfg: IncomingConfig) -> dict[tuple, list[dict[str, Any]]]:
+    """The published labels (rows of ``cfg.published_dir``'s ``*.parquet`` that did not come from
+    the annotation pool), indexed by :func:`_item_key`; empty when there is no such folder."""
+    if cfg.published_dir is None or not Path(cfg.published_dir).is_dir():
+        return {}
+    columns = ["dataset", "lp", "src", "mt", "ref", "score", "system"]
+    frames = [pd.read_parquet(path, columns=columns) for path in sorted(Path(cfg.published_dir).glob("*.parquet"))]
+    if not frames:
+        return {}
+    published = pd.concat(frames, ignore_index=True)
+    pool = read_pool(cfg.pool_path)
+    from_pool = {content_key(r) for r in pool.to_dict(orient="records")} if len(pool) else set()
+    index: dict[tuple, list[dict[str, Any]]] = {}
+    for record in published.to_dict(orient="records"):
+        if record["dataset"] not in DATASET_SPECS or (from_pool and content_key(record) in from_pool):
+            continue
+        scale = DATASET_SPECS[record["dataset"]].scale.name
+        index.setdefault(_item_key(scale, record), []).append(
+            {"dataset": record["dataset"], "system": _norm_text(record["system"]), "score": float(record["score"])}
+        )
+    return index
+
+
+def _check_against_published(
+    check: Validation, published: dict[tuple, list[dict[str, Any]]], cfg: IncomingConfig
+) -> None:
+    """Rows about a published item (same scale, lp, src and mt): an exact repeat (same system and
+    score) is a skipped duplicate; a score more than ``published_tolerance`` of the scale from every
+    published one contradicts it; another system name with a close score repeats it under a renamed
+    system.  Conflicts are bad rows or flagged rows per ``cfg.on_published_conflict``."""
+    if not published:
+        return
+    dropped = []
+    for index, row in check.good.iterrows():
+        index = int(index)
+        spec = DATASET_SPECS[row["dataset"]]
+        labels = published.get(_item_key(spec.scale.name, row))
+        if not labels:
+            continue
+        low, high = cfg.score_bounds.get(spec.name, DEFAULT_BOUNDS[spec.name])
+        tolerance = cfg.published_tolerance * (high - low)
+        score, system = float(row["score"]), _norm_text(row["system"])
+        nearest = min(labels, key=lambda label: abs(label["score"] - score))
+        where = f"{nearest['dataset']} system {nearest['system']!r}, score {nearest['score'] + 0.0:g}"
+        line = check.line_of(index)
+        if any(label["system"] == system and label["score"] == score for label in labels):
+            dropped.append(index)
+            check.duplicates.append(Problem(index + 1, "*", f"already published ({where}): skipped", line))
+            continue
+        if abs(nearest["score"] - score) > tolerance:
+            problem = Problem(
+                index + 1,
+                "score",
+                f"contradicts the published label of the same src and mt ({where}): {score + 0.0:g} is more than "
+                f"{tolerance:g} away (incoming.published_tolerance)",
+                line,
+            )
+        elif all(label["system"] != system for label in labels):
+            problem = Problem(
+                index + 1,
+                "system",
+                f"repeats a published item (same src and mt: {where}) under another system name "
+                f"{row['system']!r}",
+                line,
+            )
+        else:  # the same system re-rated within the tolerance: a new judgement of it
+            continue
+        check.published_conflicts += 1
+        if cfg.on_published_conflict == "reject":
+            dropped.append(index)
+            check.row_problems.append(problem)
+        else:
+            check.flagged.append(dataclasses.replace(problem, message=problem.message + " (flagged, kept)"))
+    if dropped:
+        check.good = check.good.drop(index=dropped)
+
+
 def withdraw(cfg: IncomingConfig, which: str) -> dict[str, Any]:
     """Take the rows of one ingested file out of the pool; the next retrain tick trains without them.
 
@@ -1123,6 +1480,7 @@ def withdraw(cfg: IncomingConfig, which: str) -> dict[str, Any]:
         No ingested file, or several, match ``which``.
     """
     manifest_path = Path(cfg.manifest_path)
+    recover_interrupted(cfg)
     manifest = read_ingest_manifest(manifest_path)
     entries = [
         f
@@ -1141,12 +1499,14 @@ def withdraw(cfg: IncomingConfig, which: str) -> dict[str, Any]:
     pool = read_pool(cfg.pool_path)
     keep = pool[pool[SHA_COLUMN].astype(str) != entry["sha256"]].reset_index(drop=True)
     removed = len(pool) - len(keep)
+    _write_journal(cfg, {"op": "withdraw", "sha256": entry["sha256"], "file": entry["file"], "rows": removed})
     mark_pending(cfg, {"withdrawn": entry["file"], "sha256": entry["sha256"], "rows_removed": removed})
     if removed:
         write_pool(keep, cfg.pool_path)
     entry["withdrawn_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     entry["rows_withdrawn"] = removed
-    _write_text_creating_folder(manifest_path, json.dumps(manifest, indent=2) + "\n")
+    write_ingest_manifest(manifest_path, manifest)
+    journal_file(cfg).unlink(missing_ok=True)
     log.info(
         "withdrew %s (%s): %d row(s) removed from the pool", entry["file"], entry["sha256"][:12], removed
     )

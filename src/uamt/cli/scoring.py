@@ -60,6 +60,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def language_pair(text: str) -> str:
+    """``xx-yy``: two ISO 639 codes of 2-3 lowercase letters (checked before any model is loaded)."""
+    from uamt.scoring.language_pair import parse_language_pair
+
+    try:
+        return parse_language_pair(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     from uamt.config import DEFAULT_PARAMS
 
@@ -118,7 +128,10 @@ def _add_input_options(p: argparse.ArgumentParser, *, several_mt: bool, required
         "reference per segment at random (S-N variant, seeded by --seed)",
     )
     p.add_argument(
-        "--lp", help="language pair xx-yy of the segments (selects per-LP calibration where the model has it)"
+        "--lp",
+        type=language_pair,
+        help="language pair xx-yy of the segments, ISO 639 codes (selects per-LP calibration where the "
+        "model has it; rows whose text contradicts it are scored as an unseen pair, with a warning)",
     )
     p.add_argument(
         "--seed", type=nonnegative_int, default=0, help="seed of reference sampling and the bootstrap (>= 0)"
@@ -313,13 +326,14 @@ def _warn_truncated(command: str, predictor, texts: dict[str, list[list[str]]], 
 
 
 def _language_pair(command: str, predictor, frame, texts: dict, lp: str | None):
-    """The LP whose calibration scores ``frame`` (given, else detected from the first source and
-    translation files) with ``frame``'s ``lp`` column set to it; its messages go to stderr."""
+    """The LP whose calibration scores each row of ``frame`` (given, else detected row by row from
+    the first source and translation files; rows that contradict a given LP or whose pair is
+    undetermined are scored as unseen) with ``frame``'s ``lp`` column set; messages go to stderr.
+    ``frame`` may hold the rows once per system (``uamt compare``)."""
     from uamt.scoring.language_pair import predictor_language_pair
 
     choice = predictor_language_pair(predictor, texts["src"][0], texts["mt"][0], lp)
-    if lp is None and choice.lp is not None:
-        frame = frame.assign(lp=choice.lp)
+    frame = choice.assign(frame, repeat=len(frame) // max(len(texts["src"][0]), 1))
     for message in choice.messages():
         print(f"uamt {command}: {message}", file=sys.stderr)
     return frame, choice
