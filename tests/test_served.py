@@ -151,7 +151,8 @@ def test_perturbing_the_calibration_file_changes_the_measured_metrics(data, mond
 
 def test_cross_fitted_rows_come_from_calibrations_that_never_saw_the_row(data, mondrian):
     dev, _ = data
-    rows = cross_fitted_rows(dev, "hts", mondrian, MONDRIAN, BOUNDS)
+    rows, unit = cross_fitted_rows(dev, "hts", mondrian, MONDRIAN, BOUNDS)
+    assert unit == "documents"
     in_sample = ask(mondrian, dev, MONDRIAN, BOUNDS)
     assert rows.center.shape == in_sample.center.shape
     assert not np.allclose(rows.intervals[0.9][0], in_sample.intervals[0.9][0])
@@ -229,3 +230,13 @@ def test_refit_served_equals_the_pinned_full_fit(data, settings, method):
         for a, b in zip(light.interval(test["mu"], test["sigma"], gamma, lp), full.interval(test["mu"], test["sigma"], gamma, lp), strict=True):
             np.testing.assert_allclose(a, b)
     np.testing.assert_allclose(light.risk(test["mu"], test["sigma"], -5.0, lp), full.risk(test["mu"], test["sigma"], -5.0, lp))
+
+
+def test_cross_fitting_falls_back_to_segments_then_in_sample(data, mondrian):
+    dev, _ = data
+    one_doc = dev.assign(doc="d0", dataset="wmt", seg_id=np.arange(len(dev)) // 3)
+    rows, unit = cross_fitted_rows(one_doc, "hts", mondrian, MONDRIAN, BOUNDS)
+    assert unit == "source segments" and rows.center.shape == (len(dev),)
+    one_segment = one_doc.assign(seg_id=0, lp="en-de")
+    _, unit = cross_fitted_rows(one_segment, "hts", mondrian, MONDRIAN, BOUNDS)
+    assert unit == "in-sample"

@@ -45,6 +45,7 @@ from uamt.calibrated import (
     with_model_sigma,
 )
 from uamt.encoders import EncodeConfig
+from uamt.errors import DataError
 from uamt.pipeline import (
     QE_SUFFIX,
     PipelineConfig,
@@ -168,21 +169,34 @@ def pinned(settings: EvaluationSettings, candidate: str) -> EvaluationSettings:
 
 def cross_fitted_rows(
     table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds
-) -> ServedRows:
+) -> tuple[ServedRows, str]:
     """The served distribution's answers for every dev row, each from the calibration fitted on the
-    *other* document folds (``settings.cross_fit_folds``), with the served candidate pinned: what
-    the calibration promises on dev rows it never saw (the gate's input)."""
-    docs = row_documents(table)
-    folds = document_folds(docs, min(settings.cross_fit_folds, len(set(docs.tolist()))))
+    *other* folds (``settings.cross_fit_folds``; :func:`refit_served`): what the calibration promises
+    on dev rows it never saw (the gate's input).  Folds are whole documents; with fewer than two
+    documents, whole source segments; with fewer than two of those, the in-sample answers.
+
+    Returns the rows and what the folds were made of (``documents``, ``source segments``, ``in-sample``).
+    """
+    groups, unit = row_documents(table), "documents"
+    if len(set(groups.tolist())) < 2:
+        groups, unit = row_documents(table.drop(columns="doc", errors="ignore")), "source segments"
+    n_groups = len(set(groups.tolist()))
+    if n_groups < 2:
+        return ask(calibration, with_model_sigma(table, method) if method else table, settings, bounds), "in-sample"
+    folds = document_folds(groups, min(settings.cross_fit_folds, n_groups))
     parts = []
     for fold in sorted(set(folds.tolist())):
         held = folds == fold
-        fitted = refit_served(table[~held], method, calibration, settings)
+        try:
+            fitted = refit_served(table[~held], method, calibration, settings)
+        except (ValueError, DataError) as exc:  # too few rows outside the fold to fit on
+            log.warning("cross-fitting fold %d of %d: %s; its rows are answered in-sample", fold, n_groups, exc)
+            fitted, unit = calibration, f"{unit} (some folds in-sample)"
         part = table[held]
         if method is not None:
             part = with_model_sigma(part, method)
         parts.append((np.flatnonzero(held), ask(fitted, part, settings, bounds)))
-    return ServedRows.stack(parts, len(table))
+    return ServedRows.stack(parts, len(table)), unit
 
 
 def _scale_bounds(pipe: PipelineConfig):
@@ -225,9 +239,10 @@ def calibrate_models(
         out[method] = Path(calibration_dir) / f"{method}.json"
         calibration.save(out[method])
         sigma_table = with_model_sigma(table, method)
-        rows = cross_fitted_rows(table, method, calibration, settings, bounds)
+        rows, unit = cross_fitted_rows(table, method, calibration, settings, bounds)
         metrics[method] = {
             **compact(measure(calibration, rows, sigma_table, settings)),
+            "cross_fitted_over": unit,
             "served": "fixed_variance" if calibration.fixed else calibration.selected,
             "unseen_lp": {"sigma_factor": factor, "held_out": held_out},
         }
@@ -242,8 +257,8 @@ def calibrate_models(
         point_table = with_model_sigma(tables[point], point)
         baseline, _ = fit_calibration(point_table, None, settings=pinned(settings, candidate), source=f"dev/{name}")
         baseline.save(Path(calibration_dir) / BASELINES_DIR / f"{name}.json")
-        rows = cross_fitted_rows(point_table, None, baseline, settings, bounds)
-        metrics[name] = {**compact(measure(baseline, rows, point_table, settings)), "served": candidate}
+        rows, unit = cross_fitted_rows(point_table, None, baseline, settings, bounds)
+        metrics[name] = {**compact(measure(baseline, rows, point_table, settings)), "cross_fitted_over": unit, "served": candidate}
         log.info("fitted the baseline %s", name)
     Path(pipe.metrics_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics, Path(pipe.metrics_dir) / "dev.json")

@@ -670,9 +670,10 @@ def store_folders(tracking_uri: str, pin: ModelPin | None = None) -> list[tuple[
     model's own files."""
     from urllib.parse import unquote, urlparse
 
-    from uamt.registry import artifact_location, sqlite_path
+    from uamt.registry import DEFAULT_STORE, sqlite_path
 
-    folders = [(Path(unquote(urlparse(artifact_location()).path)), "the model store's artifacts")]
+    # the project's default store (mlflow/artifacts of the working folder), whatever store is used
+    folders = [((DEFAULT_STORE / "artifacts").resolve(), "the model store's artifacts")]
     db = sqlite_path(tracking_uri)
     if db is not None:
         folders.append((db.parent / "artifacts", "the model store's artifacts"))
