@@ -380,7 +380,8 @@ def test_batch_refusal_is_one_line_and_leaves_nothing(case, scoring_store, tmp_p
 # ============================================================================ D. language pairs per row
 EN = [f"The weather in town number {i} is very nice and warm today." for i in range(20)]
 DE = [f"Das Wetter in der Stadt Nummer {i} ist heute sehr schön und warm." for i in range(20)]
-ZH = [f"今天第{i}号城市的天气非常好，也很暖和。" for i in range(20)]
+# Simplified Chinese with characters Japanese does not write (这): detected as zh, not doubted as kanji-only Japanese.
+ZH = [f"这是第{i}号城市，今天这里的天气非常好，也很暖和。" for i in range(20)]
 
 
 @pytest.fixture
@@ -449,9 +450,9 @@ def test_rows_with_an_empty_lp_have_their_pair_detected_and_named(two_lp_model, 
 
 
 def test_batch_json_records_the_language_pairs_truthfully(two_lp_model, fake_encoder, tmp_path, capsys):  # noqa: F811
-    """``--lp`` given (no lp column): recorded as given, with the rows it covered; an unseen LP in
+    """``--lp`` given (no lp column) on text of that pair: recorded as given, with the rows it covered; an unseen LP in
     the column is warned about (it used to be widened silently)."""
-    pd.DataFrame({"src": DE[:4], "mt": EN[:4], "ref": EN[4:8]}).to_csv(tmp_path / "in.csv", index=False)
+    pd.DataFrame({"src": EN[:4], "mt": DE[:4], "ref": DE[4:8]}).to_csv(tmp_path / "in.csv", index=False)  # an en-de text
     argv = ["score", "--input", str(tmp_path / "in.csv"), "--model", str(two_lp_model), "--no-progress"]
     assert main([*argv, "--out", str(tmp_path / "given"), "--lp", "en-de"]) == 0
     manifest = _manifest(tmp_path / "given")

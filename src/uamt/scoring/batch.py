@@ -77,12 +77,13 @@ DASK_SCHEMES = ("tcp", "tls", "ucx", "ws", "wss")
 #: How the pair of a row was chosen (``_batch.json`` ``lps[].how``): --lp, the lp column, detected
 #: from the row's texts, not detectable (global calibration), or nothing to choose (a model
 #: calibrated globally only).
-LP_GIVEN, LP_COLUMN, LP_DETECTED, LP_UNDETERMINED, LP_GLOBAL_ONLY = (
+LP_GIVEN, LP_COLUMN, LP_DETECTED, LP_UNDETERMINED, LP_GLOBAL_ONLY, LP_CONTRADICTED = (
     "given",
     "column",
     "detected",
     "undetermined",
     "global-only model",
+    "contradicts --lp",
 )
 
 
@@ -121,8 +122,16 @@ class BatchLanguagePairs:
 
     @property
     def unseen(self) -> dict[str, int]:
-        """Pair -> rows, for the pairs the model has no calibration of its own for (widened)."""
-        return self._rows_by_lp(lambda item: item["seen_in_training"] is False)
+        """Pair -> rows, for the pairs the model has no calibration of its own for (widened); rows
+        whose pair is undetermined or contradicts ``--lp`` are counted apart (:meth:`messages`)."""
+        return self._rows_by_lp(
+            lambda item: item["seen_in_training"] is False and item["how"] not in (LP_UNDETERMINED, LP_CONTRADICTED)
+        )
+
+    def _widening(self) -> str:
+        if self.sigma_factor > 1:
+            return f"their intervals are widened x{self.sigma_factor:.2f}"
+        return "the global calibration is used for them (the model has no fitted widening for unseen LPs)"
 
     @property
     def detected(self) -> dict[str, int]:
@@ -131,12 +140,15 @@ class BatchLanguagePairs:
     def messages(self) -> list[str]:
         """What the user should read on stderr, most important first."""
         out = []
+        for item in self.lps:
+            if item["how"] == LP_CONTRADICTED:
+                found = ", ".join(f"{pair} ({k})" for pair, k in sorted((item.get("detected") or {}).items()))
+                out.append(
+                    f"the text of {_rows(item['rows'])} contradicts --lp {item.get('given')}: detected {found}; "
+                    f"they are scored as an unseen language pair and {self._widening()}; check --lp"
+                )
         for lp, n in self.unseen.items():
-            widened = (
-                f"their intervals are widened x{self.sigma_factor:.2f}"
-                if self.sigma_factor > 1
-                else "the global calibration is used for them (the model has no fitted widening for unseen LPs)"
-            )
+            widened = self._widening()
             out.append(
                 f"language pair {lp} was never seen in training (the model knows {', '.join(self.known_lps)}): "
                 f"{_rows(n)} are less reliable and {widened}"
@@ -147,13 +159,18 @@ class BatchLanguagePairs:
         undetermined = sum(item["rows"] for item in self.lps if item["how"] == LP_UNDETERMINED)
         if undetermined:
             out.append(
-                f"could not detect the language pair of {_rows(undetermined)}: the global calibration is "
-                "used for them; " + ("give their lp in the lp column" if self.lp_column else "pass --lp or add an lp column")
+                f"could not determine the language pair of {_rows(undetermined)} confidently: they are scored "
+                f"as an unseen language pair and {self._widening()}; "
+                + ("give their lp in the lp column" if self.lp_column else "pass --lp or add an lp column")
             )
         return out
 
     def note(self) -> str:
         """The clause of the one-line summary on stderr ("" when there is nothing to say)."""
+        doubtful = sum(item["rows"] for item in self.lps if item["how"] in (LP_UNDETERMINED, LP_CONTRADICTED))
+        if doubtful and not self.unseen:
+            widened = f": intervals widened x{self.sigma_factor:.2f}" if self.sigma_factor > 1 else ""
+            return f"; {_rows(doubtful)} of an undetermined or contradicted language pair{widened}"
         if self.unseen:
             widened = f": intervals widened x{self.sigma_factor:.2f}" if self.sigma_factor > 1 else ""
             label = "LP" if len(self.unseen) == 1 else "LPs"
@@ -547,30 +564,42 @@ def model_loads() -> int:
     return LOAD_COUNT["n"]
 
 
-def row_language_pairs(predictor, frame: pd.DataFrame, lp: str | None) -> tuple[list[str | None], list[str]]:
-    """The language pair of each row of ``frame`` (None: the global calibration) and how it was
-    chosen: ``lp`` (``--lp``) for all; else the row's ``lp`` value; else detected from the row's own
-    ``src`` and ``mt`` (:func:`~uamt.scoring.language_pair.predictor_language_pair`, which only
-    detects for a model calibrated per LP).  Per row, so a table mixing pairs gets each one's."""
-    from uamt.scoring.language_pair import predictor_language_pair
+def row_language_pairs(
+    predictor, frame: pd.DataFrame, lp: str | None
+) -> tuple[list[str | None], list[str], dict[str, int]]:
+    """The language pair of each row of ``frame`` (None: the global calibration), how it was chosen,
+    and what was detected on rows that contradict ``lp``.
 
+    ``lp`` (``--lp``) for all rows, except those whose text confidently contradicts it (the unseen
+    pair ``und``); else the row's ``lp`` value; else detected from the row's ``src`` and ``mt``, with
+    the partition's other rows as context for a line too short to tell (``und`` where the pair
+    stays undetermined: widened as unseen).  Detection runs only for a model calibrated per LP
+    (:func:`~uamt.scoring.language_pair.predictor_language_pair`).  Per row, so a table mixing
+    pairs gets each one's.
+    """
+    from uamt.scoring.language_pair import UNDETERMINED_LP, predictor_language_pair
+
+    src, mt = frame["src"].tolist(), frame["mt"].tolist()
     if lp is not None:
-        return [lp] * len(frame), [LP_GIVEN] * len(frame)
+        choice = predictor_language_pair(predictor, src, mt, lp)
+        contradicted = set(choice.contradicted)
+        lps = [UNDETERMINED_LP if i in contradicted else lp for i in range(len(frame))]
+        hows = [LP_CONTRADICTED if i in contradicted else LP_GIVEN for i in range(len(frame))]
+        return lps, hows, dict(choice.contradicting_pairs)
     column = frame["lp"].tolist() if "lp" in frame.columns else [None] * len(frame)
-    lps: list[str | None] = []
-    hows: list[str] = []
-    for src, mt, value in zip(frame["src"].tolist(), frame["mt"].tolist(), column, strict=True):
-        if value is not None:
-            lps.append(value)
-            hows.append(LP_COLUMN)
-            continue
-        choice = predictor_language_pair(predictor, [src], [mt], None)
-        lps.append(choice.lp)
-        if choice.lp is not None:
-            hows.append(LP_DETECTED)
-        else:
-            hows.append(LP_UNDETERMINED if choice.detected is not None else LP_GLOBAL_ONLY)
-    return lps, hows
+    lps: list[str | None] = list(column)
+    hows = [LP_COLUMN if value is not None else "" for value in column]
+    missing = [i for i, value in enumerate(column) if value is None]
+    if missing:
+        choice = predictor_language_pair(predictor, [src[i] for i in missing], [mt[i] for i in missing], None)
+        for k, i in enumerate(missing):
+            found = choice.row_lps[k] if choice.row_lps is not None else choice.lp
+            lps[i] = found
+            if found is None:
+                hows[i] = LP_GLOBAL_ONLY if choice.row_lps is None else LP_UNDETERMINED
+            else:
+                hows[i] = LP_UNDETERMINED if found == UNDETERMINED_LP else LP_DETECTED
+    return lps, hows, {}
 
 
 def _predict_per_language_pair(predictor, model_input: pd.DataFrame, lps: list[str | None], settings: BatchSettings):
@@ -615,7 +644,7 @@ def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings)
 
     predictor = cached_predictor(settings.model, settings.tracking_uri)
     check_signature(predictor, has_references="ref" in frame.columns, model=settings.model)
-    lps, hows = row_language_pairs(predictor, frame, settings.lp)
+    lps, hows, contradicting = row_language_pairs(predictor, frame, settings.lp)
     model_input = frame.drop(columns=[c for c in (ROW_COLUMN, "lp") if c in frame.columns])
     out = _predict_per_language_pair(predictor, model_input, lps, settings)
     out.insert(0, ROW_COLUMN, frame[ROW_COLUMN].to_numpy())
@@ -635,6 +664,7 @@ def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings)
                 "how": how,
                 "rows": n,
                 "seen_in_training": None if lp is None else not predictor_language_pair(predictor, [], [], lp).unseen,
+                **({"given": settings.lp, "detected": contradicting} if how == LP_CONTRADICTED else {}),
             }
             for (lp, how), n in sorted(counts.items(), key=lambda item: (item[0][0] or "", item[0][1]))
         ],
@@ -647,6 +677,7 @@ def language_pairs_of(records: list[dict[str, Any]], lp_column: bool) -> BatchLa
     """The rows per (pair, how chosen) over the part ``records`` of a whole batch."""
     rows: Counter[tuple[str | None, str]] = Counter()
     seen: dict[tuple[str | None, str], bool | None] = {}
+    extra: dict[tuple[str | None, str], dict[str, Any]] = {}
     known: tuple[str, ...] = ()
     factor = 1.0
     for record in records:
@@ -656,8 +687,17 @@ def language_pairs_of(records: list[dict[str, Any]], lp_column: bool) -> BatchLa
             key = (item["lp"], item["how"])
             rows[key] += int(item["rows"])
             seen[key] = item["seen_in_training"]
+            if item["how"] == LP_CONTRADICTED:  # the given pair and what the texts said instead
+                merged = extra.setdefault(key, {"given": item.get("given"), "detected": Counter()})
+                merged["detected"].update(item.get("detected") or {})
     lps = tuple(
-        {"lp": lp, "how": how, "rows": rows[(lp, how)], "seen_in_training": seen[(lp, how)]}
+        {
+            "lp": lp,
+            "how": how,
+            "rows": rows[(lp, how)],
+            "seen_in_training": seen[(lp, how)],
+            **({"given": extra[(lp, how)]["given"], "detected": dict(extra[(lp, how)]["detected"])} if (lp, how) in extra else {}),
+        }
         for lp, how in sorted(rows, key=lambda key: (key[0] or "", key[1]))
     )
     return BatchLanguagePairs(lps, known, factor, lp_column)
