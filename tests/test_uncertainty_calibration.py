@@ -21,6 +21,7 @@ from uamt.uncertainty import (
     interval_report,
     samples_to_mu_sigma,
 )
+from uamt.uncertainty.calibration import MAX_MU_SLOPE, MIN_MU_SLOPE, mu_regression
 
 
 def gaussian_data(rng, n, sigma_scale=1.0, lp=None):
@@ -166,6 +167,71 @@ def test_standardizer_matches_pooled_sample_moments():
 def test_standardizer_constant_dev_scores_raise():
     with pytest.raises(ValueError, match="cannot fit"):
         Standardizer().fit([1.0, 1.0, 1.0], [0.1, 0.2, 0.3])
+
+
+def _lp_data(rng, n, lps=("en-de", "zh-en")):
+    """Per LP: human = a + b * mu + noise with a different (a, b, noise) per LP, so mu correlates < 1."""
+    lp = np.array([lps[i % len(lps)] for i in range(n)], dtype=object)
+    mu = rng.normal(3.0, 2.0, size=n)
+    slope = np.where(lp == lps[0], 1.5, -0.7)
+    human = 10.0 + slope * mu + rng.normal(0, 4.0, size=n)
+    return human, mu, lp
+
+
+def test_regression_scaling_is_the_least_squares_line_of_human_z_on_mu_z_per_lp():
+    rng = np.random.default_rng(31)
+    human, mu, lp = _lp_data(rng, 2000)
+    spread = Standardizer(min_lp_rows=10).fit(human, mu, lp=lp)
+    regression = Standardizer(min_lp_rows=10, mu_scaling="regression").fit(human, mu, lp=lp)
+    human_z = spread.transform_human(human, lp)
+    np.testing.assert_allclose(regression.transform_human(human, lp), human_z)  # humans untouched
+    mu_spread, _ = spread.transform_predictions(mu, None, lp)
+    mu_reg, _ = regression.transform_predictions(mu, None, lp)
+    rows = lp == "en-de"
+    slope, intercept = np.polyfit(mu_spread[rows], human_z[rows], 1)
+    assert 0.05 < slope < 1.0  # correlation < 1: the spread (slope-1) mu is over-dispersed
+    np.testing.assert_allclose(mu_reg[rows], intercept + slope * mu_spread[rows], atol=1e-12)
+    assert regression.lp_params["en-de"]["mu_slope"] == pytest.approx(slope)
+    # least squares: never a larger in-sample squared error than the slope-1 mu
+    assert np.mean((human_z[rows] - mu_reg[rows]) ** 2) < np.mean((human_z[rows] - mu_spread[rows]) ** 2)
+    # anti-correlated LP: the slope is clipped at MIN_MU_SLOPE, the ranking is kept, not reversed
+    rows = lp == "zh-en"
+    assert regression.lp_params["zh-en"]["mu_slope"] == MIN_MU_SLOPE
+    np.testing.assert_allclose(
+        mu_reg[rows] - mu_reg[rows].mean(), MIN_MU_SLOPE * (mu_spread[rows] - mu_spread[rows].mean()), atol=1e-12
+    )
+    # sigma stays in mu's units: it shrinks by the same slope
+    sigma = rng.uniform(0.5, 2.0, size=mu.size)
+    _, sigma_spread = spread.transform_predictions(mu, sigma, lp)
+    _, sigma_reg = regression.transform_predictions(mu, sigma, lp)
+    np.testing.assert_allclose(sigma_reg[lp == "zh-en"], MIN_MU_SLOPE * sigma_spread[lp == "zh-en"])
+
+
+def test_mu_regression_hand_computed_and_clipped():
+    # human_z = 1 + 0.5 mu_z exactly
+    assert mu_regression([0.0, 1.0, 2.0], [-2.0, 0.0, 2.0]) == pytest.approx((1.0, 0.5))
+    # slope 3 is clipped to MAX_MU_SLOPE and the line still passes through the means (0, 1)
+    assert mu_regression([-5.0, 1.0, 7.0], [-2.0, 0.0, 2.0]) == pytest.approx((1.0, MAX_MU_SLOPE))
+    with pytest.raises(ValueError, match="mu_z is constant"):
+        mu_regression([0.0, 1.0], [2.0, 2.0])
+
+
+def test_regression_scaling_round_trips_and_old_files_read_as_spread():
+    rng = np.random.default_rng(32)
+    human, mu, lp = _lp_data(rng, 400)
+    fitted = Standardizer(min_lp_rows=10, mu_scaling="regression").fit(human, mu, lp=lp)
+    data = json.loads(json.dumps(fitted.to_dict()))
+    assert data["mu_scaling"] == "regression"
+    again = Standardizer.from_dict(data)
+    assert again.mu_scaling == "regression" and again.to_dict() == fitted.to_dict()
+    np.testing.assert_array_equal(again.transform_predictions(mu, None, lp)[0], fitted.transform_predictions(mu, None, lp)[0])
+    spread = Standardizer(min_lp_rows=10).fit(human, mu, lp=lp)
+    old = {k: v for k, v in spread.to_dict().items() if k != "mu_scaling"}  # written before the option
+    read = Standardizer.from_dict(old)
+    assert read.mu_scaling == "spread"
+    np.testing.assert_array_equal(read.transform_predictions(mu, None, lp)[0], spread.transform_predictions(mu, None, lp)[0])
+    with pytest.raises(ValueError, match=r"mu_scaling='isotonic' not supported; choose from \['regression', 'spread'\]"):
+        Standardizer(mu_scaling="isotonic")
 
 
 # ---------------------------------------------------------------------------------- conformal
