@@ -9,9 +9,9 @@ scale [-25, 0] as :func:`uamt.pyfunc.clip_to_scale` does.  Per LP and pooled it 
 * ``cov`` coverage of the 90 % interval, ``lo``/``hi`` the shares of human scores below / above it
   (goal: 0.05 each), ``width`` the mean served (clipped) width in MQM points and ``raw w`` unclipped;
 * ``mu@0`` the share of rows whose served mu is exactly the scale's top (0 = "no error"), ``r``
-  the Pearson correlation of the served mu with the human scores (``r raw``: of the model's own mu,
-  which a monotone map per LP cannot change; clipping ties can only lower ``r``), ``mse`` of the
-  served mu (MQM^2);
+  the Pearson correlation of the served (clipped) mu with the human scores (``r raw``: of the model's
+  own mu, which an affine map per LP leaves as it is: only the clipping moves ``r``), ``mse`` of the
+  served mu (MQM^2); the share at 0 and ``r`` by dataset x LP too;
 * ``worst mu-cell`` / ``worst s-cell``: the LP x quintile cell (quintiles of the model's mu / of the
   served interval's width, within the LP) farthest from 0.9, with its n and binomial standard error
   sqrt(0.9*0.1/n);
@@ -114,6 +114,18 @@ def served_numbers(calibration, test: pd.DataFrame, sigma: np.ndarray) -> dict:
     result = {"all": block(np.ones(lp.size, dtype=bool))}
     for name in sorted(set(lp.tolist())):
         result[name] = block(lp == name)
+    if "dataset" in test:  # the clipping ties by dataset x LP (datasets differ in their share of MQM 0)
+        dataset = test["dataset"].astype(str).to_numpy(dtype=object)
+        result["by_dataset"] = {
+            f"{d}/{name}": {
+                "n": int(rows.sum()),
+                "mu_at_top": float((clipped_mu[rows] == MQM_BOUNDS[1]).mean()),
+                "r": _pearson(clipped_mu[rows], human[rows]),
+                "r_raw": _pearson(raw_mu[rows], human[rows]),
+            }
+            for d, name in sorted(set(zip(dataset.tolist(), lp.tolist(), strict=True)))
+            for rows in [(dataset == d) & (lp == name)]
+        }
     return result
 
 
@@ -123,7 +135,10 @@ def print_block(label: str, numbers: dict) -> None:
         f"{'r':>5} {'r raw':>5} {'mse':>6} {'badcov':>6} {'brier':>6} {'lowdec p/o':>11} {'maxdec':>6} "
         f"{'worst mu-cell':>24} {'worst s-cell':>24}"
     )
+    by_dataset = numbers.get("by_dataset", {})
     for name, b in numbers.items():
+        if name == "by_dataset":
+            continue
         cells = [f"{c[0]:>10} {c[1]:.3f} n{c[2]:<4d}±{c[3]:.3f}" for c in (b["mu_cell"], b["s_cell"])]
         print(
             f"{label:14} {name:7} {b['n']:5d} {b['cov']:5.3f} {b['lo']:5.3f} {b['hi']:5.3f} {b['width']:6.2f} "
@@ -131,6 +146,8 @@ def print_block(label: str, numbers: dict) -> None:
             f"{b['bad_cov']:6.3f} {b['brier']:6.4f} {b['risk_low_decile'][0]:5.3f}/{b['risk_low_decile'][1]:5.3f} "
             f"{b['risk_max_decile_gap']:6.3f} {cells[0]:>24} {cells[1]:>24}"
         )
+    for name, b in by_dataset.items():
+        print(f"{label:14} {name:24} n {b['n']:5d} mu@0 {b['mu_at_top']:5.3f} r {b['r']:5.3f} r raw {b['r_raw']:5.3f}")
 
 
 def print_selection(label: str, selection: dict) -> None:
