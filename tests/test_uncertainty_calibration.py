@@ -282,3 +282,47 @@ def test_interval_report_rows():
         assert row["coverage"] == pytest.approx(row["gamma"], abs=0.06)
         assert row["mean_width"] > 0
     assert {row["lp"] for row in rows} == {"all", "en-de", "zh-en"}
+
+
+def test_regression_scaling_is_served_and_stops_pushing_good_translations_past_the_top(tmp_path):
+    """MQM-like data (0 = no error, a long tail below) and a mu that correlates 0.5 with it: slope 1
+    puts about a third of the served mu above 0 (clipped there when served); the dev-fitted line does
+    not, narrows the interval at equal coverage, and survives the calibration file."""
+    import dataclasses
+
+    import pandas as pd
+
+    from uamt.calibrated import Calibration, fit_calibration
+    from uamt.uncertainty import EvaluationSettings
+
+    rng = np.random.default_rng(33)
+
+    def mqm(n):
+        quality = rng.normal(size=n)
+        human = np.minimum(0.0, -np.exp(1.2 - 1.0 * quality + rng.normal(0, 0.5, n)) + 1.0)
+        mu = 0.5 * (human - human.mean()) / human.std() + rng.normal(0, 0.87, n)
+        doc = [f"d{i % 40}" for i in range(n)]
+        return pd.DataFrame({"lp": "en-de", "human": human, "mu": mu, "sigma": 1.0, "doc": doc})
+
+    dev, test = mqm(3000), mqm(3000)
+    base = EvaluationSettings(calibration_candidates=("affine_nll",))
+    served = {}
+    for scaling in ("spread", "regression"):
+        calibration, _ = fit_calibration(dev, None, settings=dataclasses.replace(base, mu_scaling=scaling))
+        path = tmp_path / f"{scaling}.json"
+        calibration.save(path)
+        loaded = Calibration.load(path)
+        assert loaded.standardizer.mu_scaling == scaling
+        mu, _ = loaded.apply(test["mu"], test["sigma"], test["lp"])
+        low, high = loaded.interval(test["mu"], test["sigma"], 0.9, test["lp"])
+        human = test["human"].to_numpy()
+        served[scaling] = {
+            "above_top": np.mean(mu >= 0.0),
+            "coverage": np.mean((low <= human) & (human <= high)),
+            "width": np.mean(high - low),
+            "mse": np.mean((mu - human) ** 2),
+        }
+    spread, regression = served["spread"], served["regression"]
+    assert spread["above_top"] > 0.2 and regression["above_top"] < 0.5 * spread["above_top"], served
+    assert abs(regression["coverage"] - spread["coverage"]) < 0.03, served
+    assert regression["width"] < 0.8 * spread["width"] and regression["mse"] < spread["mse"], served
