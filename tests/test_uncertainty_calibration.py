@@ -21,6 +21,7 @@ from uamt.uncertainty import (
     interval_report,
     samples_to_mu_sigma,
 )
+from uamt.uncertainty.calibration import MAX_MU_SLOPE, MIN_MU_SLOPE, mu_regression
 
 
 def gaussian_data(rng, n, sigma_scale=1.0, lp=None):
@@ -168,6 +169,71 @@ def test_standardizer_constant_dev_scores_raise():
         Standardizer().fit([1.0, 1.0, 1.0], [0.1, 0.2, 0.3])
 
 
+def _lp_data(rng, n, lps=("en-de", "zh-en")):
+    """Per LP: human = a + b * mu + noise with a different (a, b, noise) per LP, so mu correlates < 1."""
+    lp = np.array([lps[i % len(lps)] for i in range(n)], dtype=object)
+    mu = rng.normal(3.0, 2.0, size=n)
+    slope = np.where(lp == lps[0], 1.5, -0.7)
+    human = 10.0 + slope * mu + rng.normal(0, 4.0, size=n)
+    return human, mu, lp
+
+
+def test_regression_scaling_is_the_least_squares_line_of_human_z_on_mu_z_per_lp():
+    rng = np.random.default_rng(31)
+    human, mu, lp = _lp_data(rng, 2000)
+    spread = Standardizer(min_lp_rows=10).fit(human, mu, lp=lp)
+    regression = Standardizer(min_lp_rows=10, mu_scaling="regression").fit(human, mu, lp=lp)
+    human_z = spread.transform_human(human, lp)
+    np.testing.assert_allclose(regression.transform_human(human, lp), human_z)  # humans untouched
+    mu_spread, _ = spread.transform_predictions(mu, None, lp)
+    mu_reg, _ = regression.transform_predictions(mu, None, lp)
+    rows = lp == "en-de"
+    slope, intercept = np.polyfit(mu_spread[rows], human_z[rows], 1)
+    assert 0.05 < slope < 1.0  # correlation < 1: the spread (slope-1) mu is over-dispersed
+    np.testing.assert_allclose(mu_reg[rows], intercept + slope * mu_spread[rows], atol=1e-12)
+    assert regression.lp_params["en-de"]["mu_slope"] == pytest.approx(slope)
+    # least squares: never a larger in-sample squared error than the slope-1 mu
+    assert np.mean((human_z[rows] - mu_reg[rows]) ** 2) < np.mean((human_z[rows] - mu_spread[rows]) ** 2)
+    # anti-correlated LP: the slope is clipped at MIN_MU_SLOPE, the ranking is kept, not reversed
+    rows = lp == "zh-en"
+    assert regression.lp_params["zh-en"]["mu_slope"] == MIN_MU_SLOPE
+    np.testing.assert_allclose(
+        mu_reg[rows] - mu_reg[rows].mean(), MIN_MU_SLOPE * (mu_spread[rows] - mu_spread[rows].mean()), atol=1e-12
+    )
+    # sigma stays in mu's units: it shrinks by the same slope
+    sigma = rng.uniform(0.5, 2.0, size=mu.size)
+    _, sigma_spread = spread.transform_predictions(mu, sigma, lp)
+    _, sigma_reg = regression.transform_predictions(mu, sigma, lp)
+    np.testing.assert_allclose(sigma_reg[lp == "zh-en"], MIN_MU_SLOPE * sigma_spread[lp == "zh-en"])
+
+
+def test_mu_regression_hand_computed_and_clipped():
+    # human_z = 1 + 0.5 mu_z exactly
+    assert mu_regression([0.0, 1.0, 2.0], [-2.0, 0.0, 2.0]) == pytest.approx((1.0, 0.5))
+    # slope 3 is clipped to MAX_MU_SLOPE and the line still passes through the means (0, 1)
+    assert mu_regression([-5.0, 1.0, 7.0], [-2.0, 0.0, 2.0]) == pytest.approx((1.0, MAX_MU_SLOPE))
+    with pytest.raises(ValueError, match="mu_z is constant"):
+        mu_regression([0.0, 1.0], [2.0, 2.0])
+
+
+def test_regression_scaling_round_trips_and_old_files_read_as_spread():
+    rng = np.random.default_rng(32)
+    human, mu, lp = _lp_data(rng, 400)
+    fitted = Standardizer(min_lp_rows=10, mu_scaling="regression").fit(human, mu, lp=lp)
+    data = json.loads(json.dumps(fitted.to_dict()))
+    assert data["mu_scaling"] == "regression"
+    again = Standardizer.from_dict(data)
+    assert again.mu_scaling == "regression" and again.to_dict() == fitted.to_dict()
+    np.testing.assert_array_equal(again.transform_predictions(mu, None, lp)[0], fitted.transform_predictions(mu, None, lp)[0])
+    spread = Standardizer(min_lp_rows=10).fit(human, mu, lp=lp)
+    old = {k: v for k, v in spread.to_dict().items() if k != "mu_scaling"}  # written before the option
+    read = Standardizer.from_dict(old)
+    assert read.mu_scaling == "spread"
+    np.testing.assert_array_equal(read.transform_predictions(mu, None, lp)[0], spread.transform_predictions(mu, None, lp)[0])
+    with pytest.raises(ValueError, match=r"mu_scaling='isotonic' not supported; choose from \['regression', 'spread'\]"):
+        Standardizer(mu_scaling="isotonic")
+
+
 # ---------------------------------------------------------------------------------- conformal
 def test_conformal_quantile_hand_computed():
     scores = np.arange(1.0, 10.0)  # n = 9
@@ -216,3 +282,47 @@ def test_interval_report_rows():
         assert row["coverage"] == pytest.approx(row["gamma"], abs=0.06)
         assert row["mean_width"] > 0
     assert {row["lp"] for row in rows} == {"all", "en-de", "zh-en"}
+
+
+def test_regression_scaling_is_served_and_stops_pushing_good_translations_past_the_top(tmp_path):
+    """MQM-like data (0 = no error, a long tail below) and a mu that correlates 0.5 with it: slope 1
+    puts about a third of the served mu above 0 (clipped there when served); the dev-fitted line does
+    not, narrows the interval at equal coverage, and survives the calibration file."""
+    import dataclasses
+
+    import pandas as pd
+
+    from uamt.calibrated import Calibration, fit_calibration
+    from uamt.uncertainty import EvaluationSettings
+
+    rng = np.random.default_rng(33)
+
+    def mqm(n):
+        quality = rng.normal(size=n)
+        human = np.minimum(0.0, -np.exp(1.2 - 1.0 * quality + rng.normal(0, 0.5, n)) + 1.0)
+        mu = 0.5 * (human - human.mean()) / human.std() + rng.normal(0, 0.87, n)
+        doc = [f"d{i % 40}" for i in range(n)]
+        return pd.DataFrame({"lp": "en-de", "human": human, "mu": mu, "sigma": 1.0, "doc": doc})
+
+    dev, test = mqm(3000), mqm(3000)
+    base = EvaluationSettings(calibration_candidates=("affine_nll",))
+    served = {}
+    for scaling in ("spread", "regression"):
+        calibration, _ = fit_calibration(dev, None, settings=dataclasses.replace(base, mu_scaling=scaling))
+        path = tmp_path / f"{scaling}.json"
+        calibration.save(path)
+        loaded = Calibration.load(path)
+        assert loaded.standardizer.mu_scaling == scaling
+        mu, _ = loaded.apply(test["mu"], test["sigma"], test["lp"])
+        low, high = loaded.interval(test["mu"], test["sigma"], 0.9, test["lp"])
+        human = test["human"].to_numpy()
+        served[scaling] = {
+            "above_top": np.mean(mu >= 0.0),
+            "coverage": np.mean((low <= human) & (human <= high)),
+            "width": np.mean(high - low),
+            "mse": np.mean((mu - human) ** 2),
+        }
+    spread, regression = served["spread"], served["regression"]
+    assert spread["above_top"] > 0.2 and regression["above_top"] < 0.5 * spread["above_top"], served
+    assert abs(regression["coverage"] - spread["coverage"]) < 0.03, served
+    assert regression["width"] < 0.8 * spread["width"] and regression["mse"] < spread["mse"], served

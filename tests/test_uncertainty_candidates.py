@@ -488,3 +488,123 @@ def test_served_signed_calibration_with_unbounded_levels_loads(tmp_path):
     older = {k: v for k, v in result["calibration"].items() if k != "candidates"}
     older["selected"] = None
     assert Calibration.from_dict(older).served is None
+
+
+# ---------------------------------------------------------------------------------- centre and skew
+def test_rule_weighs_the_lower_and_upper_miss_balance():
+    summaries = {
+        # both cover 0.9 in every cell; the symmetric one misses 9 % below and 1 % above
+        "symmetric": {"lp_coverage_error": 0.01, "conditional_coverage_error": 0.03, "miss_balance_error": 0.04,
+                      "ence": 0.1, "ece": 0.01},
+        "signed": {"lp_coverage_error": 0.01, "conditional_coverage_error": 0.04, "miss_balance_error": 0.01,
+                   "ence": 0.2, "ece": 0.02},
+    }
+    # ratios without the miss term: 0.6 vs 0.8; with t_miss = 0.015: max(0.6, 2.67) vs max(0.8, 0.67)
+    assert select_candidate(summaries, "min_goal_ratio") == "symmetric"
+    assert select_candidate(summaries, "min_goal_ratio", miss_tolerance=0.015) == "signed"
+    with pytest.raises(ValueError, match="tolerances must be > 0"):
+        select_candidate(summaries, "min_goal_ratio", miss_tolerance=0.0)
+
+
+def test_conditional_report_scores_lp_by_quintile_cells_not_pooled_quintiles():
+    from uamt.uncertainty.candidates import conditional_report
+
+    # two LPs of 50 rows; mu quintile 0 (the 10 lowest mu of each LP): LP a covers 10/10, LP b 8/10,
+    # pooled quintile 0 covers 18/20 = 0.9 exactly and hides LP b's cell at 0.8
+    n = 50
+    mu = np.tile(np.arange(n, dtype=float), 2)
+    lp = np.array(["a"] * n + ["b"] * n, dtype=object)
+    human = mu.copy()
+    outside = [n + 0, n + 1]  # LP b, quintile 0: 2 misses
+    human[outside] = mu[outside] - 10.0  # below the interval
+    # other quintiles of both LPs: 1 miss in 10 above, except LP a quintile 0 (no miss)
+    for q in range(1, 5):
+        for base in (0, n):
+            human[base + 10 * q] = mu[base + 10 * q] + 10.0
+    sigma = np.ones(2 * n)
+    doc = np.array([f"{lp[i]}{i // 2}" for i in range(2 * n)], dtype=object)  # documents of 2 rows
+    report = conditional_report(human, mu, sigma, lp, 0.9, doc=doc)
+    assert report["by_mu_quintile"]["0"]["coverage"] == pytest.approx(0.9)
+    assert report["pooled_mu_quintile_coverage_error"] == pytest.approx(0.0, abs=1e-12)
+    cell = report["by_lp_mu_quintile"]["b/0"]
+    assert cell["coverage"] == pytest.approx(0.8) and cell["n"] == 10
+    assert report["by_lp_mu_quintile"]["a/0"]["coverage"] == 1.0
+    assert report["mu_quintile_coverage_error"] == pytest.approx(0.1)
+    assert report["mu_quintile_worst_cell"] in {"a/0", "b/0"}
+    assert cell["se"] == pytest.approx(math.sqrt(0.9 * 0.1 / 10))
+    # clustered band: rows (n, n+1) form one document with both misses: sums -1.6, then 4 x +0.4
+    assert cell["se_clustered"] == pytest.approx(math.sqrt(5 / 4 * (1.6**2 + 4 * 0.4**2)) / 10)
+    # misses: LP b 2 below + 4 above of 50; LP a 0 below + 4 above
+    miss = report["miss"]
+    assert miss["by_lp"]["b"] == {"lower": pytest.approx(0.04), "upper": pytest.approx(0.08)}
+    assert miss["by_lp"]["a"] == {"lower": 0.0, "upper": pytest.approx(0.08)}
+    assert miss["lower"] == pytest.approx(0.02) and miss["upper"] == pytest.approx(0.08)
+    assert miss["balance_error"] == pytest.approx(0.05)  # LP a: 0 below vs 0.05
+    # the same counts from explicit bounds
+    z = 1.6448536269514722
+    bounded = conditional_report(human, mu, sigma, lp, 0.9, bounds=(mu - z, mu + z))
+    assert bounded["miss"] == miss and bounded["mu_quintile_coverage_error"] == report["mu_quintile_coverage_error"]
+
+
+def test_summary_reports_misses_width_and_mse():
+    from uamt.uncertainty.candidates import candidate_summary
+
+    rng = np.random.default_rng(41)
+    human, mu, sigma = skewed(rng, 4000)
+    lp = np.full(4000, "en-de", dtype=object)
+    z = 1.6448536269514722
+    summary = candidate_summary(human, mu, sigma, lp, 0.9)
+    assert summary["lower_miss"] == pytest.approx(np.mean(human < mu - z * sigma))
+    assert summary["upper_miss"] == pytest.approx(np.mean(human > mu + z * sigma))
+    assert summary["miss_balance_error"] == pytest.approx(
+        max(abs(summary["lower_miss"] - 0.05), abs(summary["upper_miss"] - 0.05))
+    )
+    assert summary["mean_width"] == pytest.approx(np.mean(2 * z * sigma))
+    assert summary["mu_mse"] == pytest.approx(np.mean((human - mu) ** 2))
+    assert summary["lower_miss"] > 2 * summary["upper_miss"]  # the skew the signed candidate corrects
+
+
+def test_signed_candidate_is_a_default_and_the_rule_serves_it_on_skewed_data():
+    assert "signed_mondrian_conformal" in DEFAULT_CANDIDATES
+    rng = np.random.default_rng(42)
+    docs = np.array([f"d{i % 60}" for i in range(3000)], dtype=object)
+    dev, test = (table(*skewed(rng, 3000), doc=docs) for _ in range(2))
+    settings = EvaluationSettings(calibration_candidates=("mondrian_conformal", "signed_mondrian_conformal"))
+    assert settings.miss_balance_tolerance == 0.015  # the default weighs the miss balance
+    result = evaluate_predictions(test, dev, settings=settings, scope="served")
+    assert result["calibration"]["selected"] == "signed_mondrian_conformal"
+    summaries = result["calibration"]["selection"]["summaries"]
+    assert summaries["mondrian_conformal"]["miss_balance_error"] > 0.02
+    assert summaries["signed_mondrian_conformal"]["miss_balance_error"] < 0.015
+    with pytest.raises(ValueError, match=r"miss_balance_tolerance=0 must be > 0"):
+        EvaluationSettings(miss_balance_tolerance=0)
+    with pytest.raises(ValueError, match=r"mu_scaling='slope' not supported; choose from \['regression', 'spread'\]"):
+        EvaluationSettings(mu_scaling="slope")
+
+
+def test_cross_fitting_refits_the_mu_line_on_each_fold():
+    from uamt.uncertainty.candidates import cross_fitted_sigmas, standardize
+
+    rng = np.random.default_rng(43)
+    n = 1000
+    mu = rng.normal(size=n)
+    human = 0.4 * mu + rng.normal(scale=1.0, size=n)
+    docs = np.array([f"d{i % 50}" for i in range(n)], dtype=object)
+    arrays = prediction_arrays(table(human, mu, np.ones(n), doc=docs))
+    folds = document_folds(arrays.doc, 5)
+    human_z, mu_z, _ = cross_fitted_sigmas(
+        arrays, folds, ["affine_nll"], common=COMMON, n_levels=100, ece_bound=0.01, gamma=0.9, mu_scaling="regression"
+    )
+    for fold in range(5):
+        held = folds == fold
+        standardizer = Standardizer(**COMMON, mu_scaling="regression").fit(human[~held], mu[~held], lp=arrays.lp[~held])
+        np.testing.assert_allclose(mu_z[held], standardizer.transform_predictions(mu[held], None, arrays.lp[held])[0])
+    everything = np.ones(n, dtype=bool)
+    fitted, _, _ = standardize(arrays, everything, everything, COMMON, mu_scaling="regression")
+    assert fitted.mu_scaling == "regression"
+    # out of fold, the dev-fitted line still beats slope 1 on this mu (correlation ~0.37)
+    spread_h, spread_mu, _ = cross_fitted_sigmas(
+        arrays, folds, ["affine_nll"], common=COMMON, n_levels=100, ece_bound=0.01, gamma=0.9
+    )
+    np.testing.assert_allclose(spread_h, human_z)
+    assert np.mean((human_z - mu_z) ** 2) < 0.8 * np.mean((spread_h - spread_mu) ** 2)

@@ -48,6 +48,15 @@ DEFAULT_MIN_LP_ROWS = 50
 
 _SERIAL_VERSION = 1
 
+#: How :class:`Standardizer` maps mu onto the human z scale (``evaluate.mu_scaling``).
+MU_SCALINGS = ("spread", "regression")
+
+#: Range the ``regression`` slope of the human z-scores on the spread-standardised mu is clipped
+#: to: below it mu would be all but constant (and a negative slope would reverse the ranking); a
+#: slope above 1 is possible only where sample spread enters :math:`s_p` (mu then has less spread
+#: than the human scores), and one above 2 would mean a mu far less dispersed than any model's.
+MIN_MU_SLOPE, MAX_MU_SLOPE = 0.05, 2.0
+
 
 def _as_lp(lp, n: int) -> np.ndarray:
     if lp is None:
@@ -172,6 +181,28 @@ class _PerLanguagePair:
 
 
 # =========================================================================== standardisation
+def mu_regression(human_z, mu_z) -> tuple[float, float]:
+    """Least-squares line ``human_z ~ a + b * mu_z``: returns ``(a, b)`` with b clipped to
+    [:data:`MIN_MU_SLOPE`, :data:`MAX_MU_SLOPE`] and a refitted for the clipped slope (so the line
+    still passes through the means).
+
+    Parameters
+    ----------
+    human_z, mu_z : array_like, shape [n]
+        Standardised human scores and predictions; ``mu_z`` must not be constant.
+    """
+    human_z = _as_1d("human_z", human_z)
+    mu_z = _as_1d("mu_z", mu_z)
+    _check_same_length(human_z=human_z, mu_z=mu_z)
+    centred = mu_z - mu_z.mean()
+    var = float(np.mean(centred**2))
+    if var == 0.0:
+        raise ValueError("mu_z is constant: no slope to fit")
+    slope = float(np.mean(centred * (human_z - human_z.mean()))) / var
+    slope = min(max(slope, MIN_MU_SLOPE), MAX_MU_SLOPE)
+    return float(human_z.mean() - slope * mu_z.mean()), slope
+
+
 class Standardizer(_PerLanguagePair):
     """Z-normalisation of human scores and model predictions with dev statistics (§5.2).
 
@@ -189,9 +220,42 @@ class Standardizer(_PerLanguagePair):
     Then :math:`q^*_z = (q^* - m_h)/s_h`, :math:`\\hat\\mu_z = (\\hat\\mu - m_p)/s_p` and
     :math:`\\hat\\sigma_z = \\hat\\sigma / s_p` (sigma is a standard deviation).  A group whose
     human scores or predictions are constant on dev is not fitted (falls back to global).
+
+    ``mu_scaling`` (:data:`MU_SCALINGS`) says how mu is put on the human z scale:
+
+    ``spread`` (the papers')
+        :math:`m_p, s_p` as above: the standardised mu has the spread of the human scores, slope 1.
+        When mu correlates with :math:`q^*` by :math:`r < 1` this over-disperses it: the best
+        translations land above the best human score (MQM 0) and are clipped there, and the residual
+        :math:`q^*_z - \\hat\\mu_z` (which every calibrator widens its interval for) is larger than
+        it needs to be.
+    ``regression``
+        The least-squares line of :math:`q^*_z` on the spread-standardised mu on dev,
+        :math:`q^*_z \\approx a + b\\,\\hat\\mu_z`, is folded into the parameters:
+        :math:`s_p \\leftarrow s_p / b`, :math:`m_p \\leftarrow m_p - a\\,s_p / b`, so that
+        :meth:`transform_predictions` returns :math:`a + b\\,\\hat\\mu_z` (the dev-optimal linear
+        recalibration of mu) and sigma shrinks by the same b (it stays in the units of mu).
+        The slope is clipped to [:data:`MIN_MU_SLOPE`, :data:`MAX_MU_SLOPE`]: a mu unrelated to
+        (or anti-correlated with) the human scores is not turned into a constant or flipped.
+        ``mu_slope`` and ``mu_intercept`` (a, b) are kept in the fitted parameters for inspection.
+
+    Files written before ``mu_scaling`` existed read as ``spread`` (the parameters they hold).
     """
 
     kind = "standardizer"
+
+    def __init__(self, *, mu_scaling: str = "spread", **settings) -> None:
+        super().__init__(**settings)
+        if mu_scaling not in MU_SCALINGS:
+            raise ValueError(f"mu_scaling={mu_scaling!r} not supported; choose from {sorted(MU_SCALINGS)}")
+        self.mu_scaling = mu_scaling
+
+    @classmethod
+    def _setting_keys(cls):
+        return ("mu_scaling",)
+
+    def _settings(self) -> dict[str, Any]:
+        return {"mu_scaling": self.mu_scaling}
 
     def fit(self, human, mu, sigma=None, lp=None, *, sigma_from_samples: bool = True) -> Standardizer:
         """Fit on dev: ``human``, ``mu`` shape [n]; ``sigma`` (std, shape [n]) or None.
@@ -214,12 +278,23 @@ class Standardizer(_PerLanguagePair):
         pred_std = math.sqrt(float(np.var(mu)) + float(np.mean(sigma**2)))
         if human_std == 0.0 or pred_std == 0.0:
             return None
-        return {
+        params = {
             "human_mean": float(np.mean(human)),
             "human_std": human_std,
             "pred_mean": float(np.mean(mu)),
             "pred_std": pred_std,
         }
+        if self.mu_scaling == "regression":
+            intercept, slope = mu_regression(
+                (human - params["human_mean"]) / human_std, (mu - params["pred_mean"]) / pred_std
+            )
+            params.update(
+                pred_mean=params["pred_mean"] - intercept * pred_std / slope,
+                pred_std=pred_std / slope,
+                mu_intercept=intercept,
+                mu_slope=slope,
+            )
+        return params
 
     def transform_human(self, human, lp=None) -> np.ndarray:
         """Standardised human scores :math:`(q^* - m_h)/s_h`, shape [n]."""

@@ -29,7 +29,7 @@ import pandas as pd
 
 from uamt.errors import DataError
 from uamt.fileio import atomic_write_json
-from uamt.uncertainty.calibration import AffineVarianceCalibrator, FixedVarianceCalibrator
+from uamt.uncertainty.calibration import MU_SCALINGS, AffineVarianceCalibrator, FixedVarianceCalibrator
 from uamt.uncertainty.candidates import (
     DEFAULT_CANDIDATES,
     RULES,
@@ -95,8 +95,15 @@ class EvaluationSettings:
     calibration_rule : str
         :data:`uamt.uncertainty.candidates.RULES`.
     lp_coverage_tolerance, quintile_coverage_tolerance : float
-        Goals the ``min_goal_ratio`` rule measures the worst per-LP and per-quintile
+        Goals the ``min_goal_ratio`` rule measures the worst per-LP and per LP x quintile cell
         ``|coverage - coverage_gamma|`` against.
+    miss_balance_tolerance : float or None
+        Goal for the worst per-LP ``|miss rate - (1 - coverage_gamma)/2|`` below and above the
+        interval in the ``min_goal_ratio`` rule; None leaves the miss balance out of the rule.
+    mu_scaling : str
+        How the standardiser puts mu on the human z scale
+        (:data:`~uamt.uncertainty.calibration.MU_SCALINGS`): ``spread`` (slope 1, the papers') or
+        ``regression`` (mu's least-squares line on dev per LP, refitted in every cross-fitting fold).
     ece_bound : float
         Slack on the dev ECE of the proper-score fits.
     cross_fit_folds : int
@@ -118,6 +125,8 @@ class EvaluationSettings:
     calibration_rule: str = "min_goal_ratio"
     lp_coverage_tolerance: float = 0.03
     quintile_coverage_tolerance: float = 0.05
+    miss_balance_tolerance: float | None = 0.015
+    mu_scaling: str = "spread"
     ece_bound: float = 0.01
     cross_fit_folds: int = 5
     low_score_threshold: float | None = -5.0
@@ -132,6 +141,10 @@ class EvaluationSettings:
             )
         if self.calibration_rule not in RULES:
             raise ValueError(f"calibration_rule={self.calibration_rule!r} not supported; choose from {sorted(RULES)}")
+        if self.mu_scaling not in MU_SCALINGS:
+            raise ValueError(f"mu_scaling={self.mu_scaling!r} not supported; choose from {sorted(MU_SCALINGS)}")
+        if self.miss_balance_tolerance is not None and not self.miss_balance_tolerance > 0:
+            raise ValueError(f"miss_balance_tolerance={self.miss_balance_tolerance!r} must be > 0 (or null)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -508,7 +521,9 @@ def evaluate_predictions(
             calibration: dict[str, Any] = {"fixed_variance": fixed.to_dict()}
         else:
             everything = np.ones(len(dev), dtype=bool)
-            standardizer, (dev_h, dev_mu, dev_sigma), _ = standardize(dev, everything, everything, common)
+            standardizer, (dev_h, dev_mu, dev_sigma), _ = standardize(
+                dev, everything, everything, common, mu_scaling=settings.mu_scaling
+            )
             human = standardizer.transform_human(test.human, test.lp)
             mu, raw_sigma = standardizer.transform_predictions(test.mu, test.sigma, test.lp)
             affine = AffineVarianceCalibrator(**common, n_levels=settings.n_levels).fit(
@@ -635,25 +650,29 @@ def _select(dev: PredictionArrays, candidates: dict[str, Any], settings: Evaluat
         folds = document_folds(dev.doc, settings.cross_fit_folds)
         human_z, mu_z, sigmas, bounds = cross_fitted_sigmas(
             dev, folds, names, common=common, n_levels=settings.n_levels, ece_bound=settings.ece_bound, gamma=gamma,
-            with_bounds=True,
+            with_bounds=True, mu_scaling=settings.mu_scaling,
         )
         on = f"dev, {settings.cross_fit_folds}-fold cross-fitted over {n_docs} {dev.doc_unit}"
     else:
         everything = np.ones(len(dev), dtype=bool)
-        _, (human_z, mu_z, sigma_z), _ = standardize(dev, everything, everything, common)
+        _, (human_z, mu_z, sigma_z), _ = standardize(dev, everything, everything, common, mu_scaling=settings.mu_scaling)
         sigmas = {n: candidate_sigma(c, mu_z, sigma_z, dev.lp, gamma) for n, c in candidates.items()}
         bounds = {n: candidate_interval(c, mu_z, sigma_z, dev.lp, gamma) for n, c in candidates.items()}
         on = "dev, in-sample (no doc column to cross-fit over)"
     summaries = {
         name: (
-            candidate_summary(human_z, mu_z, sig, dev.lp, gamma, settings.n_levels, bounds=bounds.get(name))
+            candidate_summary(human_z, mu_z, sig, dev.lp, gamma, settings.n_levels, bounds=bounds.get(name), doc=dev.doc)
             if np.all(np.isfinite(sig)) and np.all(sig > 0)
             else None
         )
         for name, sig in sigmas.items()
     }
     chosen = select_candidate(
-        summaries, settings.calibration_rule, settings.lp_coverage_tolerance, settings.quintile_coverage_tolerance
+        summaries,
+        settings.calibration_rule,
+        settings.lp_coverage_tolerance,
+        settings.quintile_coverage_tolerance,
+        settings.miss_balance_tolerance,
     )
     selected = chosen if settings.calibration == "auto" else settings.calibration
     if selected not in candidates:
