@@ -19,6 +19,12 @@ from uamt.uncertainty.served import ServedRows, ServedSettings, quantile_crps, s
 BOUNDS = (-25.0, 0.0)
 MONDRIAN = EvaluationSettings(min_lp_rows=20, calibration="mondrian_conformal", calibration_candidates=("mondrian_conformal",))
 AFFINE = EvaluationSettings(min_lp_rows=20, calibration="affine_nll", calibration_candidates=("affine_nll",))
+SIGNED_REGRESSION = EvaluationSettings(
+    min_lp_rows=20,
+    calibration="signed_mondrian_conformal",
+    calibration_candidates=("signed_mondrian_conformal",),
+    mu_scaling="regression",
+)
 
 
 def mqm_like(seed: int, n: int) -> pd.DataFrame:
@@ -213,7 +219,9 @@ def test_global_fallback_is_fitted_in_the_units_an_unseen_lp_gets():
     assert abs(((dev["human"] >= lower) & (dev["human"] <= upper)).mean() - 0.9) < 0.02
 
 
-@pytest.mark.parametrize("settings,method", [(MONDRIAN, "hts"), (AFFINE, "hts"), (MONDRIAN, "point")])
+@pytest.mark.parametrize(
+    "settings,method", [(MONDRIAN, "hts"), (AFFINE, "hts"), (MONDRIAN, "point"), (SIGNED_REGRESSION, "hts")]
+)
 def test_refit_served_equals_the_pinned_full_fit(data, settings, method):
     """The light refit (cross-fitting, leave-one-LP-out) serves what the full pinned fit serves."""
     from uamt.calibrated import refit_served

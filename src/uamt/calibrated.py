@@ -439,7 +439,9 @@ def refit_served(
     arrays = prediction_arrays(dev_table, "dev")
     common = {"per_lp": settings.per_lp, "min_lp_rows": settings.min_lp_rows}
     everything = np.ones(len(arrays), dtype=bool)
-    standardizer, (human, mu_z, sigma_z), _ = standardize(arrays, everything, everything, common)
+    standardizer, (human, mu_z, sigma_z), _ = standardize(
+        arrays, everything, everything, common, mu_scaling=settings.mu_scaling
+    )
     fixed_variance = FixedVarianceCalibrator(**common).fit(human, mu_z, lp=arrays.lp)
     served, affine = None, template.affine
     if not template.fixed:
