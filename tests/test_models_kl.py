@@ -181,7 +181,8 @@ def test_kl_trains_with_each_new_rule(tmp_path, rule):
 
 def test_hts_rule_needs_no_multi_rater_row(tmp_path):
     only_single = TRAIN.assign(score_std=np.nan, n_annotators=1)
-    model = load(train("kl", CFG.replace(max_epochs=1), only_single, DEV, FEATURES, tmp_path / "h"))
+    hts = CFG.replace(kl_missing_std="hts", max_epochs=1)
+    model = load(train("kl", hts, only_single, DEV, FEATURES, tmp_path / "h"))
     assert model.meta["n_train"] == len(TRAIN)
     for rule in ("mean", "by_score"):
         with pytest.raises(DataError, match=rf"no row has >= 2 annotators, so kl_missing_std='{rule}'"):
