@@ -45,8 +45,8 @@ class TrainConfig:
         ``n_jobs`` parallel processes.
     kl_missing_std : {"hts", "by_score", "mean", "floor", "drop"}
         How KL trains rows with fewer than 2 annotators (:data:`uamt.models.kl.MISSING_STD_RULES`):
-        with the HTS loss on their one score, a target std read off their score (binned on the
-        multi-rater training rows; the default), the training split's mean annotator std, the floor
+        with the HTS loss on their one score (the default), a target std read off their score (binned
+        on the multi-rater training rows), the training split's mean annotator std, the floor
         ``kl_std_floor``, or not at all (drop).
     kl_std_floor : float
         Lower bound on the KL target std, in ``score`` units (annotators who agree exactly would make
@@ -85,7 +85,7 @@ class TrainConfig:
     ensemble_size: int = 5
     ensemble_member: str = "point"
     n_jobs: int = 1
-    kl_missing_std: Literal["hts", "by_score", "mean", "floor", "drop"] = "by_score"
+    kl_missing_std: Literal["hts", "by_score", "mean", "floor", "drop"] = "hts"
     kl_std_floor: float = 0.01
     dup_loss: str = "hts"
     bottleneck_size: int = 256

@@ -4,19 +4,18 @@ mu* = ``score`` (the annotators' mean on the training scale), sigma* = ``score_s
 per-annotator scores).  Rows with fewer than 2 annotators have no sigma*; ``kl_missing_std`` names
 the rule they follow (:data:`MISSING_STD_RULES`; unknown names are refused):
 
-* ``"hts"``: the row is trained with the heteroscedastic loss (Eq. 2) on its one score.
+* ``"hts"`` (default): the row is trained with the heteroscedastic loss (Eq. 2) on its one score.
   That is Eq. 3 in the limit sigma* -> 0 (the KL to a point mass at the score, up to a constant that
   does not depend on the model).  A single rating already carries its rater's noise in
   (q* - mu_hat)^2, so the sigma_hat^2 it asks for, (q* - mu_hat)^2, estimates the spread of one
   rater's score, as (mu* - mu_hat)^2 + sigma*^2 does on a multi-rater row; a filled sigma*^2 on top
   would count the rater noise twice.
-* ``"by_score"`` (default): sigma* is read off the row's score: on the training rows with >= 2 annotators the
+* ``"by_score"``: sigma* is read off the row's score: on the training rows with >= 2 annotators the
   item's std is averaged (as a variance) in quantile bins of each rater's own score, since a
   single-rater row's score is one rater's score, not a mean.  Binned by the item mean instead, the
   fit says "no spread" at a perfect score only because every rater of those items gave 0.  On the
-  news MQM it ranks errors a little better than ``"hts"`` once calibrated (the score-dependent
-  sigma* is a prior that error spread grows with the penalty), at the price of a raw sigma about
-  1.3x too wide, which the dev calibration removes.
+  news MQM it ranks errors neither better nor worse than ``"hts"`` once calibrated (within
+  +-0.02 UPS over four seeds), and leaves the raw sigma about 1.3x too wide.
 * ``"mean"``: the mean ``score_std`` over training rows with >= 2 annotators;
 * ``"floor"``: ``kl_std_floor``;
 * ``"drop"``: the row is not used for training or early stopping.
