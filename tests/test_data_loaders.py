@@ -27,13 +27,31 @@ def test_wmt21_da_is_en_real_documents_and_annotators(mirror_root):
     _check_canonical(df)
     assert len(df) == 8903  # every row of ad-seg-scores-is-en.csv (no HUMAN in is-en)
     assert df["doc"].str.startswith("newstest2021/is/").all() and df["doc"].nunique() == 47
-    # annotator lists: the SYSTEM and REPEAT judgements, whose mean is Z.SCR
+    # annotator lists: one score per distinct worker (a REPEAT averaged into its worker's score)
     lens = df["annotator_scores"].map(len)
-    assert (lens == df["n_annotators"]).sum() >= len(df) - 1  # one row's N counts a judgement not in good-stnd
+    # every row is in good-stnd (one with N = 2 has one judgement there: n_annotators 1)
+    assert (lens == df["n_annotators"]).all() and (lens >= 1).all()
+    # Z.SCR is the mean of every judgement; every worker of an item judged it equally often (both
+    # or neither repeated), so the mean of the workers' scores is still Z.SCR
     assert np.allclose(df["annotator_scores"].map(np.mean), df["score"])
+    assert (lens >= 2).sum() == 1132  # 1,917 items had >= 2 judgements, 785 of them from one worker
     multi = df[lens >= 2]
     assert np.allclose(multi["score_std"], multi["annotator_scores"].map(lambda a: np.std(a, ddof=1)))
     assert df.loc[lens < 2, "score_std"].isna().all()
+
+
+def test_wmt21_da_repeat_judgements_are_one_rater(mirror_root):
+    """A REPEAT is the same worker judging the item again: averaged into one score per worker."""
+    per_item = loaders._da_annotator_scores(
+        mirror_root / WMT / "humaneval/newstest2021-toen/ad-isen-good-stnd.csv"
+    )
+    # Allegro.eu.2 SID 51: M0141 REPEAT -0.423092, SYSTEM -0.967898; M0028 REPEAT -0.625297,
+    # SYSTEM -0.411210 (4 judgements, N = 4, 2 workers)
+    assert per_item[("Allegro.eu.2", 51)] == pytest.approx([-0.695495, -0.5182535], abs=1e-6)
+    # Allegro.eu.2 SID 4: M1292 SYSTEM 0.735824, REPEAT 0.985782: one rater, no spread
+    assert per_item[("Allegro.eu.2", 4)] == pytest.approx([0.860803], abs=1e-6)
+    repeated = sum(len(v) < 2 for v in per_item.values())
+    assert len(per_item) == 8903 and repeated == 8903 - 1132
 
 
 def test_wmt21_da_segment_ids_follow_sorted_document_order(mirror_root):

@@ -345,21 +345,24 @@ def _log_drops(dataset: str, lp: str, drops: Mapping[str, int]) -> None:
 
 
 def _da_annotator_scores(path: Path) -> dict[tuple[str, int], list[float]]:
-    """Per (``sys_id``, ``sid``): the standardised scores of the ``SYSTEM`` and ``REPEAT`` judgements.
+    """Per (``sys_id``, ``sid``): one standardised score per worker, the mean of that worker's judgements.
 
-    ``Z.SCR`` of ``ad-seg-scores-*.csv`` is the mean of exactly these, so both are kept.
+    The ``SYSTEM`` and ``REPEAT`` judgements are the ones whose mean is ``Z.SCR``; a ``REPEAT`` is the
+    same worker judging the same item again (``WorkerId``), so the worker's judgements are averaged
+    into one score: the list counts distinct raters, and its std is the spread between raters, not
+    a worker's agreement with itself.  Workers are listed in order of first appearance.
     """
     df = _read_table(path, sep=r"\s+")
-    require_columns(df, ("sys_id", "sid", "score", "type"), str(path))
+    require_columns(df, ("WorkerId", "sys_id", "sid", "score", "type"), str(path))
     lines = np.arange(len(df)) + 2
     keep = df["type"].isin(DA_JUDGEMENT_TYPES).to_numpy()
     df = df[keep]
     scores = numeric_column(df, "score", str(path), rows=pd.Index(lines[keep]))
     sids = numeric_column(df, "sid", str(path), rows=pd.Index(lines[keep])).astype("int64")
-    out: dict[tuple[str, int], list[float]] = {}
-    for sys_id, sid, score in zip(df["sys_id"], sids, scores, strict=True):
-        out.setdefault((sys_id, int(sid)), []).append(float(score))
-    return out
+    by_worker: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for sys_id, sid, worker, score in zip(df["sys_id"], sids, df["WorkerId"], scores, strict=True):
+        by_worker.setdefault((sys_id, int(sid)), {}).setdefault(worker, []).append(float(score))
+    return {key: [float(np.mean(v)) for v in workers.values()] for key, workers in by_worker.items()}
 
 
 def load_wmt21_da(
@@ -373,10 +376,13 @@ def load_wmt21_da(
 ) -> pd.DataFrame:
     """WMT21 to-English segment DA (MTurk, reference-based) with per-annotator scores.
 
-    ``score`` = ``Z.SCR``, ``score_raw`` = ``RAW.SCR`` (0-100), ``n_annotators`` = ``N``,
-    ``annotator_scores`` = the standardised scores of the ``SYSTEM`` and ``REPEAT`` judgements
-    of ``ad-<xxen>-good-stnd.csv`` matched on (``SYS``, ``SID``) (their mean is ``Z.SCR``; the
-    REF and BAD_REF quality-control items are excluded).  ``HUMAN`` is the reference named in
+    ``score`` = ``Z.SCR`` (the mean of every ``SYSTEM`` and ``REPEAT`` judgement), ``score_raw`` =
+    ``RAW.SCR`` (0-100), ``annotator_scores`` = one standardised score per distinct worker
+    (``WorkerId``) of ``ad-<xxen>-good-stnd.csv`` matched on (``SYS``, ``SID``): the mean of that
+    worker's ``SYSTEM`` and ``REPEAT`` judgements (the REF and BAD_REF quality-control items are
+    excluded), ``n_annotators`` = the number of those workers (``N``, which counts judgements, for
+    an item good-stnd lacks).  The mean of ``annotator_scores`` is ``Z.SCR`` wherever an item's
+    workers judged it equally often (every item of the pinned files).  ``HUMAN`` is the reference named in
     ``human_reference[lp]``: its text is that reference and its ``ref``/``refs`` the other
     references; rows are dropped (and counted in the log) when that reference file is absent or
     no other reference exists.
@@ -476,7 +482,7 @@ def load_wmt21_da(
                     score=z[i],
                     score_raw=raw[i],
                     annotator_scores=ann,
-                    n_annotators=n_ann[i],
+                    n_annotators=len(ann) if ann else n_ann[i],
                     doc=text.doc(seg),
                     system=system_name,
                     seg_id=seg,

@@ -6,9 +6,9 @@ One row per rated (source, translation) pair; the columns are the contract of
 ============== ======================== =========================== ==========================================
 dataset        ``score``                ``score_raw``               ``annotator_scores`` / ``score_std``
 ============== ======================== =========================== ==========================================
-wmt21_da       DA z-score (``Z.SCR``,   DA 0-100 (``RAW.SCR``,      per-judgement scores standardised per
-               mean of per-worker       mean of the raw             worker (the ``score`` scale): the
-               standardised scores)     judgements), higher better  SYSTEM and REPEAT judgements; std of them
+wmt21_da       DA z-score (``Z.SCR``,   DA 0-100 (``RAW.SCR``,      one score per distinct worker, standardised
+               mean of per-worker       mean of the raw             per worker (the ``score`` scale): the mean
+               standardised scores)     judgements), higher better  of its SYSTEM and REPEAT judgements
 wmt21_mqm      MQM as published: 0      same as ``score``           one averaged score per segment is
                best, negative worse                                 published: ``[score]``, std NaN (en-ru:
                (en-ru: from errors)                                 scored from the QE-2023 error lists)
@@ -29,8 +29,8 @@ multihyp_eten  DA z-score               DA z-score (raw not         ``[]``, std 
 Each dataset's range, direction and domain are declared once in :mod:`uamt.data.datasets`.
 ``score_std`` is the sample standard deviation (``ddof=1``) of ``annotator_scores`` and NaN
 with fewer than two of them.  ``n_annotators`` is the number of human judgements behind
-``score`` as published (``N`` for WMT21 DA, ``len(scores)`` for MLQE, the raters of the MQM sets
-that publish them, 1 otherwise).
+``score`` (the distinct workers for WMT21 DA, whose ``N`` counts a worker's repeat twice,
+``len(scores)`` for MLQE, the raters of the MQM sets that publish them, 1 otherwise).
 """
 
 from __future__ import annotations

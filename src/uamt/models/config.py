@@ -43,9 +43,11 @@ class TrainConfig:
     ensemble_size, ensemble_member, n_jobs
         Deep ensemble: K members of method ``ensemble_member`` trained with seeds seed..seed+K-1, in
         ``n_jobs`` parallel processes.
-    kl_missing_std : {"mean", "floor", "drop"}
-        KL target std for rows with fewer than 2 annotators: the training split's mean annotator std,
-        the floor ``kl_std_floor``, or drop those rows.
+    kl_missing_std : {"hts", "by_score", "mean", "floor", "drop"}
+        How KL trains rows with fewer than 2 annotators (:data:`uamt.models.kl.MISSING_STD_RULES`):
+        with the HTS loss on their one score (the default), a target std read off their score (binned
+        on the multi-rater training rows), the training split's mean annotator std, the floor
+        ``kl_std_floor``, or not at all (drop).
     kl_std_floor : float
         Lower bound on the KL target std, in ``score`` units (annotators who agree exactly would make
         log(sigma_hat^2 / sigma*^2) infinite).
@@ -83,7 +85,7 @@ class TrainConfig:
     ensemble_size: int = 5
     ensemble_member: str = "point"
     n_jobs: int = 1
-    kl_missing_std: Literal["mean", "floor", "drop"] = "mean"
+    kl_missing_std: Literal["hts", "by_score", "mean", "floor", "drop"] = "hts"
     kl_std_floor: float = 0.01
     dup_loss: str = "hts"
     bottleneck_size: int = 256

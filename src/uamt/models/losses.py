@@ -34,6 +34,27 @@ def kl_loss(
     )
 
 
+def kl_hts_loss(
+    mu: torch.Tensor,
+    log_var: torch.Tensor,
+    target_mu: torch.Tensor,
+    target_std: torch.Tensor,
+    has_std: torch.Tensor,
+) -> torch.Tensor:
+    """Eq. 3 (:func:`kl_loss`) on rows with ``has_std`` = 1, Eq. 2 (:func:`hts_loss`) on the others.
+
+    Eq. 2 is Eq. 3 as sigma* -> 0 less the model-free constant -log(sigma*) - 1/2: the KL to a point
+    mass at the one score a single-rater row has.  ``target_std`` of the Eq. 2 rows is not read
+    (any finite value).
+    """
+    target_var = target_std**2
+    inv_two_var = 1.0 / (2 * torch.exp(log_var))
+    squared = (target_mu - mu) ** 2
+    kl = (squared + target_var) * inv_two_var + 0.5 * (log_var - torch.log(target_var)) - 0.5
+    hts = squared * inv_two_var + 0.5 * log_var
+    return torch.mean(torch.where(has_std > 0.5, kl, hts))
+
+
 def dup_abs_loss(eps_hat: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     """DUP L_ABS^E, Eq. 5: (eps* - eps_hat)^2."""
     return torch.mean((eps - eps_hat) ** 2)
