@@ -8,9 +8,15 @@ and the ``champion`` alias moves last, only if the gate passes.  The MLflow call
 :mod:`uamt.registry`'s.
 
 Before anything is logged, the registry is checked (:func:`uamt.registry.prepare_store`): a
-registry that existed (its marker beside the SQLite database, or the previous
-``metrics/registry.json``) and is gone is an error, and a new one is only created with
+registry that existed (its marker beside the SQLite database, or the previous summary
+:data:`SUMMARY_PATH`) and is gone is an error, and a new one is only created with
 ``register.allow_new_registry: true`` (or by ``uamt registry init``).
+
+The summary of a registration (:data:`SUMMARY_PATH`, the stage's DVC output) lives with the
+registry in the git-ignored ``mlflow/``, never in git: a fresh clone, or a checkout whose
+``mlflow/`` is gone, has no summary, so ``dvc repro`` always runs ``register`` there, even when
+every model it would register hashes as ``dvc.lock`` recorded.  A committed summary made DVC skip
+the stage on a fresh clone and leave its empty registry without a champion.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from pathlib import Path
 
 from uamt.encoders import EncodeConfig
 from uamt.pipeline import QE_SUFFIX, PipelineConfig
-from uamt.registry import Gates
+from uamt.registry import DEFAULT_STORE, Gates
 
 log = logging.getLogger(__name__)
 #: MLflow run name of a registration (= the dvc stage and Prefect task name).
 RUN_NAME = "register"
+#: What the last registration did (dvc.yaml's output of ``register``), beside the default registry.
+SUMMARY_PATH = DEFAULT_STORE / "registration.json"
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ def calibration_params(path: Path) -> dict[str, float]:
 
 
 def previous_versions(path: Path, names: set[str]) -> dict[str, str]:
-    """model name -> version that a previous run's ``metrics/registry.json`` registered (if present)."""
+    """model name -> version that a previous registration's summary (:data:`SUMMARY_PATH`) names, if any."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -113,7 +121,7 @@ def register_pipeline_models(
     pipe: PipelineConfig, reg: RegisterSettings, encode: EncodeConfig, calibration_dir: str | Path
 ) -> dict:
     """Register and gate the reference-based model, then the QE model (``<model_name>-qe``);
-    ``metrics/registry.json`` holds the first's summary with the QE one under ``"qe"``."""
+    :data:`SUMMARY_PATH` holds the first's summary with the QE one under ``"qe"``."""
     from uamt import registry
     from uamt.scoring.score import QE_SUFFIX as REGISTRY_QE_SUFFIX
     from uamt.uncertainty import write_json_atomic
@@ -125,7 +133,7 @@ def register_pipeline_models(
     status = registry.prepare_store(
         uri,
         allow_new=reg.allow_new_registry,
-        expected=previous_versions(Path(pipe.metrics_dir) / "registry.json", names),
+        expected=previous_versions(SUMMARY_PATH, names),
     )
     log.info("%s", status)
     summary = register_model(pipe, reg, encode, calibration_dir, pipe.register_method, reg.model_name)
@@ -134,7 +142,8 @@ def register_pipeline_models(
         summary["qe"] = register_model(
             pipe, reg, encode, calibration_dir, qe_model, reg.model_name + REGISTRY_QE_SUFFIX
         )
-    write_json_atomic(summary, Path(pipe.metrics_dir) / "registry.json")
+    SUMMARY_PATH.parent.mkdir(parents=True, exist_ok=True)  # absent where the registry is elsewhere
+    write_json_atomic(summary, SUMMARY_PATH)
     return summary
 
 

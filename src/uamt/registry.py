@@ -315,6 +315,60 @@ def describe(uri: str, name: str) -> list[dict[str, Any]]:
     return rows
 
 
+#: Registers the pipeline's models again, whatever DVC recorded (``-f``), and nothing else (``-s``).
+REGISTER_AGAIN = "dvc repro -f -s register"
+
+
+def check_champions(uri: str, names: list[str]) -> list[str]:
+    """One line per model of ``names`` naming its ``@champion`` version (the last step of ``make run``).
+
+    Only reads: a SQLite database that does not exist is an error (:func:`check_store_exists`).
+
+    Raises
+    ------
+    uamt.errors.UamtError
+        Some model is not registered or has no ``@champion``: names each such model, the verdict of
+        its latest version, and the way out.
+    """
+    from mlflow.exceptions import MlflowException
+
+    check_store_exists(uri)
+    client = _client(uri)
+    found, missing = [], []
+    for name in names:
+        try:
+            model = client.get_registered_model(name)
+            versions = client.search_model_versions(f"name='{name}'")
+        except MlflowException:
+            versions = []
+        if not versions:
+            missing.append(
+                f"{name} is not registered in {uri} (the register stage did not run against this registry: "
+                f"DVC found it up to date, or register.tracking_uri / $MLFLOW_TRACKING_URI named another "
+                f"registry); register it with `{REGISTER_AGAIN}`"
+            )
+            continue
+        champion = (model.aliases or {}).get(CHAMPION)
+        if champion is None:
+            latest = max(versions, key=lambda v: int(v.version))
+            status = latest.tags.get(STATUS_TAG) or "untagged"
+            reason = latest.tags.get(REASON_TAG) or "no verdict recorded: registration interrupted?"
+            missing.append(
+                f"{name} has no @{CHAMPION}: its latest version {latest.version} is {status} ({reason}); only "
+                "a version that passes the promotion gate (params.yaml register.gates) becomes champion: fix "
+                f"what the verdict names, then `{REGISTER_AGAIN}` (versions: `uamt registry show --name {name}`)"
+            )
+            continue
+        version = client.get_model_version(name, champion)
+        found.append(
+            f"{name}: @{CHAMPION} is version {champion} ({version.tags.get(STATUS_TAG, '')}: "
+            f"{version.tags.get(REASON_TAG, '')})"
+        )
+    if missing:
+        raise UamtError(f"no champion to serve in {uri}: " + "; ".join(missing))
+    return found
+
+
 def register_candidate(
     uri: str,
     name: str,
