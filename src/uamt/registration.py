@@ -30,13 +30,11 @@ from pathlib import Path
 
 from uamt.encoders import EncodeConfig
 from uamt.pipeline import QE_SUFFIX, PipelineConfig
-from uamt.registry import DEFAULT_STORE, Gates
+from uamt.registry import SUMMARY_PATH, Gates
 
 log = logging.getLogger(__name__)
 #: MLflow run name of a registration (= the dvc stage and Prefect task name).
 RUN_NAME = "register"
-#: What the last registration did (dvc.yaml's output of ``register``), beside the default registry.
-SUMMARY_PATH = DEFAULT_STORE / "registration.json"
 
 
 @dataclass(frozen=True)

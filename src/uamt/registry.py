@@ -21,7 +21,7 @@ The store itself (``prepare_store``, ``uamt registry init``):
   database that does not exist is an error naming it (:func:`check_store_exists`).
 * A SQLite registry has a marker beside it, ``<db>.uamt-registry.json``, recording which models
   and versions it held.  Registration refuses a registry that existed (marker present, or a
-  previous ``metrics/registry.json`` naming a version) and is gone or does not hold those
+  previous registration summary ``mlflow/registration.json`` naming a version) and is gone or does not hold those
   versions any more: a new empty database would restart the version numbers at 1, so that
   ``models:/uamt-comet/1`` would silently name another model.  A new registry is only created on
   purpose: ``uamt registry init`` or ``register.allow_new_registry: true``.
@@ -50,6 +50,9 @@ REASON_TAG = "promotion_reason"
 METRIC_TAG_PREFIX = "test."
 
 DEFAULT_STORE = Path("mlflow")
+#: What the last registration did: the register stage's DVC output, kept beside the default registry
+#: (git-ignored) so that wherever there is no registry there is no output and DVC registers again.
+SUMMARY_PATH = DEFAULT_STORE / "registration.json"
 
 
 @dataclass(frozen=True)
@@ -585,7 +588,7 @@ def prepare_store(uri: str, *, allow_new: bool, expected: dict[str, str] | None 
         ``register.allow_new_registry``: create a missing SQLite registry when nothing says one
         existed (no marker, no ``expected`` version).  Never replaces one that existed.
     expected : dict, optional
-        model name -> a version the registry must hold (from the previous ``metrics/registry.json``).
+        model name -> a version the registry must hold (from the previous :data:`SUMMARY_PATH`).
 
     Raises
     ------
@@ -605,7 +608,7 @@ def prepare_store(uri: str, *, allow_new: bool, expected: dict[str, str] | None 
         if marker is not None or expected:
             known = _describe_models(marker.get("models", {})) if marker else ""
             known = known or ", ".join(f"{n} version {v}" for n, v in sorted(expected.items()))
-            source = marker_path(uri) if marker is not None else "the previous metrics/registry.json"
+            source = marker_path(uri) if marker is not None else f"the previous {SUMMARY_PATH}"
             raise UamtError(
                 f"registry {db} is gone, but it existed ({source} records {known}); a new empty "
                 "registry would restart version numbers at 1, so models:/NAME/1 would silently name "
@@ -617,9 +620,9 @@ def prepare_store(uri: str, *, allow_new: bool, expected: dict[str, str] | None 
         return init_store(uri, created_by="register.allow_new_registry")
     client = _client(uri)
     # The marker is the record of this registry (it survives `uamt registry init --replace-missing`,
-    # after which the previous metrics/registry.json names versions of the old one); without a
+    # after which the previous registration summary names versions of the old one); without a
     # marker (a store from before markers, or another kind of store), the previous
-    # metrics/registry.json is the record.
+    # registration summary is the record.
     if marker is not None:
         source = str(marker_path(uri))
         wanted: dict[str, tuple[str, str | None]] = {
@@ -627,7 +630,7 @@ def prepare_store(uri: str, *, allow_new: bool, expected: dict[str, str] | None 
             for name, state in marker.get("models", {}).items()
         }
     else:
-        source = "the previous metrics/registry.json"
+        source = f"the previous {SUMMARY_PATH}"
         wanted = {name: (str(version), None) for name, version in expected.items()}
     from mlflow.exceptions import MlflowException
 
