@@ -22,18 +22,22 @@ GOOD = {"ece": 0.01, "nll": 1.0, "pps": 0.3}
 BAD_ECE = {"ece": 0.2, "nll": 1.0, "pps": 0.3}  # over Gates().max_ece: a first version is rejected
 
 
-def register_stage_outputs() -> list[str]:
+def register_stage_outputs() -> dict[str, dict]:
+    """path -> options of every output of the register stage in dvc.yaml."""
     stage = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]["register"]
-    return [next(iter(o)) if isinstance(o, dict) else o for key in ("outs", "metrics", "plots") for o in stage.get(key, [])]
+    entries = [o if isinstance(o, dict) else {o: {}} for key in ("outs", "metrics", "plots") for o in stage.get(key, [])]
+    return {path: options or {} for entry in entries for path, options in entry.items()}
 
 
 def test_register_stage_output_lives_with_the_registry_not_in_git():
     """A committed output made `dvc repro` skip `register` on a fresh clone whose retrained models
     hashed as dvc.lock recorded ("Stage 'register' didn't change, skipping"): its new registry stayed
     empty. An output that git ignores, inside the registry's folder, is absent wherever the registry
-    is, so DVC runs the stage there."""
+    is, so DVC runs the stage there; persistent, so that DVC's run cache (which restores a stage's
+    outputs, uncached ones included, when its deps match an earlier run) never stands in for the
+    registration when only the registry is gone."""
     outputs = register_stage_outputs()
-    assert outputs == [str(SUMMARY_PATH)], outputs
+    assert outputs == {str(SUMMARY_PATH): {"cache": False, "persist": True}}, outputs
     for out in outputs:
         assert Path(out).parts[0] == str(registry.DEFAULT_STORE), out
         ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", out], cwd=REPO_ROOT)
