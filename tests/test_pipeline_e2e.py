@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
-from uamt.registration import SUMMARY_PATH
+from uamt.registry import SUMMARY_PATH
 
 STAGES = ("fetch", "prepare", "encode", "train_base", "train_dup", "calibrate", "evaluate", "register")
 

@@ -15,8 +15,7 @@ import yaml
 from tests.conftest import REPO_ROOT
 from uamt import registry
 from uamt.cli import main
-from uamt.registration import SUMMARY_PATH
-from uamt.registry import Gates
+from uamt.registry import SUMMARY_PATH, Gates
 
 GOOD = {"ece": 0.01, "nll": 1.0, "pps": 0.3}
 BAD_ECE = {"ece": 0.2, "nll": 1.0, "pps": 0.3}  # over Gates().max_ece: a first version is rejected

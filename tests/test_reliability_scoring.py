@@ -40,8 +40,7 @@ from tests.fakes import FEATURES, embed, synthetic_table
 from uamt import registry
 from uamt.cli import main
 from uamt.errors import DataError, UamtError
-from uamt.registration import SUMMARY_PATH
-from uamt.registry import Gates
+from uamt.registry import SUMMARY_PATH, Gates
 
 SRC = [f"Der Satz Nummer {i} ist kurz." for i in range(20)]
 MT = [f"Sentence number {i} is short." for i in range(20)]
