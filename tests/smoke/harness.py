@@ -108,7 +108,9 @@ def environment(checkout: Path, mirror: Path) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("MLFLOW_", "PREFECT_", "UAMT_", "DVC_")) and key not in ("PYTHONPATH", "VIRTUAL_ENV")
+        # (under `make test` the outer make exports its MLflow/Prefect settings and MAKEFLAGS)
+        if not key.startswith(("MLFLOW_", "PREFECT_", "UAMT_", "DVC_"))
+        and key not in ("PYTHONPATH", "VIRTUAL_ENV", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
     }
     env.update(
         PYTHONPATH=f"{checkout / 'src'}{os.pathsep}{checkout}",
