@@ -28,8 +28,8 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = Path(__file__).with_name("params.smoke.yaml")
-#: Bounds a hung stage only: ``make run`` of the smoke profile took 40 min on 2 cores shared with a
-#: load average of 11-18 (see tests/test_smoke_make_run.py for the figures).
+#: Bounds a hung stage only: ``make run`` of the smoke profile took 10 min on 2 shared cores at a load
+#: average of 4-6, 40 min at 11-18 (see tests/test_smoke_make_run.py for the figures).
 MAKE_RUN_TIMEOUT_S = 3600
 
 
