@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine:
-#   make run    install into .venv, then run the whole pipeline (dvc repro) on the default data
+#   make run    install into .venv, run the whole pipeline (dvc repro) on the default data, then check
+#               that every model it registers has @champion (uamt registry check)
 #   make test   install into .venv, then run the test suite
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -45,6 +46,10 @@ run: setup
 	# existed at MLFLOW_TRACKING_URI and the database is gone (see docs/guarantees.md).
 	$(BIN)/uamt registry init
 	$(BIN)/dvc repro
+	# Ends with @champion for every model the pipeline registers, or fails naming the model, its latest
+	# version's verdict and the way out (docs/guarantees.md). The register stage's DVC output lives in
+	# mlflow/ (git-ignored), so a fresh clone or a lost registry always re-registers.
+	$(BIN)/uamt registry check
 
 # One tick of the scheduled retrain on new annotations (data/incoming/), and the long-running
 # deployment with its schedule (see docs/orchestration.md).

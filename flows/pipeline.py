@@ -36,6 +36,7 @@ from flows.dvc_stages import Stage, dvc_stage_names, read_stages, stage_task
 from uamt.config import DEFAULT_PARAMS
 from uamt.data.prepare import data_version
 from uamt.pipeline import load_pipeline
+from uamt.registry import SUMMARY_PATH
 
 log = logging.getLogger(__name__)
 REPORTED_METRICS = ("pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
@@ -162,7 +163,7 @@ def uamt_pipeline(
     if "evaluate" in outputs or "register" in outputs:
         pipe = load_pipeline(params)
         test_path = Path(pipe.metrics_dir) / "test.json"
-        registry_path = Path(pipe.metrics_dir) / "registry.json"
+        registry_path = SUMMARY_PATH
         create_markdown_artifact(
             key="uamt-test-metrics",
             markdown=metrics_markdown(

@@ -51,6 +51,7 @@ from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.data.prepare import PrepareConfig
 from uamt.models.api import recover_stale
 from uamt.pipeline import load_pipeline
+from uamt.registry import SUMMARY_PATH
 
 ingest = task(name="ingest", persist_result=False)(incoming.ingest_incoming)
 
@@ -123,8 +124,7 @@ def retrain_on_new_annotations(params: str = str(DEFAULT_PARAMS)) -> dict[str, A
                 dvc_repro(params, cfg.pool_path)
             else:
                 run_pipeline(params, start="prepare", stop="register")
-            metrics_dir = Path(load_pipeline(params).metrics_dir)
-            summary["registry"] = json.loads((metrics_dir / "registry.json").read_text(encoding="utf-8"))
+            summary["registry"] = json.loads(SUMMARY_PATH.read_text(encoding="utf-8"))
             incoming.clear_pending(cfg)  # only now: register has finished
             return {"status": "retrained", **summary}
     except incoming.RetrainBusy as exc:

@@ -18,6 +18,7 @@ from test_flows_harness import REPO_ROOT, cache_key, read_flow_run
 from flows import dvc_stages
 from flows import pipeline as fp
 from uamt.config import ConfigError
+from uamt.registry import SUMMARY_PATH
 
 prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
 
@@ -183,7 +184,7 @@ def _fake_stages(calls: list, monkeypatch) -> None:
                 test = {"hts": {"avg": {"pps": -0.5, "ece": 0.04}}, "data": {"avg": {"n": len(data)}}}
                 (metrics / "test.json").write_text(json.dumps(test))
             if stage.name == "register":
-                (Path(cfg.pipeline.metrics_dir) / "registry.json").write_text(
+                SUMMARY_PATH.write_text(
                     json.dumps({"model_name": "m", "version": "1", "promoted": True, "reason": "first"})
                 )
             if stage.name == "train_base":
@@ -323,8 +324,8 @@ def test_retrain_with_dvc_ingests_then_versions_the_pool_and_runs_dvc_repro(
     def fake_run(cmd, check):
         commands.append(cmd)
         if cmd[:2] == ["dvc", "repro"]:  # what the register stage leaves behind
-            Path("metrics").mkdir(exist_ok=True)
-            Path("metrics/registry.json").write_text(json.dumps({"version": "7"}))
+            SUMMARY_PATH.parent.mkdir(exist_ok=True)
+            SUMMARY_PATH.write_text(json.dumps({"version": "7"}))
 
     monkeypatch.setattr(fr.subprocess, "run", fake_run)
     out = fr.retrain_on_new_annotations("params.yaml")
@@ -378,4 +379,4 @@ def test_transient_failure_is_retried_and_a_permanent_one_fails_the_run(prefect_
     state = fp.uamt_pipeline(str(params), start="encode", return_state=True, refresh_cache=True)
     assert state.is_failed()
     assert "disk full" in str(state.message) or "disk full" in repr(state.result(raise_on_failure=False))
-    assert "register" not in [c[0] for c in calls] and not Path("metrics/registry.json").exists()
+    assert "register" not in [c[0] for c in calls] and not SUMMARY_PATH.exists()

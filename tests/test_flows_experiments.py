@@ -56,7 +56,7 @@ def test_cache_key_follows_inputs(tmp_path, monkeypatch):
     Path("metrics/ood.json").write_text('{"hts": {}}')
     assert cache_key(stage, cfg) not in (key, with_metrics)
     changed = cache_key(stage, cfg)
-    Path("metrics/registry.json").write_text("{}")  # not a dep of exp_ood
+    Path("metrics/other.json").write_text("{}")  # not a dep of exp_ood
     assert cache_key(stage, cfg) == changed
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
+from uamt.registry import SUMMARY_PATH
 
 STAGES = ("fetch", "prepare", "encode", "train_base", "train_dup", "calibrate", "evaluate", "register")
 
@@ -102,7 +103,7 @@ def test_registered_champion_scores_new_text(pipeline_run):
     from uamt.predictor import load_predictor
     from uamt.registry import tracking_uri
 
-    summary = json.loads((pipeline_run / "metrics" / "registry.json").read_text())
+    summary = json.loads((pipeline_run / SUMMARY_PATH).read_text())
     assert summary["version"] == "1" and summary["promoted"], summary
     import os
 
@@ -140,7 +141,7 @@ def test_reference_free_model_is_registered_and_scores_without_references(pipeli
     from uamt.errors import UamtError
     from uamt.scoring.score import load_scoring_predictor
 
-    summary = json.loads((pipeline_run / "metrics" / "registry.json").read_text())
+    summary = json.loads((pipeline_run / SUMMARY_PATH).read_text())
     assert summary["qe"]["model_name"] == "uamt-comet-qe" and summary["qe"]["method"] == "hts_qe"
     assert summary["qe"]["promoted"], summary["qe"]
     manifest = json.loads((pipeline_run / "models" / "hts_qe" / "model.json").read_text())

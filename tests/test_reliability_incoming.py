@@ -51,6 +51,7 @@ from uamt.incoming import (
     validate_file,
     withdraw,
 )
+from uamt.registry import SUMMARY_PATH
 
 prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
 
@@ -453,7 +454,7 @@ def test_a_retrain_killed_after_ingestion_is_finished_by_the_next_tick(prefect_a
     with pytest.raises(RuntimeError, match="train_dup killed"):
         retrain_on_new_annotations("params.yaml")
     assert [c[0] for c in calls] == ["prepare", "encode", "train_base"]
-    assert not Path("metrics/registry.json").exists()  # register never ran: the registry is unchanged
+    assert not SUMMARY_PATH.exists()  # register never ran: the registry is unchanged
     assert (
         Path("data/incoming/processed/new.csv").is_file()
         and len(read_pool("data/annotations/pool.parquet")) == 4

@@ -40,7 +40,7 @@ from tests.fakes import FEATURES, embed, synthetic_table
 from uamt import registry
 from uamt.cli import main
 from uamt.errors import DataError, UamtError
-from uamt.registry import Gates
+from uamt.registry import SUMMARY_PATH, Gates
 
 SRC = [f"Der Satz Nummer {i} ist kurz." for i in range(20)]
 MT = [f"Sentence number {i} is short." for i in range(20)]
@@ -369,19 +369,18 @@ def test_registry_moved_away_is_refused_not_recreated(project, capsys):
     assert "--replace-missing" in capsys.readouterr().err and not db.exists()
     assert main(["registry", "init", "--tracking-uri", uri, "--replace-missing"]) == 0
     assert registry.read_marker(uri)["replaces"]["models"][NAME]["latest_version"] == "1"
-    # The new marker, not an old metrics/registry.json naming the old registry's versions, is the record.
+    # The new marker, not an old registration summary naming the old registry's versions, is the record.
     registry.prepare_store(uri, allow_new=False, expected={NAME: "7"})
     assert _register(uri).promote  # the first version of the new registry, explicitly initialised
 
 
-def test_previous_registry_json_also_records_that_a_registry_existed(project, capsys):
+def test_previous_registration_summary_also_records_that_a_registry_existed(project, capsys):
     tmp, uri = project
     registry.sqlite_path(uri).unlink()
     registry.marker_path(uri).unlink()
-    (tmp / "metrics").mkdir()
-    (tmp / "metrics" / "registry.json").write_text(json.dumps({"model_name": NAME, "version": "1"}))
+    (tmp / SUMMARY_PATH).write_text(json.dumps({"model_name": NAME, "version": "1"}))
     code, err = _stage(tmp, uri, capsys, allow_new=True)
-    assert code == 2 and "the previous metrics/registry.json records uamt-test version 1" in err, err
+    assert code == 2 and f"the previous {SUMMARY_PATH} records uamt-test version 1" in err, err
     assert not registry.sqlite_path(uri).exists()
 
 
@@ -409,11 +408,11 @@ def test_a_different_registry_in_its_place_is_refused(project, capsys, quick_log
 
 
 def test_unmarked_registry_is_checked_against_the_previous_summary(project):
-    """A registry from before markers: the previous metrics/registry.json is the record; a mismatch
+    """A registry from before markers: the previous registration summary is the record; a mismatch
     is refused and the registry is not adopted (no marker written)."""
     _, uri = project
     registry.marker_path(uri).unlink()
-    with pytest.raises(UamtError, match=r"does not hold uamt-test version 3 that the previous metrics/registry\.json records"):
+    with pytest.raises(UamtError, match=r"does not hold uamt-test version 3 that the previous mlflow/registration\.json records"):
         registry.prepare_store(uri, allow_new=True, expected={NAME: "3"})
     assert registry.read_marker(uri) is None
     registry.prepare_store(uri, allow_new=False, expected={NAME: "1"})  # the right one: adopted

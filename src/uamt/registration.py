@@ -8,8 +8,8 @@ and the ``champion`` alias moves last, only if the gate passes.  The MLflow call
 :mod:`uamt.registry`'s.
 
 Before anything is logged, the registry is checked (:func:`uamt.registry.prepare_store`): a
-registry that existed (its marker beside the SQLite database, or the previous
-``metrics/registry.json``) and is gone is an error, and a new one is only created with
+registry that existed (its marker beside the SQLite database, or the previous summary
+:data:`SUMMARY_PATH`) and is gone is an error, and a new one is only created with
 ``register.allow_new_registry: true`` (or by ``uamt registry init``); a store copied or moved
 from another checkout, or a corrupt or locked one, is refused.
 
@@ -18,6 +18,12 @@ calibrated and tested on (:func:`prepared_data_version`): without them (``data/p
 or empty) registration is refused rather than tagged with the hash of nothing.  The encoder export
 and spec a version carries are written to a temporary folder that is removed once MLflow has copied
 them into the store.
+
+The summary of a registration (:data:`SUMMARY_PATH`, the stage's DVC output) lives with the
+registry in the git-ignored ``mlflow/``, never in git: a fresh clone, or a checkout whose
+``mlflow/`` is gone, has no summary, so ``dvc repro`` always runs ``register`` there, even when
+every model it would register hashes as ``dvc.lock`` recorded.  A committed summary made DVC skip
+the stage on a fresh clone and leave its empty registry without a champion.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from pathlib import Path
 
 from uamt.encoders import EncodeConfig
 from uamt.pipeline import QE_SUFFIX, PipelineConfig
-from uamt.registry import Gates
+from uamt.registry import SUMMARY_PATH, Gates
 
 log = logging.getLogger(__name__)
 #: MLflow run name of a registration (= the dvc stage and Prefect task name).
@@ -104,7 +110,7 @@ def calibration_params(path: Path) -> dict[str, float]:
 
 
 def previous_versions(path: Path, names: set[str]) -> dict[str, str]:
-    """model name -> version that a previous run's ``metrics/registry.json`` registered (if present)."""
+    """model name -> version that a previous registration's summary (:data:`SUMMARY_PATH`) names, if any."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -174,7 +180,7 @@ def register_pipeline_models(
     pipe: PipelineConfig, reg: RegisterSettings, encode: EncodeConfig, calibration_dir: str | Path
 ) -> dict:
     """Register and gate the reference-based model, then the QE model (``<model_name>-qe``);
-    ``metrics/registry.json`` holds the first's summary with the QE one under ``"qe"``."""
+    :data:`SUMMARY_PATH` holds the first's summary with the QE one under ``"qe"``."""
     from uamt import registry
     from uamt.scoring.score import QE_SUFFIX as REGISTRY_QE_SUFFIX
     from uamt.uncertainty import write_json_atomic
@@ -187,7 +193,7 @@ def register_pipeline_models(
     status = registry.prepare_store(
         uri,
         allow_new=reg.allow_new_registry,
-        expected=previous_versions(Path(pipe.metrics_dir) / "registry.json", names),
+        expected=previous_versions(SUMMARY_PATH, names),
         experiment=reg.experiment,
     )
     log.info("%s", status)
@@ -206,7 +212,8 @@ def register_pipeline_models(
                 reg.model_name + REGISTRY_QE_SUFFIX,
                 data_version=version_tag,
             )
-    write_json_atomic(summary, Path(pipe.metrics_dir) / "registry.json")
+    SUMMARY_PATH.parent.mkdir(parents=True, exist_ok=True)  # absent where the registry is elsewhere
+    write_json_atomic(summary, SUMMARY_PATH)
     return summary
 
 

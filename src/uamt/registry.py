@@ -33,7 +33,7 @@ The store itself (``prepare_store``, ``uamt registry init``):
   artifact root outside the database's folder), with the way out: a new registry for the copy.
 * A SQLite registry has a marker beside it, ``<db>.uamt-registry.json``, recording which models
   and versions it held, and where the database is (``db_path``).  Registration refuses a registry
-  that existed (marker present, or a previous ``metrics/registry.json`` naming a version) and is
+  that existed (marker present, or a previous registration summary ``mlflow/registration.json`` naming a version) and is
   gone or does not hold those versions any more: a new empty database would restart the version
   numbers at 1, so that ``models:/uamt-comet/1`` would silently name another model.  A new
   registry is only created on purpose: ``uamt registry init`` or
@@ -68,6 +68,9 @@ REASON_TAG = "promotion_reason"
 METRIC_TAG_PREFIX = "test."
 
 DEFAULT_STORE = Path("mlflow")
+#: What the last registration did: the register stage's DVC output, kept beside the default registry
+#: (git-ignored) so that wherever there is no registry there is no output and DVC registers again.
+SUMMARY_PATH = DEFAULT_STORE / "registration.json"
 
 
 @dataclass(frozen=True)
@@ -672,6 +675,60 @@ def describe(uri: str, name: str) -> list[dict[str, Any]]:
     return rows
 
 
+#: Registers the pipeline's models again, whatever DVC recorded (``-f``), and nothing else (``-s``).
+REGISTER_AGAIN = "dvc repro -f -s register"
+
+
+def check_champions(uri: str, names: list[str]) -> list[str]:
+    """One line per model of ``names`` naming its ``@champion`` version (the last step of ``make run``).
+
+    Only reads: a SQLite database that does not exist is an error (:func:`check_store_exists`).
+
+    Raises
+    ------
+    uamt.errors.UamtError
+        Some model is not registered or has no ``@champion``: names each such model, the verdict of
+        its latest version, and the way out.
+    """
+    from mlflow.exceptions import MlflowException
+
+    check_store_exists(uri)
+    client = _client(uri)
+    found, missing = [], []
+    for name in names:
+        try:
+            model = client.get_registered_model(name)
+            versions = client.search_model_versions(f"name='{name}'")
+        except MlflowException:
+            versions = []
+        if not versions:
+            missing.append(
+                f"{name} is not registered in {uri} (the register stage did not run against this registry: "
+                f"DVC found it up to date, or register.tracking_uri / $MLFLOW_TRACKING_URI named another "
+                f"registry); register it with `{REGISTER_AGAIN}`"
+            )
+            continue
+        champion = (model.aliases or {}).get(CHAMPION)
+        if champion is None:
+            latest = max(versions, key=lambda v: int(v.version))
+            status = latest.tags.get(STATUS_TAG) or "untagged"
+            reason = latest.tags.get(REASON_TAG) or "no verdict recorded: registration interrupted?"
+            missing.append(
+                f"{name} has no @{CHAMPION}: its latest version {latest.version} is {status} ({reason}); only "
+                "a version that passes the promotion gate (params.yaml register.gates) becomes champion: fix "
+                f"what the verdict names, then `{REGISTER_AGAIN}` (versions: `uamt registry show --name {name}`)"
+            )
+            continue
+        version = client.get_model_version(name, champion)
+        found.append(
+            f"{name}: @{CHAMPION} is version {champion} ({version.tags.get(STATUS_TAG, '')}: "
+            f"{version.tags.get(REASON_TAG, '')})"
+        )
+    if missing:
+        raise UamtError(f"no champion to serve in {uri}: " + "; ".join(missing))
+    return found
+
+
 def register_candidate(
     uri: str,
     name: str,
@@ -908,7 +965,7 @@ def prepare_store(
         ``register.allow_new_registry``: create a missing SQLite registry when nothing says one
         existed (no marker, no ``expected`` version).  Never replaces one that existed.
     expected : dict, optional
-        model name -> a version the registry must hold (from the previous ``metrics/registry.json``).
+        model name -> a version the registry must hold (from the previous :data:`SUMMARY_PATH`).
     experiment : str, optional
         The MLflow experiment the registration logs to: its artifact root must lie beside the
         database (:func:`check_experiment_location`).
@@ -932,7 +989,7 @@ def prepare_store(
         if marker is not None or expected:
             known = _describe_models(marker.get("models", {})) if marker else ""
             known = known or ", ".join(f"{n} version {v}" for n, v in sorted(expected.items())) or "it"
-            source = marker_path(uri) if marker is not None else "the previous metrics/registry.json"
+            source = marker_path(uri) if marker is not None else f"the previous {SUMMARY_PATH}"
             raise UamtError(
                 f"registry {db} {_absence(db)}, but it existed ({source} records {known}); a new empty "
                 "registry would restart version numbers at 1, so models:/NAME/1 would silently name "
@@ -962,9 +1019,9 @@ def _check_registered_versions(
     if experiment is not None:
         check_experiment_location(client, uri, experiment)
     # The marker is the record of this registry (it survives `uamt registry init --replace-missing`,
-    # after which the previous metrics/registry.json names versions of the old one); without a
+    # after which the previous registration summary names versions of the old one); without a
     # marker (a store from before markers, or another kind of store), the previous
-    # metrics/registry.json is the record.
+    # registration summary is the record.
     if marker is not None:
         source = str(marker_path(uri))
         wanted: dict[str, tuple[str, str | None]] = {
@@ -972,7 +1029,7 @@ def _check_registered_versions(
             for name, state in marker.get("models", {}).items()
         }
     else:
-        source = "the previous metrics/registry.json"
+        source = f"the previous {SUMMARY_PATH}"
         wanted = {name: (str(version), None) for name, version in expected.items()}
     from mlflow.exceptions import MlflowException
 

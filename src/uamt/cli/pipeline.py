@@ -1,6 +1,7 @@
-"""``uamt registry show``: what the model registry holds; ``uamt registry init``: create one on purpose.
+"""``uamt registry show``: what the model registry holds; ``uamt registry init``: create one on purpose;
+``uamt registry check``: every model the pipeline registers has ``@champion`` (how ``make run`` ends).
 
-``show`` only reads: a tracking URI naming a SQLite database that does not exist, is empty,
+``show`` and ``check`` only read: a tracking URI naming a SQLite database that does not exist, is empty,
 corrupt, locked, of an older MLflow schema, or was copied from another checkout is an error
 (exit 2), never a new, initialised or migrated database.  It names the model and the store, and
 prints metrics to 4 significant digits.  ``init`` is the one command (besides the register stage
@@ -56,6 +57,32 @@ def _registry_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def pipeline_models(params_path: str) -> tuple[list[str], str | None]:
+    """The registered models the register stage of ``params_path`` writes (``register.model_name``,
+    and ``<name>-qe`` when ``pipeline.register_qe_method`` is set) and its ``register.tracking_uri``."""
+    from uamt.config import read_params
+    from uamt.pipeline import load_pipeline
+    from uamt.scoring.score import QE_SUFFIX, model_name_from_params
+
+    name = model_name_from_params(params_path)
+    names = [name]
+    if load_pipeline(params_path).register_qe_method is not None:
+        names.append(name + QE_SUFFIX)
+    return names, (read_params(params_path).get("register") or {}).get("tracking_uri")
+
+
+def _registry_check(args: argparse.Namespace) -> int:
+    from uamt import registry
+
+    names, params_uri = pipeline_models(args.params) if not args.name else (args.name, None)
+    # The register stage's precedence (register.tracking_uri first), so that the registry checked is
+    # the one the stage registered into.
+    uri = registry.tracking_uri(args.tracking_uri or params_uri)
+    for line in registry.check_champions(uri, names):
+        print(line)
+    return 0
+
+
 def register(subparsers) -> None:
     reg = subparsers.add_parser("registry", help="inspect the MLflow model registry")
     reg_sub = reg.add_subparsers(dest="registry_command", metavar="SUBCOMMAND", required=True)
@@ -86,3 +113,22 @@ def register(subparsers) -> None:
         help="the old registry is gone for good: start a new one (versions restart at 1)",
     )
     init.set_defaults(handler=_registry_init)
+    check = reg_sub.add_parser(
+        "check",
+        help="exit 2 unless every model the pipeline registers has @champion (how make run ends)",
+        description=(
+            "Print the @champion version of each model the register stage registers (register.model_name "
+            "and, with pipeline.register_qe_method, <name>-qe); exit 2 naming each model without one, the "
+            "verdict of its latest version and the way out. Reads only; creates nothing."
+        ),
+    )
+    check.add_argument(
+        "--name", action="append", default=None, help="registered model name (repeat for several); default: from --params"
+    )
+    check.add_argument("--params", default="params.yaml", help="params file of the pipeline (default params.yaml)")
+    check.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="default: params register.tracking_uri, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow/mlflow.db",
+    )
+    check.set_defaults(handler=_registry_check)

@@ -2,8 +2,9 @@
 
 The model of ``pipeline.register_method`` (and the QE model of ``pipeline.register_qe_method``, as
 ``<model_name>-qe``) is registered, gated against the champion and aliased only if the gate passes
-(:mod:`uamt.registration`); writes ``metrics/registry.json``.  A registry that existed and is gone
-is an error; a new one is only created with ``register.allow_new_registry: true``.
+(:mod:`uamt.registration`); writes ``mlflow/registration.json``, beside the registry and not in
+git, so that a fresh clone always registers.  A registry that existed and is gone is an error; a
+new one is only created with ``register.allow_new_registry: true``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> RegisterConfig:
 
 
 def run(cfg: RegisterConfig) -> dict:
-    """Register and gate the models; returns the summary written to ``metrics/registry.json``."""
+    """Register and gate the models; returns the summary written to ``mlflow/registration.json``."""
     return register_pipeline_models(cfg.pipeline, cfg.register, cfg.encode, cfg.calibration_dir)
 
 

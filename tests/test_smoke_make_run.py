@@ -1,0 +1,113 @@
+"""The README's first command, proven: ``make run`` on a fresh ``git clone`` of the committed tree ends
+with ``@champion`` for both models, and ``uamt score`` answers with them.
+
+The smoke profile (tests/smoke/params.smoke.yaml merged onto the clone's params.yaml) is the whole
+pipeline -- every dvc.yaml stage, the same code, the Makefile's own ``run`` recipe -- on a tiny slice
+of the data mirror (~1,850 WMT21 MQM rows, one biomedical abstract per direction, ~3,050 texts to
+encode), offline, reusing the test environment (tests/smoke/harness.py).  A second ``make run`` on
+the same tree must register nothing again.  No metric value is checked: the models are tiny; the
+numbers are the pipeline's business (other tests).
+
+Measured (2026-11-25) on a 2-core machine shared with other pipelines and test runs: this module
+10.5 min at a load average of 4-6 (the first ``make run`` 586 s: prepare 47 s, encode 87 s at
+35 texts/s, calibrate 107 s, evaluate 134 s, ...); by hand (tests/smoke/harness.py) at a load
+average of 11-18, 40 min (calibrate 732 s, evaluate 776 s, encode 279 s at 11 texts/s) and 57 s for
+the second ``make run``.  On 2 idle cores (ONNX MiniLM ~140 texts/s) it should take less.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+
+import pytest
+import yaml
+
+from tests.smoke import harness
+from uamt.registry import SUMMARY_PATH
+
+pytestmark = pytest.mark.slow
+
+MODELS = ("uamt-comet", "uamt-comet-qe")
+SEGMENTS = {  # en-de, a language pair the smoke model is trained and calibrated on
+    "src": ["The weather is nice today.", "He bought three apples at the market."],
+    "mt": ["Das Wetter ist heute schön.", "Er kaufte drei Äpfel."],
+    "ref": ["Heute ist das Wetter schön.", "Er hat auf dem Markt drei Äpfel gekauft."],
+}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, mirror_root):
+    """A fresh clone after its first ``make run``: (clone, environment, output of make run)."""
+    root = tmp_path_factory.mktemp("smoke")
+    clone = root / "clone"
+    env = harness.prepare_clone(clone, mirror_root)
+    assert not (clone / "mlflow" / "mlflow.db").exists() and not (clone / SUMMARY_PATH).exists()
+    code, seconds, log = harness.make_run(clone, env, root / "make-run-1.log")
+    print(f"smoke make run: {seconds:.0f} s")
+    assert code == 0, f"make run failed (exit {code}) after {seconds:.0f} s; its output ends:\n{log[-6000:]}"
+    yield clone, env, log
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def champion_rows(clone, env, name: str) -> list[list[str]]:
+    shown = harness.uamt(clone, env, "registry", "show", "--name", name)
+    assert shown.returncode == 0, shown.stderr
+    return [line.split() for line in shown.stdout.splitlines()[1:]]
+
+
+def test_fresh_clone_make_run_runs_every_stage_and_ends_with_both_champions(smoke):
+    clone, _, log = smoke
+    stages = yaml.safe_load((clone / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    ran = re.findall(r"Running stage '([a-z_]+)'", log)
+    assert sorted(ran) == sorted(stages), f"stages not run: {sorted(set(stages) - set(ran))}"
+    assert "didn't change, skipping" not in log
+    checked = log.strip().splitlines()[-len(MODELS) :]  # `uamt registry check`, the recipe's last command
+    for name, line in zip(MODELS, checked, strict=True):
+        assert line.startswith(f"{name}: @champion is version 1 (passed: first version"), checked
+    summary = json.loads((clone / SUMMARY_PATH).read_text(encoding="utf-8"))
+    assert (summary["model_name"], summary["version"], summary["promoted"]) == ("uamt-comet", "1", True)
+    assert (summary["qe"]["model_name"], summary["qe"]["promoted"]) == ("uamt-comet-qe", True)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_registry_show_names_the_champion(smoke, name):
+    clone, env, _ = smoke
+    rows = champion_rows(clone, env, name)
+    assert [row[:3] for row in rows] == [["1", "champion", "passed"]], rows
+
+
+@pytest.mark.parametrize(("with_refs", "model"), [(True, "uamt-comet"), (False, "uamt-comet-qe")])
+def test_uamt_score_answers_with_the_champion(smoke, with_refs, model):
+    clone, env, _ = smoke
+    files = []
+    for column, lines in SEGMENTS.items():
+        if column == "ref" and not with_refs:
+            continue
+        path = clone.parent / f"segments.{column}"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        files += [f"--{column}", str(path)]
+    scored = harness.uamt(clone, env, "score", *files, "--lp", "en-de", "--no-progress")
+    assert scored.returncode == 0, scored.stderr
+    records = [json.loads(line) for line in scored.stdout.splitlines()]
+    segments, summary = records[:-1], records[-1]["summary"]
+    assert summary["model"] == f"models:/{model}@champion" and summary["n_segments"] == 2, summary
+    assert len(segments) == 2
+    for row in segments:
+        values = [row[key] for key in ("mu", "sigma", "lower", "upper", "risk")]
+        assert all(math.isfinite(v) for v in values), row
+        assert row["sigma"] > 0 and row["lower"] <= row["mu"] <= row["upper"] and 0 <= row["risk"] <= 1, row
+
+
+def test_second_make_run_registers_nothing_again(smoke, tmp_path):
+    clone, env, _ = smoke
+    code, _, log = harness.make_run(clone, env, tmp_path / "make-run-2.log")
+    assert code == 0, log[-6000:]
+    # encode may run again: its output is the persisted embedding cache (dvc.yaml: persist, not in DVC's
+    # cache), which it finds complete (0 texts encoded), so nothing downstream of it changes.
+    ran = re.findall(r"Running stage '([a-z_]+)'", log)
+    assert set(ran) <= {"encode"} and "Stage 'register' didn't change, skipping" in log, log[-3000:]
+    for name in MODELS:
+        assert [row[:3] for row in champion_rows(clone, env, name)] == [["1", "champion", "passed"]]
