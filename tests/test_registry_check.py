@@ -18,8 +18,8 @@ from uamt import registry
 from uamt.cli import main
 from uamt.registry import SUMMARY_PATH, Gates
 
-GOOD = {"ece": 0.01, "nll": 1.0, "pps": 0.3}
-BAD_ECE = {"ece": 0.2, "nll": 1.0, "pps": 0.3}  # over Gates().max_ece: a first version is rejected
+GOOD = {"ece": 0.01, "crps": 1.0, "pps": 0.3, "low_score_coverage": 0.8, "dev_ece": 0.01}
+BAD_ECE = {**GOOD, "dev_ece": 0.2}  # over Gates().max_dev_ece: a first version is rejected
 
 
 def register_stage_outputs() -> dict[str, dict]:
@@ -106,7 +106,7 @@ def store(tmp_path_factory) -> Path:
         ),
         pytest.param(
             "gated", True, 2,
-            ["gated-qe has no @champion: its latest version 1 is rejected (ECE 0.2000 > max_ece 0.0500)",
+            ["gated-qe has no @champion: its latest version 1 is rejected (dev ECE 0.2000 > max_dev_ece 0.0800)",
              "params.yaml register.gates", "uamt registry show --name gated-qe"],
             id="gate-rejected",
         ),
