@@ -113,8 +113,8 @@ def test_point_model_gets_the_dev_fixed_variance(workspace, tmp_path, capsys):
 
 
 def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace, tmp_path):
-    from uamt.calibrated import with_model_sigma
-    from uamt.uncertainty import EvaluationSettings, evaluate_predictions
+    from uamt.calibrated import fit_calibration, with_model_sigma
+    from uamt.uncertainty import EvaluationSettings
 
     out = tmp_path / "hts.csv"
     assert predict(workspace, "hts", out, "--calibrate-on", "dev", "--confidence", "0.8") == 0
@@ -122,7 +122,7 @@ def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace,
     model = load(workspace["models"]["hts"])
     dev = with_model_sigma(model.predictions_table(workspace["splits"]["dev"], FEATURES), "hts")
     settings = EvaluationSettings(per_lp=True, min_lp_rows=MIN_LP_ROWS)
-    expected = Calibration.from_result(evaluate_predictions(dev, dev, settings=settings)["calibration"])
+    expected = fit_calibration(dev, "hts", settings=settings)[0]  # the one fit: global fallback in its own units
     saved = json.loads(out.with_name("hts.csv.calibration.json").read_text())
     assert saved == json.loads(json.dumps(expected.to_dict()))
     assert not saved["fixed"]
@@ -131,7 +131,7 @@ def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace,
     dev_lp = dev[dev["lp"] == DEV_LPS[0]]
     assert expected.standardizer.lp_params[DEV_LPS[0]]["pred_std"] == pytest.approx(dev_lp["mu"].std(ddof=0))
     # per row, with the LP's fitted parameters of the served candidate: a variance calibration gives
-    # sigma_cal^2 = s_h^2 (alpha (sigma / s_p)^2 + beta); a conformal one s_h (its 0.9 interval in z) / (2 z_0.95)
+    # sigma_cal^2 = s_h^2 (alpha (sigma / s_p)^2 + beta); a conformal one its served distribution's sd
     served = expected.served or expected.affine
     for lp in DEV_LPS:
         rows = table[table["lp"] == lp]
@@ -139,9 +139,7 @@ def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace,
         params = served.lp_params.get(lp, served.global_params)
         sigma_z = rows["sigma"] / std["pred_std"]
         if isinstance(served, ConformalCalibrator):  # also the Mondrian kind: thresholds per mu bin
-            mu_z = ((rows["mu"] - std["pred_mean"]) / std["pred_std"]).to_numpy()
-            low_z, high_z = served.interval(mu_z, sigma_z.to_numpy(), 0.9, np.full(len(rows), lp, dtype=object))
-            want = std["human_std"] * (high_z - low_z) / (2 * norm.ppf(0.95))
+            want = expected.served_sd(rows["mu"].to_numpy(), rows["sigma"].to_numpy(), np.full(len(rows), lp, dtype=object))
         else:
             var_z = params["alpha"] * sigma_z**2 + params["beta"]
             want = std["human_std"] * np.sqrt(np.maximum(var_z, params["var_floor"]))

@@ -594,6 +594,8 @@ def _served(
         },
     }
     if report_candidates:
+        # A candidate whose Gaussian-equivalent sigma is unbounded somewhere (a conformal level beyond
+        # reach of a small dev cell) has no Gaussian-shaped test block to report.
         result["candidates"] = {
             name: {
                 "cross_fitted_dev": selection["summaries"].get(name),
@@ -602,6 +604,7 @@ def _served(
                 ),
             }
             for name, sig in test_sigmas.items()
+            if np.all(np.isfinite(sig))
         }
     if np.all(dev_sigma > 0):
         conformal = ConformalCalibrator(gammas=settings.conformal_gammas, **common).fit(
