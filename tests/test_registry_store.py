@@ -66,6 +66,8 @@ def project_template(tmp_path_factory, one_torch_thread) -> Path:
     Calibration(standardizer, affine, fixed, None).save(root / "calibration" / "hts.json")
     (root / "metrics").mkdir()
     (root / "metrics" / "test.json").write_text(json.dumps({"hts": {"avg": {"ece": 0.01, "crps": 1.0, "pps": 0.3}}}))
+    (root / "metrics" / "dev.json").write_text(json.dumps({"hts": {"avg": {"ece": 0.01}}}))  # the gate's dev ECE
+    (root / "metrics" / "conditional.json").write_text(json.dumps({"hts": {"low_score_coverage": 0.8}}))
     (root / "metrics" / "ood.json").write_text(json.dumps({"hts": {"avg": {"crps": 1.1}}}))
     (root / "data" / "prepared").mkdir(parents=True)
     _synthetic(20, 3).to_parquet(root / "data" / "prepared" / "test.parquet")
@@ -214,7 +216,7 @@ def test_the_readme_way_out_of_a_copied_checkout_works(project, as_user, capsys)
     assert main(["registry", "init"]) == 0
     code, err = _register_stage(b, as_user, capsys)
     assert code == 0, err
-    assert json.loads((b / "metrics" / "registry.json").read_text())["version"] == "1"
+    assert json.loads((b / "mlflow" / "registration.json").read_text())["version"] == "1"
     code, out, err = _score(b, as_user, capsys)
     assert code == 0, err
     assert len([line for line in out.splitlines() if '"mu"' in line]) == len(SRC)
@@ -381,7 +383,7 @@ def test_registering_without_prepared_splits_is_refused(missing, project_templat
     state = "does not exist" if missing == "folder" else r"holds no prepared split \(\*\.parquet\)"
     assert code == 2 and re.search(rf"stage register: error: data/prepared: {state}, .*nothing was registered", err), err
     assert db.read_bytes() == before
-    assert not (folder / "metrics" / "registry.json").exists()
+    assert not (folder / "mlflow" / "registration.json").exists()
 
 
 # ============================================================================ E. registry show, the environment

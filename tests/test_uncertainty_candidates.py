@@ -457,9 +457,10 @@ def test_evaluation_counts_the_signed_interval_and_serves_it(tmp_path):
     assert model["conditional"]["low_score"]["coverage"] > symmetric + 0.05
     risk = served.risk(test["mu"], test["sigma"], low[0], ["en-de"] * 1500)
     assert risk[0] == pytest.approx(0.05)
-    # the served mu is the model's; its sigma is the signed interval's Gaussian-equivalent width
+    # the served sigma is the served (skewed) distribution's own sd, not a Gaussian-equivalent width
     mu, sigma = served.apply(test["mu"], test["sigma"], ["en-de"] * 1500)
-    np.testing.assert_allclose(2 * 1.6448536269514722 * sigma, high - low)
+    np.testing.assert_allclose(sigma, served.served_sd(test["mu"], test["sigma"], ["en-de"] * 1500))
+    assert not np.allclose(2 * 1.6448536269514722 * sigma, high - low)
 
 
 def test_served_signed_calibration_with_unbounded_levels_loads(tmp_path):

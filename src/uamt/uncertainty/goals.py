@@ -262,11 +262,11 @@ def headline_metrics(summaries: dict[str, dict[str, Any]], prefix: str = "condit
     ``<prefix>.<method>.goals_met`` (how many goals are met), skipping unmeasurable ones."""
     out = {}
     for method, summary in summaries.items():
-        rows = summary["goals"]
+        rows = summary.get("goals") or []
         for row in rows:
             if row["value"] is not None:
                 out[f"{prefix}.{method}.{row['key']}"] = float(row["value"])
-        if summary["ece"].get("papers_cross_fitted") is not None:
+        if (summary.get("ece") or {}).get("papers_cross_fitted") is not None:
             out[f"{prefix}.{method}.papers_cross_fitted_ece"] = float(summary["ece"]["papers_cross_fitted"])
         out[f"{prefix}.{method}.goals_met"] = float(sum(row["met"] is True for row in rows))
     return out
