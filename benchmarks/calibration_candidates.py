@@ -14,7 +14,7 @@ and prints, per method and candidate, on test:
 * ``PPS`` (mean over LPs), checked against ``metrics/test.json`` of the run (calibration must not move it).
 
 The candidate the rule picks (``evaluate.calibration_rule`` in params.yaml) is marked ``*``; then
-issue 15's goals of the served calibration, met or not (:mod:`uamt.uncertainty.goals`; the held-out
+the goals of the served calibration, met or not (:mod:`uamt.uncertainty.goals`; the held-out
 LPs from ``predictions/ood``; the ECE floor here is the i.i.d. one, the evaluate stage's
 ``metrics/conditional.json`` uses the clustered floor).
 
@@ -73,7 +73,7 @@ def summarise(block: dict, gamma_key: str = "coverage@0.9") -> dict[str, float]:
 
 
 def print_goals(method: str, result: dict, tables: dict, prepared: dict, settings, root: Path) -> None:
-    """Issue 15's goal table of the served calibration (:func:`uamt.uncertainty.goals.goal_rows`),
+    """The goal table of the served calibration (:func:`uamt.uncertainty.goals.goal_rows`),
     with the held-out LPs of ``predictions/ood/<method>.parquet`` where it exists."""
     from uamt.uncertainty import evaluate_predictions
     from uamt.uncertainty.goals import interval_summary

@@ -4,7 +4,7 @@ Writes 10 real test segments (``--lp``, with references; and without, for the QE
 runs ``uamt score`` once to warm the disk cache, then ``--repeats`` more times, and prints the
 median wall time, the peak RSS of the scoring process (``RUSAGE_CHILDREN`` of a fresh child per
 run), where the time goes (``python -X importtime``: the slowest top-level imports) and whether
-the goals of issue 17 are met: <= 5 s wall on a warm machine and <= 600 MB peak RSS.
+the start-up goals are met: <= 5 s wall on a warm machine and <= 600 MB peak RSS.
 
 Usage::
 

@@ -9,7 +9,7 @@ no such table) it prints, for each runtime of the same MiniLM weights:
 * start-up: seconds for a fresh interpreter to build the encoder and encode one text (``--startup``);
 * when ``<root>/<model>`` (default ``models/hts``) exists: the PPS (Pearson of mu with ``score``)
   of ``uamt.models.load(model).predict`` per (dataset, lp) on those rows, and the largest
-  ``|PPS_runtime - PPS_torch|`` over LPs (issue 17 asks for <= 0.005 on every LP).
+  ``|PPS_runtime - PPS_torch|`` over LPs (the goal is <= 0.005 on every LP).
 
 Reads ``--root`` only; ONNX exports go to ``$UAMT_ONNX_CACHE`` (default ``~/.cache/uamt/onnx``).
 

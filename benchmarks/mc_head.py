@@ -13,7 +13,7 @@ Usage::
     PYTHONPATH=src python benchmarks/mc_head.py --save /tmp/mc_before.npz
     PYTHONPATH=src python benchmarks/mc_head.py --compare /tmp/mc_before.npz
 
-Measured (issue 17, 2 shared CPU cores, 1 thread, 512 rows x 100 passes): full repeat 4.4-4.7 s,
+Measured ( 2 shared CPU cores, 1 thread, 512 rows x 100 passes): full repeat 4.4-4.7 s,
 first layer once per row 1.2-1.4 s per method; samples, mu and variances identical (array_equal).
 """
 

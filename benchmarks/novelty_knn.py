@@ -1,6 +1,6 @@
 """Does distance from the training data tell where the model has not seen anything like the input?
 
-Issue 15 asks for an epistemic term that reacts to distance from the training data.  This measures
+The calibration design asks for an epistemic term that reacts to distance from the training data.  This measures
 the candidate the issue names, the k-nearest-neighbour distance in the cached encoder space, on the
 pipeline's own data and models, before anything is built on it:
 

@@ -3,7 +3,7 @@
 Fuses the exported graph with ``onnxruntime.transformers.optimizer.optimize_model`` (model_type
 ``bert``: EmbedLayerNormalization, Attention, BiasGelu, SkipLayerNormalization) and runs both graphs
 under the session options :class:`uamt.encoders.onnx_runtime.OnnxPooledEncoder` uses
-(``ORT_ENABLE_ALL``, the same intra-op threads) on real newstest2021 sentences.  Measured (issue 17,
+(``ORT_ENABLE_ALL``, the same intra-op threads) on real newstest2021 sentences.  Measured (
 2 shared CPU cores, 1 thread, 300 is-en sources, batch 64): the fused graph differs by up to 1.4e-6
 and is ~10% slower (90-92 vs 102-104 texts/s), so the export stays unfused.
 

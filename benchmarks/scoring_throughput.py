@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     for point_name, point_rate in (("comet point", comet_point), (f"comet mcd-{args.mc}", comet_mc)):
         for method in labels:
             print(f"vs {point_name} (cold): {method} {cold[method] / point_rate:.1f}x")
-    print("goals (issue 17, cold):")
+    print("goals (cold):")
     for point_name, point_rate, methods, goal in (
         ("comet point", comet_point, ("hts", "dup", "hts_qe"), 3.0),
         (f"comet mcd-{args.mc}", comet_mc, ("mcd_head", "hts_mcd"), 150.0),

@@ -86,7 +86,7 @@ def test_point_model_gets_the_dev_fixed_variance(workspace, tmp_path, capsys):
         """(m_h, s_h, m_p, s_p) of dev rows and their residuals h_z - mu_z."""
         human, mu = rows["human"].to_numpy(), rows["mu"].to_numpy()
         m_h, s_h = human.mean(), human.std()
-        # the point model has no sigma: mu is standardised by its own dev spread (issue 15)
+        # the point model has no sigma: mu is standardised by its own dev spread
         m_p, s_p = mu.mean(), mu.std()
         return (m_h, s_h, m_p, s_p), (human - m_h) / s_h - (mu - m_p) / s_p
 
@@ -127,7 +127,7 @@ def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace,
     assert saved == json.loads(json.dumps(expected.to_dict()))
     assert not saved["fixed"]
     assert saved["selected"] == expected.selected
-    # HTS predicts its sigma: mu is standardised by its own dev spread, not shrunk by sigma (issue 15)
+    # HTS predicts its sigma: mu is standardised by its own dev spread, not shrunk by sigma
     dev_lp = dev[dev["lp"] == DEV_LPS[0]]
     assert expected.standardizer.lp_params[DEV_LPS[0]]["pred_std"] == pytest.approx(dev_lp["mu"].std(ddof=0))
     # per row, with the LP's fitted parameters of the served candidate: a variance calibration gives

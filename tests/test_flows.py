@@ -334,7 +334,7 @@ def test_retrain_with_dvc_ingests_then_versions_the_pool_and_runs_dvc_repro(
     assert Path("data/incoming/processed/new.csv").is_file()
 
 
-# ----------------------------------------------------------------------------- faults (issue 7, fault 2)
+# ----------------------------------------------------------------------------- faults (a killed run)
 
 
 def test_transient_failure_is_retried_and_a_permanent_one_fails_the_run(prefect_api, tmp_path, monkeypatch):

@@ -133,7 +133,7 @@ def test_language_pair_is_passed_through(ref_server):
 
 def test_language_pair_picks_and_names_the_calibration(lp_server):
     """Item 17: a known lp says which calibration it got; an unknown one is scored with the global
-    calibration and warned about (issue 15: never silently global)."""
+    calibration and warned about (never silently global)."""
     records = [{**RECORDS[0], "lp": "de-en"}, {**RECORDS[1], "lp": "en-de"}]
     status, data = request(lp_server, "POST", "/invocations", {"dataframe_records": records})
     assert status == 200, data

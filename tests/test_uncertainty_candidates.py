@@ -1,4 +1,4 @@
-"""Issue 15: honest standardisation, DUP's sigma, calibration candidates, conformal coverage, the rule."""
+"""Honest standardisation, DUP's sigma, calibration candidates, conformal coverage, the rule."""
 
 from __future__ import annotations
 

@@ -282,7 +282,7 @@ def test_effective_sample_size_follows_the_design_effect():
         effective_sample_size(shared, groups[:5])
 
 
-# ---------------------------------------------------------------------------------- conditional calibration (issue 15)
+# ---------------------------------------------------------------------------------- conditional calibration
 from uamt.uncertainty.metrics import (  # noqa: E402
     conditional_coverage_error,
     expected_normalized_calibration_error,

@@ -83,7 +83,7 @@ def flat_metrics(metrics: dict, prefix: str) -> dict[str, float]:
 
 
 def conditional_headlines(path: Path) -> dict[str, float]:
-    """Issue 15's headline interval metrics of every model (``conditional.<method>.<goal>``) from the
+    """The headline interval metrics of every model (``conditional.<method>.<goal>``) from the
     evaluate stage's ``metrics/conditional.json``; none (with a warning) where an older evaluate
     stage did not write it."""
     from uamt.uncertainty.goals import headline_metrics

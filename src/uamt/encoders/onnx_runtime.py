@@ -12,7 +12,7 @@ exported folder holds everything scoring needs, read with onnxruntime, ``tokeniz
 
 ``runtime="onnx-int8"`` quantises the float graph's weights to int8 (``quantize_dynamic``;
 activations are quantised per batch at run time): ~1.5x faster than ``onnx`` but not within
-issue 17's PPS tolerance (see :func:`_quantize`); ``onnx`` matches torch to ~1e-6.
+the PPS tolerance of 0.005 (see :func:`_quantize`); ``onnx`` matches torch to ~1e-6.
 
 >>> from uamt.encoders import EncoderConfig, get_encoder
 >>> encoder = get_encoder(EncoderConfig(runtime="onnx"))     # doctest: +SKIP
@@ -187,7 +187,7 @@ def _quantize(float_path: Path, int8_path: Path) -> None:
     The embedding tables (Gather) stay float32: quantising them only saves memory and blurs the
     embeddings layer every later layer builds on.
 
-    Even so, int8 MiniLM moves the HTS model's PPS by up to 0.02 on some LPs (issue 17 allows
+    Even so, int8 MiniLM moves the HTS model's PPS by up to 0.02 on some LPs (the tolerance allows
     0.005; ``benchmarks/encoder_runtimes.py``): keeping the feed-forward MatMuls in float32 brings
     it to ~0.005 but also most of the speed back to float's, so ``onnx`` (float32, identical
     PPS) is the runtime for scoring and ``onnx-int8`` the fast approximate one.
