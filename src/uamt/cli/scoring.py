@@ -345,11 +345,11 @@ def run_score(args: argparse.Namespace) -> int:
     from uamt.scoring.score import (
         build_frame,
         load_scoring_predictor,
-        predict,
         score_summary,
         segment_records,
         validate_settings,
     )
+    from uamt.serving import scorer
 
     _check_common(args)
     if args.input is not None:
@@ -379,18 +379,19 @@ def run_score(args: argparse.Namespace) -> int:
         args.model, has_references=bool(args.ref), params_path=args.params
     )
     truncated = _warn_truncated("score", predictor, texts, args)
-    frame, lp_choice = _language_pair("score", predictor, frame, texts, args.lp)
     chi = args.risk_threshold
     if chi is None:
         chi = args.flag_below if args.flag_below is not None else predictor.scale.default_risk_threshold
-    out = predict(
+    scored = scorer.score_texts(
         predictor,
         frame,
-        confidence=args.confidence,
-        risk_threshold=chi,
-        batch_size=args.batch_size,
+        scorer.ScoringSettings(args.confidence, chi, args.batch_size),
+        lp=args.lp,
         progress=not args.no_progress and len(frame) > args.batch_size,
     )
+    out, lp_choice = scored.out, scored.lp_choice
+    for message in lp_choice.messages():
+        print(f"uamt score: {message}", file=sys.stderr)
     records = segment_records(out, flag_below=args.flag_below, max_risk=max_risk, risk_threshold=chi)
     summary = score_summary(
         predictor,
@@ -586,7 +587,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from uamt.predictor import load_predictor
     from uamt.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
     from uamt.scoring.score import default_model_uri
-    from uamt.serve import make_server
+
+    try:
+        from uamt.serve import make_server
+    except ImportError as exc:  # fastapi / uvicorn: the serve extra
+        raise UamtError(
+            f"uamt serve needs the REST server's libraries ({exc.name} is not installed): pip install 'uamt[serve]'"
+        ) from None
 
     _check_common(args)
     for option, value in (
