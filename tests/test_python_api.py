@@ -227,7 +227,7 @@ def test_import_uamt_stays_light():
 
 
 # ----------------------------------------------------------------------------- one use case
-def test_cli_rest_batch_and_python_api_all_score_through_score_texts(fake_models, files, tmp_path, monkeypatch, capsys):
+def test_cli_rest_batch_python_api_and_compare_all_score_through_score_texts(fake_models, files, tmp_path, monkeypatch, capsys):
     from uamt.rest import ScoringService
     from uamt.scoring import batch
 
@@ -253,7 +253,11 @@ def test_cli_rest_batch_and_python_api_all_score_through_score_texts(fake_models
     paths["batch"] = calls[sum(map(len, paths.values())) :]
     uamt.load_model(MODEL).score(src=SRC, mt=MT, ref=REF_A)
     paths["Python API"] = calls[sum(map(len, paths.values())) :]
-    assert paths == {"uamt score": [5], "REST": [5], "batch": [5], "Python API": [5]}
+    mt_b = write_lines(tmp_path / "mt_b.txt", REF_B)
+    compare = ["compare", "-s", str(files["src"]), "-t", str(files["mt"]), "-t", str(mt_b), "-r", str(files["ref_a"])]
+    assert main([*compare, "--model", MODEL, "--no-progress"]) == 0
+    paths["uamt compare"] = calls[sum(map(len, paths.values())) :]
+    assert paths == {"uamt score": [5], "REST": [5], "batch": [5], "Python API": [5], "uamt compare": [10]}
 
 
 @pytest.mark.parametrize(

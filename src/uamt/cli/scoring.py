@@ -513,7 +513,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from uamt.scoring.compare import compare_outputs, comparison_table
     from uamt.scoring.io import atomic_write_text, check_output_path, json_safe, read_aligned
-    from uamt.scoring.score import build_frame, load_scoring_predictor, predict
+    from uamt.scoring.score import build_frame, load_scoring_predictor
+    from uamt.serving import scorer
 
     _check_common(args)
     if args.out:
@@ -540,14 +541,14 @@ def run_compare(args: argparse.Namespace) -> int:
     n = len(frames[0])
     # One LP for every system (detected on the first one's translations): the comparison stays paired.
     joined, lp_choice = _language_pair("compare", predictor, pd.concat(frames, ignore_index=True), texts, args.lp)
-    out = predict(
+    # The rows' pairs are chosen above, on the first system: scored as given (no detection per system).
+    out = scorer.score_texts(
         predictor,
         joined,
-        confidence=args.confidence,
-        risk_threshold=chi,
-        batch_size=args.batch_size,
+        scorer.ScoringSettings(args.confidence, chi, args.batch_size),
+        detect_lp=False,
         progress=not args.no_progress and len(joined) > args.batch_size,
-    )
+    ).out
     outputs = {name: out.iloc[k * n : (k + 1) * n].reset_index(drop=True) for k, name in enumerate(names)}
     bounds = getattr(predictor.scale, "bounds", None)
     result = compare_outputs(
