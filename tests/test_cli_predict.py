@@ -171,7 +171,7 @@ def test_refuses_to_calibrate_on_test(workspace, tmp_path, capsys):
 def test_refuses_confidence_outside_0_1(workspace, tmp_path, capsys, confidence):
     out = tmp_path / "p.parquet"
     assert predict(workspace, "hts", out, "--calibrate-on", "dev", "--confidence", confidence) == 2
-    assert f"--confidence {float(confidence)} must be in (0, 1)" in capsys.readouterr().err
+    assert f"--confidence must be in (0, 1), got {float(confidence)}" in capsys.readouterr().err
 
 
 def test_missing_calibration_split(workspace, tmp_path, capsys):

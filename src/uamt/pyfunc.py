@@ -214,8 +214,9 @@ class CalibratedPredictor:
         progress: bool = False,
         interval: str = "gaussian",
     ) -> pd.DataFrame:
-        if not 0 < confidence < 1:
-            raise DataError(f"confidence={confidence} must be in (0, 1)")
+        from uamt.serving.scorer import check_confidence
+
+        check_confidence(confidence)
         for column in ("src", "mt"):
             if column not in frame.columns:
                 raise DataError(f"missing field {column!r}; each segment needs src and mt")

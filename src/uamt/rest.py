@@ -41,13 +41,13 @@ from typing import Any
 import pandas as pd
 
 from uamt.errors import UamtError
-from uamt.predictor import OUTPUT_COLUMNS, Predictor
+from uamt.predictor import Predictor
+from uamt.serving.scorer import ScoringSettings, work_chunks  # noqa: F401 - work_chunks: its old home
 from uamt.textcheck import blank_detail, is_blank
 
 FORMAT_KEYS = ("dataframe_records", "dataframe_split", "inputs", "instances")
 RECORD_FIELDS = ("src", "mt", "ref", "refs", "lp")
 MAX_LP_CHARS = 32
-OPTIONAL_COLUMNS = ("epistemic_var", "aleatoric_var")
 #: Characters per second the served model reads (MiniLM on ONNX, one process on 2 busy CPU cores,
 #: measured for :data:`MAX_WORK_CHARS`); only the first estimate of :class:`AdmissionControl`, which
 #: then measures its own rate for ``Retry-After``.
@@ -157,19 +157,13 @@ class ScoringService:
         settings: ServeSettings = ServeSettings(),
         registered: dict[str, Any] | None = None,
     ):
-        if not 0.0 < settings.confidence < 1.0:
-            raise UamtError(f"confidence must be in (0, 1), got {settings.confidence}")
-        if settings.risk_threshold is not None and not math.isfinite(settings.risk_threshold):
-            raise UamtError(f"risk threshold must be a finite number, got {settings.risk_threshold}")
+        #: What the numbers depend on, checked once (confidence in (0, 1), a finite threshold).
+        self.scoring = ScoringSettings(settings.confidence, settings.risk_threshold, settings.batch_size)
         self.predictor = predictor
         self.model_uri = model_uri
         self.settings = settings
         self.registered = registered or {}
-        self.risk_threshold = (
-            settings.risk_threshold
-            if settings.risk_threshold is not None
-            else predictor.scale.default_risk_threshold
-        )
+        self.risk_threshold = self.scoring.threshold_for(predictor)
         #: lp -> "per-lp" | "global" for a uamt pyfunc; None: the predictor does not say (any lp passes)
         self.language_pairs: dict[str, str] | None = getattr(predictor, "language_pairs", None)
 
@@ -293,40 +287,28 @@ class ScoringService:
             )
 
     # ------------------------------------------------------------------ scoring
-    def _predict_frame(self, frame: pd.DataFrame, deadline: float | None) -> pd.DataFrame:
-        """The predictor's output for ``frame``; with a ``deadline`` (time.monotonic), scored in
-        chunks of about one encoder batch, and stopped with RequestError 504 once it has passed."""
-        kwargs = dict(
-            confidence=self.settings.confidence,
-            risk_threshold=self.risk_threshold,
-            batch_size=self.settings.batch_size,
-            progress=False,
-        )
-        chunks = [frame] if deadline is None else work_chunks(frame, self.settings.batch_size)
-        parts = []
-        for k, chunk in enumerate(chunks):
-            if k and time.monotonic() > deadline:
-                done = sum(len(c) for c in chunks[:k])
-                raise RequestError(
-                    504,
-                    f"scoring took longer than the limit of {self.settings.request_timeout_s:g} s per request "
-                    f"(waiting included); stopped after {done} of {len(frame)} records and nothing was "
-                    "returned; send fewer or shorter records",
-                )
-            parts.append(self.predictor.predict_frame(chunk, **kwargs))
-        return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
-
     def predict(self, frame: pd.DataFrame, deadline: float | None = None) -> list[dict[str, Any]]:
-        """JSON-ready prediction rows of ``frame`` (a model refusal of the inputs -> RequestError 422;
-        past ``deadline`` -> RequestError 504)."""
+        """JSON-ready prediction rows of ``frame``, scored by :func:`uamt.serving.scorer.score_texts`
+        (no detection: each record's ``lp`` or the global calibration); with a ``deadline``
+        (time.monotonic) in chunks of about one encoder batch.  A model refusal of the inputs ->
+        RequestError 422; past ``deadline`` -> RequestError 504."""
+        from uamt.serving import scorer
+
         try:
-            out = self._predict_frame(frame, deadline)
+            scored = scorer.score_texts(self.predictor, frame, self.scoring, detect_lp=False, deadline=deadline)
+        except scorer.ModelOutputError as exc:  # the server's model is broken: not the client's fault
+            raise RuntimeError(str(exc)) from None
+        except scorer.ScoringTimeout as exc:
+            raise RequestError(
+                504,
+                f"scoring took longer than the limit of {self.settings.request_timeout_s:g} s per request "
+                f"(waiting included); stopped after {exc.done} of {exc.total} records and nothing was "
+                "returned; send fewer or shorter records",
+            ) from None
         except UamtError as exc:  # the model refused these inputs (e.g. text it cannot encode)
             raise RequestError(422, str(exc)) from None
-        if len(out) != len(frame) or any(c not in out.columns for c in OUTPUT_COLUMNS):
-            raise RuntimeError(f"model returned {len(out)} rows with columns {list(out.columns)}")
-        columns = [*OUTPUT_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in out.columns]]
-        rows = out[columns].astype(float).to_dict(orient="records")
+        out = scored.out
+        rows = out[scorer.output_columns(out)].astype(float).to_dict(orient="records")
         rows = [{k: (v if math.isfinite(v) else None) for k, v in row.items()} for row in rows]
         if "clipped" in out.columns:
             for row, clipped in zip(rows, out["clipped"].astype(bool).tolist(), strict=True):
@@ -457,23 +439,6 @@ def frame_work(frame: pd.DataFrame) -> list[int]:
     else:
         refs = [[] for _ in range(len(frame))]
     return [scoring_work([s], [m], [r]) for s, m, r in zip(frame["src"], frame["mt"], refs, strict=True)]
-
-
-def work_chunks(frame: pd.DataFrame, batch_size: int) -> list[pd.DataFrame]:
-    """``frame`` cut into consecutive chunks of at most ``batch_size`` scoring passes (one encoder
-    batch each; a record with more references than that is a chunk of its own)."""
-    if "refs" in frame.columns:
-        passes = [max(len(options), 1) for options in frame["refs"]]
-    else:
-        passes = [1] * len(frame)
-    chunks, start, filled = [], 0, 0
-    for i, n in enumerate(passes):
-        if filled and filled + n > batch_size:
-            chunks.append(frame.iloc[start:i])
-            start, filled = i, 0
-        filled += n
-    chunks.append(frame.iloc[start:])
-    return [c.reset_index(drop=True) for c in chunks]
 
 
 class AdmissionControl:

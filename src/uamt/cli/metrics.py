@@ -6,10 +6,13 @@ import argparse
 
 
 def _gamma(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a confidence level in (0, 1)")
-    return value
+    from uamt.errors import DataError
+    from uamt.serving.scorer import check_confidence
+
+    try:
+        return check_confidence(float(text))
+    except (ValueError, DataError) as exc:  # DataError is a ValueError; float() raises one too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a confidence level in (0, 1) ({exc})") from None
 
 
 def _positive_int(text: str) -> int:

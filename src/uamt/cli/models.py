@@ -104,8 +104,9 @@ def _predict(args: argparse.Namespace) -> int:
             f"--calibrate-on {HELD_OUT_SPLIT}: calibration is fitted on dev, never on {HELD_OUT_SPLIT} "
             f"(the {HELD_OUT_SPLIT} split measures the calibrated model); use --calibrate-on dev"
         )
-    if not 0 < args.confidence < 1:
-        raise UamtError(f"--confidence {args.confidence} must be in (0, 1)")
+    from uamt.serving.scorer import check_confidence
+
+    check_confidence(args.confidence, "--confidence")
     encode_cfg, features = _features(args.params)
     df = _read_split(encode_cfg.prepared_dir, args.split)
     model = load(args.model)

@@ -345,11 +345,11 @@ def run_score(args: argparse.Namespace) -> int:
     from uamt.scoring.score import (
         build_frame,
         load_scoring_predictor,
-        predict,
         score_summary,
         segment_records,
         validate_settings,
     )
+    from uamt.serving import scorer
 
     _check_common(args)
     if args.input is not None:
@@ -379,18 +379,19 @@ def run_score(args: argparse.Namespace) -> int:
         args.model, has_references=bool(args.ref), params_path=args.params
     )
     truncated = _warn_truncated("score", predictor, texts, args)
-    frame, lp_choice = _language_pair("score", predictor, frame, texts, args.lp)
     chi = args.risk_threshold
     if chi is None:
         chi = args.flag_below if args.flag_below is not None else predictor.scale.default_risk_threshold
-    out = predict(
+    scored = scorer.score_texts(
         predictor,
         frame,
-        confidence=args.confidence,
-        risk_threshold=chi,
-        batch_size=args.batch_size,
+        scorer.ScoringSettings(args.confidence, chi, args.batch_size),
+        lp=args.lp,
         progress=not args.no_progress and len(frame) > args.batch_size,
     )
+    out, lp_choice = scored.out, scored.lp_choice
+    for message in lp_choice.messages():
+        print(f"uamt score: {message}", file=sys.stderr)
     records = segment_records(out, flag_below=args.flag_below, max_risk=max_risk, risk_threshold=chi)
     summary = score_summary(
         predictor,
@@ -512,7 +513,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from uamt.scoring.compare import compare_outputs, comparison_table
     from uamt.scoring.io import atomic_write_text, check_output_path, json_safe, read_aligned
-    from uamt.scoring.score import build_frame, load_scoring_predictor, predict
+    from uamt.scoring.score import build_frame, load_scoring_predictor
+    from uamt.serving import scorer
 
     _check_common(args)
     if args.out:
@@ -539,14 +541,14 @@ def run_compare(args: argparse.Namespace) -> int:
     n = len(frames[0])
     # One LP for every system (detected on the first one's translations): the comparison stays paired.
     joined, lp_choice = _language_pair("compare", predictor, pd.concat(frames, ignore_index=True), texts, args.lp)
-    out = predict(
+    # The rows' pairs are chosen above, on the first system: scored as given (no detection per system).
+    out = scorer.score_texts(
         predictor,
         joined,
-        confidence=args.confidence,
-        risk_threshold=chi,
-        batch_size=args.batch_size,
+        scorer.ScoringSettings(args.confidence, chi, args.batch_size),
+        detect_lp=False,
         progress=not args.no_progress and len(joined) > args.batch_size,
-    )
+    ).out
     outputs = {name: out.iloc[k * n : (k + 1) * n].reset_index(drop=True) for k, name in enumerate(names)}
     bounds = getattr(predictor.scale, "bounds", None)
     result = compare_outputs(
@@ -586,7 +588,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from uamt.predictor import load_predictor
     from uamt.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
     from uamt.scoring.score import default_model_uri
-    from uamt.serve import make_server
+
+    try:
+        from uamt.serve import make_server
+    except ImportError as exc:  # fastapi / uvicorn: the serve extra
+        raise UamtError(
+            f"uamt serve needs the REST server's libraries ({exc.name} is not installed): pip install 'uamt[serve]'"
+        ) from None
 
     _check_common(args)
     for option, value in (

@@ -58,6 +58,18 @@ import pandas as pd
 
 from uamt.errors import DataError, UamtError
 
+# How the pair of a row was chosen (``_batch.json`` ``lps[].how``) and the choice itself belong to
+# the one scoring use case; the names stay importable from here.
+from uamt.serving.scorer import (  # noqa: F401
+    LP_COLUMN,
+    LP_CONTRADICTED,
+    LP_DETECTED,
+    LP_GIVEN,
+    LP_GLOBAL_ONLY,
+    LP_UNDETERMINED,
+    row_language_pairs,
+)
+
 #: Input suffix -> reader.
 INPUT_FORMATS = {".parquet": "parquet", ".csv": "csv"}
 REQUIRED_COLUMNS = ("src", "mt")
@@ -74,19 +86,6 @@ MANIFEST_FORMAT = 2
 LP_FORMAT = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
 #: Schemes of a running Dask scheduler's address (``inproc://`` only reaches this very process).
 DASK_SCHEMES = ("tcp", "tls", "ucx", "ws", "wss")
-#: How the pair of a row was chosen (``_batch.json`` ``lps[].how``): --lp, the lp column, detected
-#: from the row's texts, not detectable (global calibration), or nothing to choose (a model
-#: calibrated globally only).
-LP_GIVEN, LP_COLUMN, LP_DETECTED, LP_UNDETERMINED, LP_GLOBAL_ONLY, LP_CONTRADICTED = (
-    "given",
-    "column",
-    "detected",
-    "undetermined",
-    "global-only model",
-    "contradicts --lp",
-)
-
-
 @dataclass(frozen=True)
 class BatchSettings:
     """What the numbers depend on; recorded in ``_batch.json`` and compared on a restart."""
@@ -564,70 +563,6 @@ def model_loads() -> int:
     return LOAD_COUNT["n"]
 
 
-def row_language_pairs(
-    predictor, frame: pd.DataFrame, lp: str | None
-) -> tuple[list[str | None], list[str], dict[str, int]]:
-    """The language pair of each row of ``frame`` (None: the global calibration), how it was chosen,
-    and what was detected on rows that contradict ``lp``.
-
-    ``lp`` (``--lp``) for all rows, except those whose text confidently contradicts it (the unseen
-    pair ``und``); else the row's ``lp`` value; else detected from the row's ``src`` and ``mt``, with
-    the partition's other rows as context for a line too short to tell (``und`` where the pair
-    stays undetermined: widened as unseen).  Detection runs only for a model calibrated per LP
-    (:func:`~uamt.scoring.language_pair.predictor_language_pair`).  Per row, so a table mixing
-    pairs gets each one's.
-    """
-    from uamt.scoring.language_pair import UNDETERMINED_LP, predictor_language_pair
-
-    src, mt = frame["src"].tolist(), frame["mt"].tolist()
-    if lp is not None:
-        choice = predictor_language_pair(predictor, src, mt, lp)
-        contradicted = set(choice.contradicted)
-        lps = [UNDETERMINED_LP if i in contradicted else lp for i in range(len(frame))]
-        hows = [LP_CONTRADICTED if i in contradicted else LP_GIVEN for i in range(len(frame))]
-        return lps, hows, dict(choice.contradicting_pairs)
-    column = frame["lp"].tolist() if "lp" in frame.columns else [None] * len(frame)
-    lps: list[str | None] = list(column)
-    hows = [LP_COLUMN if value is not None else "" for value in column]
-    missing = [i for i, value in enumerate(column) if value is None]
-    if missing:
-        choice = predictor_language_pair(predictor, [src[i] for i in missing], [mt[i] for i in missing], None)
-        for k, i in enumerate(missing):
-            found = choice.row_lps[k] if choice.row_lps is not None else choice.lp
-            lps[i] = found
-            if found is None:
-                hows[i] = LP_GLOBAL_ONLY if choice.row_lps is None else LP_UNDETERMINED
-            else:
-                hows[i] = LP_UNDETERMINED if found == UNDETERMINED_LP else LP_DETECTED
-    return lps, hows, {}
-
-
-def _predict_per_language_pair(predictor, model_input: pd.DataFrame, lps: list[str | None], settings: BatchSettings):
-    """``predict`` once per distinct pair of ``lps`` (its rows with that ``lp``; None: no ``lp``
-    column, the global calibration), the outputs back in row order."""
-    from uamt.scoring.score import predict
-
-    groups: dict[str | None, list[int]] = {}
-    for position, lp in enumerate(lps):
-        groups.setdefault(lp, []).append(position)
-    outputs = []
-    for lp, positions in groups.items():
-        rows = model_input.iloc[positions].reset_index(drop=True)
-        if lp is not None:
-            rows = rows.assign(lp=lp)
-        out = predict(
-            predictor,
-            rows,
-            confidence=settings.confidence,
-            risk_threshold=settings.risk_threshold,
-            batch_size=settings.batch_size,
-            progress=False,
-        )
-        out.index = positions
-        outputs.append(out)
-    return pd.concat(outputs).sort_index().reset_index(drop=True) if len(outputs) > 1 else outputs[0].reset_index(drop=True)
-
-
 def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings) -> dict[str, Any]:
     """Score one partition with the cached predictor and write it atomically to ``out_path``.
 
@@ -641,12 +576,17 @@ def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings)
     from uamt.fileio import atomic_path, sha256_file
     from uamt.scoring.language_pair import predictor_language_pair
     from uamt.scoring.score import check_signature
+    from uamt.serving import scorer
 
     predictor = cached_predictor(settings.model, settings.tracking_uri)
     check_signature(predictor, has_references="ref" in frame.columns, model=settings.model)
-    lps, hows, contradicting = row_language_pairs(predictor, frame, settings.lp)
-    model_input = frame.drop(columns=[c for c in (ROW_COLUMN, "lp") if c in frame.columns])
-    out = _predict_per_language_pair(predictor, model_input, lps, settings)
+    scoring = scorer.ScoringSettings(settings.confidence, settings.risk_threshold, settings.batch_size)
+    # Each pair's rows in a call of their own (a partition may mix pairs).
+    scored = scorer.score_texts(
+        predictor, frame.drop(columns=[ROW_COLUMN]), scoring, lp=settings.lp, group_by_lp=True
+    )
+    lps, hows, contradicting = scored.lps, scored.hows, scored.contradicting
+    out = scored.out
     out.insert(0, ROW_COLUMN, frame[ROW_COLUMN].to_numpy())
     with atomic_path(out_path) as tmp:
         out.to_parquet(tmp, index=False)
@@ -944,7 +884,13 @@ def parse_dask(spec: str) -> tuple[str, int | str]:
 
 def _dask_client(spec: str):
     kind, value = parse_dask(spec)
-    from distributed import Client, LocalCluster
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as exc:  # an install without the pipeline extra scores in this process only
+        raise UamtError(
+            f"--dask={spec!r} needs Dask ({exc.name or 'distributed'} is not installed): pip install "
+            "'uamt[pipeline]', or score without --dask"
+        ) from None
 
     if kind == "local":
         # One thread per worker process: torch is given one core each, so N workers use N cores.

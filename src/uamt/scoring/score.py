@@ -27,13 +27,12 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError, UamtError
-from uamt.predictor import OUTPUT_COLUMNS, Predictor
+from uamt.predictor import Predictor
 from uamt.uncertainty.metrics import gaussian_interval, translation_risk
 
 DEFAULT_MODEL_NAME = "uamt-comet"
 QE_SUFFIX = "-qe"
 DEFAULT_ALIAS = "champion"
-OPTIONAL_COLUMNS = ("epistemic_var", "aleatoric_var")
 REF_COMBINATIONS = ("average", "sample")
 
 INDEPENDENCE_ASSUMPTION = (
@@ -173,25 +172,21 @@ def predict(
     progress: bool,
 ) -> pd.DataFrame:
     """``predictor.predict_frame`` with its output checked (columns present, one row per input)."""
+    from uamt.serving.scorer import check_output
+
     out = predictor.predict_frame(
         frame, confidence=confidence, risk_threshold=risk_threshold, batch_size=batch_size, progress=progress
     )
-    missing = [c for c in OUTPUT_COLUMNS if c not in out.columns]
-    if missing:
-        raise UamtError(
-            f"the model returned no {missing} columns (got {list(out.columns)}); is it a uamt model?"
-        )
-    if len(out) != len(frame):
-        raise UamtError(f"the model returned {len(out)} rows for {len(frame)} segments")
-    return out.reset_index(drop=True)
+    return check_output(out, len(frame))
 
 
 def validate_settings(
     *, confidence: float, batch_size: int = 1, max_risk: float | None = None, bootstrap: int = 0
 ) -> None:
     """Refuse out-of-range options with a message naming the option."""
-    if not (0.0 < confidence < 1.0):
-        raise UamtError(f"--confidence must be in (0, 1), got {confidence}")
+    from uamt.serving.scorer import check_confidence
+
+    check_confidence(confidence, "--confidence")
     if batch_size < 1:
         raise UamtError(f"--batch-size must be >= 1, got {batch_size}")
     if max_risk is not None and not (0.0 <= max_risk <= 1.0):
@@ -321,8 +316,9 @@ def segment_records(
     ``risk_threshold`` the ``risk`` column was computed at, that probability is added as
     ``flag_risk``.
     """
-    columns = [*OUTPUT_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in out.columns]]
-    table = out[columns].astype(float)
+    from uamt.serving.scorer import output_columns
+
+    table = out[output_columns(out)].astype(float)
     if "clipped" in out.columns:
         table["clipped"] = out["clipped"].astype(bool)
     if flag_below is not None:
