@@ -51,9 +51,13 @@ def _is_module(name: str) -> bool:
 
 
 def _uamt_imports(path: Path) -> set[str]:
-    """The uamt modules ``path`` imports, at module level or inside a function (lazy imports count)."""
+    """The uamt modules ``path`` imports, at module level or inside a function (lazy imports count),
+    except the lazy imports of the top-level package's Python API (``uamt.load_model``): every stage
+    runs ``uamt/__init__.py`` on import, and none calls the API."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top_level_package = path.resolve() == (REPO_ROOT / "src" / "uamt" / "__init__.py").resolve()
+    for node in (tree.body if top_level_package else ast.walk(tree)):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names if alias.name.split(".")[0] == "uamt"}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "uamt":
