@@ -80,6 +80,12 @@ def per_loss_rows(rows) -> list[str]:
     return rows_with_a_loss(rows)
 
 
+def _baseline() -> str:
+    from uamt.models.specs import baseline_method
+
+    return baseline_method()
+
+
 def _is_fixed_variance(row: str) -> bool:
     from uamt.models.specs import is_fixed_variance
 
@@ -433,8 +439,8 @@ def train_rows(
             runs[row] = ModelRun(reused, "reused", n_train=len(d_e))
             log.info("%s: reusing %s", row, reused)
             continue
-        if "point" not in runs:
-            raise UamtError(f"{row}: DUP needs the 'point' model as its base M_Q")
+        if (base := _baseline()) not in runs:
+            raise UamtError(f"{row}: DUP needs the {base!r} model as its base M_Q")
         started = time.perf_counter()
         path = train(
             spec.name,
@@ -443,7 +449,7 @@ def train_rows(
             dev,
             features,
             out_root / row,
-            base_model_dir=runs["point"].path,
+            base_model_dir=runs[base].path,
         )
         runs[row] = ModelRun(path, "trained", time.perf_counter() - started, n_train=len(d_e))
         log.info("%s: trained on %d rows in %.1f s", row, len(d_e), runs[row].train_s)
@@ -832,12 +838,13 @@ def _best(result: dict, bench: str, rows, key: str) -> str | None:
 
 def _wins_over_baseline(result: dict, bench: str, row: str, key: str) -> tuple[int, int] | None:
     ind = result.get(bench, {}).get("indicators", {})
-    if row not in ind or "point" not in ind:
+    base = _baseline()
+    if row not in ind or base not in ind:
         return None
     lps = result[bench]["lps"]
     wins = total = 0
     for lp in lps:
-        a, b = ind[row].get(lp, {}).get(key), ind["point"].get(lp, {}).get(key)
+        a, b = ind[row].get(lp, {}).get(key), ind[base].get(lp, {}).get(key)
         if a is None or b is None:
             continue
         total += 1
