@@ -53,6 +53,7 @@ def laplace_registered(monkeypatch):
     return monkeypatch
 
 
+@pytest.mark.slow
 def test_a_method_defined_here_trains_calibrates_and_evaluates(tmp_path, laplace_registered):
     import uamt.model_evaluation as model_evaluation
     from uamt.encoders import EncodeConfig
