@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every number as JSON here")
     args = parser.parse_args(argv)
 
-    from uamt.calibrated import fit_calibration
+    from uamt.calibrated import fit_calibration, is_fixed_variance
     from uamt.config import load_section
     from uamt.uncertainty import EvaluationSettings
 
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     for method in args.methods:
         tables = {s: pd.read_parquet(args.root / "predictions" / s / f"{method}.parquet") for s in ("dev", "test")}
         variants = [(method, method)]
-        if method == "point":  # the baseline: the served candidate on a constant sigma
+        if is_fixed_variance(method):  # the baseline: the served candidate on a constant sigma
             variants.append(("point+served", None))
             tables = {s: t.assign(sigma=1.0) for s, t in tables.items()}
         for label, as_method in variants:

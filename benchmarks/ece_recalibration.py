@@ -64,6 +64,7 @@ def ece_dev_quantiles(z_dev: np.ndarray, z_test: np.ndarray) -> float:
 def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None:
     """Test ECE and interval coverage with the calibration refitted on dev and on dev + ``pool``."""
     from uamt.calibrated import is_fixed_variance, with_model_sigma
+    from uamt.models.specs import model_spec
     from uamt.pipeline import open_features, predict_split, read_split
     from uamt.stages.calibrate import load_config  # the settings the calibrate stage fitted with
     from uamt.uncertainty import evaluate_predictions
@@ -75,7 +76,7 @@ def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None
         f"\ncalibration refitted on dev vs dev + {pool}: test ECE; coverage at 0.8/0.9/0.95 (gaussian | conformal)"
     )
     for method in methods:
-        if method == "dup":
+        if model_spec(method).layout == "second_stage":
             print(f"{method:<10} skipped: its error model M_E is trained on {pool}")
             continue
         dev = with_model_sigma(pd.read_parquet(predictions / "dev" / f"{method}.parquet"), method)

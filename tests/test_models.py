@@ -225,6 +225,52 @@ def test_method_specs_are_the_one_table(capsys):
     assert f"choose from {sorted(METHODS)}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "model,method,fixed_variance",
+    [
+        ("point", "point", True),
+        ("point_qe", "point", True),  # the reference-free point model is still a point model
+        ("hts_qe", "hts", False),
+        ("dup_hts", "dup", False),  # an analysis row of a per-loss method
+        ("ensemble", "ensemble", False),
+    ],
+)
+def test_model_names_resolve_to_their_spec(model, method, fixed_variance):
+    from uamt.calibrated import is_fixed_variance
+    from uamt.models.specs import model_spec
+
+    assert model_spec(model) is METHODS[method]
+    assert is_fixed_variance(model) is fixed_variance
+
+
+@pytest.mark.parametrize("model", ["nope", "nope_qe", "hts_l1"])
+def test_unknown_model_names_are_refused(model):
+    from uamt.calibrated import is_fixed_variance
+
+    with pytest.raises(ValueError, match="not supported; choose"):
+        is_fixed_variance(model)
+
+
+def test_method_lists_are_derived_from_the_specs_in_the_analyses_order():
+    """The lists that used to be written by hand beside the specs, in the same order (the analyses'
+    tables and the cost plan follow it)."""
+    from uamt.experiments.cost import method_plan
+    from uamt.experiments.methods import supported_methods
+    from uamt.models.specs import ENSEMBLE_MEMBERS, baseline_method, methods_where, per_loss_rows
+    from uamt.pipeline import PipelineConfig
+
+    assert supported_methods() == ("point", "mcd_head", "ensemble", "hts", "hts_mcd", "kl", "dup")
+    assert [info["method"] for info in method_plan(10, 2, ("hts",)).values()] == [
+        "point", "mcd_head", "mcd_full", "ensemble", "hts", "hts_mcd", "kl", "dup"
+    ]
+    assert ENSEMBLE_MEMBERS == ("point", "hts", "kl")
+    assert methods_where(layout="second_stage") == ("dup",) and baseline_method() == "point"
+    assert per_loss_rows(["point", "dup_abs", "hts", "dup_hts"]) == ["dup_abs", "dup_hts"]
+    assert PipelineConfig(methods=("point", "hts"), qe_methods=("hts",)).all_methods == (
+        "point", "hts", "dup", "hts_qe"
+    )
+
+
 def test_models_answer_what_references_ask(models):
     """The public sample interface: aligned samples where MC dropout runs in the head or members vote."""
     expected = {"point": False, "mcd_head": True, "hts": False, "kl": False, "hts_mcd": True, "ensemble": True}

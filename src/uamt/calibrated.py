@@ -354,11 +354,11 @@ class Calibration:
 
 
 def is_fixed_variance(method: str) -> bool:
-    """Whether the pipeline model ``method`` is calibrated with the fixed-variance Gaussian: the point
-    estimate (reference-based or QE) has no sigma of its own."""
-    from uamt.pipeline import base_method
+    """Whether the pipeline model ``method`` is calibrated with the fixed-variance Gaussian: its method
+    (reference-based or QE) has no sigma of its own (``MethodSpec.fixed_variance``)."""
+    from uamt.models.specs import is_fixed_variance as spec_has_no_sigma
 
-    return base_method(method) == "point"
+    return spec_has_no_sigma(method)
 
 
 def with_model_sigma(table: pd.DataFrame, method: str) -> pd.DataFrame:

@@ -46,10 +46,9 @@ from uamt.calibrated import (
 )
 from uamt.encoders import EncodeConfig
 from uamt.errors import DataError
+from uamt.naming import is_reference_free, qe_model_name
 from uamt.pipeline import (
-    QE_SUFFIX,
     PipelineConfig,
-    is_reference_free,
     open_features,
     predict_split,
     read_split,
@@ -74,9 +73,13 @@ REPORTED = (
 
 
 def baseline_of(method: str, models) -> str | None:
-    """The point model a model is judged against: ``point`` for a reference-based model,
-    ``point_qe`` for a reference-free one (None where the pipeline has none, or for itself)."""
-    point = "point" + (QE_SUFFIX if is_reference_free(method) else "")
+    """The point model a model is judged against (the fixed-variance baseline method,
+    ``uamt.models.specs.baseline_method``): ``point`` for a reference-based model, ``point_qe`` for a
+    reference-free one (None where the pipeline has none, or for itself)."""
+    from uamt.models.specs import baseline_method
+
+    point = baseline_method()
+    point = qe_model_name(point) if is_reference_free(method) else point
     return point if point in models and point != method else None
 
 

@@ -13,23 +13,13 @@ import pandas as pd
 
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.errors import DataError
+from uamt.naming import qe_model_name
 
 SECTION = "pipeline"
 
-#: Suffix of a reference-free (QE) model's name: ``hts_qe`` is ``hts`` trained on <src, mt> only.
-QE_SUFFIX = "_qe"
 #: Folder of the dev-fitted calibrations, ``<dir>/<model>.json`` (calibrate stage; read by evaluate,
 #: register and the analyses).
 CALIBRATION_DIR = "calibration"
-
-
-def base_method(name: str) -> str:
-    """The method of a pipeline model name (``hts_qe`` -> ``hts``)."""
-    return name.removesuffix(QE_SUFFIX)
-
-
-def is_reference_free(name: str) -> bool:
-    return name.endswith(QE_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -76,9 +66,10 @@ class PipelineConfig:
         check_methods((*self.methods, *self.qe_methods, self.dup_base, self.register_method), SECTION)
         if self.dup_base not in self.methods:
             raise ConfigError(f"{SECTION}.dup_base={self.dup_base!r} must be one of pipeline.methods")
-        if self.register_method not in (*self.methods, "dup"):
+        if self.register_method not in (*self.methods, *self.second_stage_methods):
             raise ConfigError(
-                f"{SECTION}.register_method={self.register_method!r} is neither trained nor dup"
+                f"{SECTION}.register_method={self.register_method!r} is neither in pipeline.methods nor "
+                f"a second-stage method {list(self.second_stage_methods)}"
             )
         extra = [m for m in self.qe_methods if m not in self.methods]
         if extra:
@@ -92,12 +83,20 @@ class PipelineConfig:
     @property
     def qe_models(self) -> tuple[str, ...]:
         """Names of the reference-free models (``<method>_qe``)."""
-        return tuple(f"{m}{QE_SUFFIX}" for m in self.qe_methods)
+        return tuple(qe_model_name(m) for m in self.qe_methods)
+
+    @property
+    def second_stage_methods(self) -> tuple[str, ...]:
+        """The methods ``train_dup`` trains over ``dup_base`` (layout ``second_stage``: DUP)."""
+        from uamt.models.specs import methods_where
+
+        return methods_where(layout="second_stage")
 
     @property
     def all_methods(self) -> tuple[str, ...]:
-        """Every model the pipeline evaluates: the single-stage ones, DUP, then the QE models."""
-        return (*self.methods, "dup", *self.qe_models)
+        """Every model the pipeline evaluates: the single-stage ones, the second-stage ones (DUP),
+        then the QE models."""
+        return (*self.methods, *self.second_stage_methods, *self.qe_models)
 
     def model_dir(self, method: str) -> Path:
         return Path(self.models_dir) / method

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from uamt.encoders import EncodeConfig
-from uamt.pipeline import QE_SUFFIX, PipelineConfig
+from uamt.naming import qe_model_name, qe_registered_name
+from uamt.pipeline import PipelineConfig
 from uamt.registry import SUMMARY_PATH, Gates
 
 log = logging.getLogger(__name__)
@@ -182,12 +183,11 @@ def register_pipeline_models(
     """Register and gate the reference-based model, then the QE model (``<model_name>-qe``);
     :data:`SUMMARY_PATH` holds the first's summary with the QE one under ``"qe"``."""
     from uamt import registry
-    from uamt.scoring.score import QE_SUFFIX as REGISTRY_QE_SUFFIX
     from uamt.uncertainty import write_json_atomic
 
     names = {reg.model_name}
     if pipe.register_qe_method is not None:
-        names.add(reg.model_name + REGISTRY_QE_SUFFIX)
+        names.add(qe_registered_name(reg.model_name))
     version_tag = prepared_data_version(pipe.prepared_dir)  # before the store is touched
     uri = registry.tracking_uri(reg.tracking_uri)
     status = registry.prepare_store(
@@ -202,14 +202,14 @@ def register_pipeline_models(
             pipe, reg, encode, calibration_dir, pipe.register_method, reg.model_name, data_version=version_tag
         )
         if pipe.register_qe_method is not None:
-            qe_model = f"{pipe.register_qe_method}{QE_SUFFIX}"
+            qe_model = qe_model_name(pipe.register_qe_method)
             summary["qe"] = register_model(
                 pipe,
                 reg,
                 encode,
                 calibration_dir,
                 qe_model,
-                reg.model_name + REGISTRY_QE_SUFFIX,
+                qe_registered_name(reg.model_name),
                 data_version=version_tag,
             )
     SUMMARY_PATH.parent.mkdir(parents=True, exist_ok=True)  # absent where the registry is elsewhere

@@ -61,13 +61,14 @@ def pipeline_models(params_path: str) -> tuple[list[str], str | None]:
     """The registered models the register stage of ``params_path`` writes (``register.model_name``,
     and ``<name>-qe`` when ``pipeline.register_qe_method`` is set) and its ``register.tracking_uri``."""
     from uamt.config import read_params
+    from uamt.naming import qe_registered_name
     from uamt.pipeline import load_pipeline
-    from uamt.scoring.score import QE_SUFFIX, model_name_from_params
+    from uamt.scoring.score import model_name_from_params
 
     name = model_name_from_params(params_path)
     names = [name]
     if load_pipeline(params_path).register_qe_method is not None:
-        names.append(name + QE_SUFFIX)
+        names.append(qe_registered_name(name))
     return names, (read_params(params_path).get("register") or {}).get("tracking_uri")
 
 

@@ -187,20 +187,17 @@ def distinct_texts(frame: pd.DataFrame) -> list[str]:
 # ----------------------------------------------------------------------------- measurement
 
 
-#: Methods timed, in this order (a ``per_loss`` method once per DUP loss, as ``<method>_<loss>``).
-TIMED_METHODS = ("point", "mcd_head", "mcd_full", "ensemble", "hts", "hts_mcd", "kl", "dup")
-
-
 def method_plan(mc_samples: int, ensemble_size: int, dup_losses: tuple[str, ...]) -> dict[str, dict]:
     """Per timed row: ``method``, ``label``, forward ``passes`` per segment at inference, trained
     ``models``, and what it is trained as (``derived``: the method whose weights it copies,
-    ``dup_loss``; ``through_encoder``: MC dropout inside the encoder), all from the method specs."""
+    ``dup_loss``; ``through_encoder``: MC dropout inside the encoder), all from the method specs.
+    Every method of ``METHODS`` is timed, in its order (a ``per_loss`` method once per DUP loss, as
+    ``<method>_<loss>``)."""
     from uamt.models.specs import METHODS
 
     sizes = {"mc_samples": mc_samples, "ensemble_size": ensemble_size}
     plan: dict[str, dict] = {}
-    for name in TIMED_METHODS:
-        spec = METHODS[name]
+    for name, spec in METHODS.items():
         variants = [(f"{name}_{loss}", loss) for loss in dup_losses] if spec.per_loss else [(name, None)]
         for row, loss in variants:
             info: dict[str, Any] = {
@@ -310,6 +307,7 @@ def _measure(
     settings, train_cfg, dup_cfg, tables, features, encoder, mc_encoder, workdir: Path, log
 ) -> dict[str, Any]:
     from uamt.models import load, train
+    from uamt.models.specs import get_spec
 
     started = time.perf_counter()
     machine = machine_info()
@@ -322,8 +320,8 @@ def _measure(
         train_cfg, dup_cfg = train_cfg.replace(**fixed), dup_cfg.replace(**fixed)
     mc = train_cfg.mc_samples
     plan = method_plan(mc, train_cfg.ensemble_size, settings.dup_losses)
-    if not settings.full_mc_rows:
-        plan.pop("mcd_full")
+    if not settings.full_mc_rows:  # the methods that run the encoder in every pass are left out
+        plan = {row: info for row, info in plan.items() if not info.get("through_encoder")}
 
     # Every row's embeddings read once before any timing, so no method pays the cache's first read.
     every = pd.concat([tables[n] for n in ("train", "dup_train", "dev", "test")], ignore_index=True)
@@ -366,7 +364,8 @@ def _measure(
                 )
             )
         else:
-            cfg = train_cfg.replace(kl_missing_std=settings.kl_missing_std) if method == "kl" else train_cfg
+            reads_rule = "kl_missing_std" in get_spec(info["method"]).train_keys
+            cfg = train_cfg.replace(kl_missing_std=settings.kl_missing_std) if reads_rule else train_cfg
             paths[method], *train_s[method] = timed(
                 lambda m=method, cfg=cfg, out=out: train(
                     m, cfg, tables["train"], tables["dev"], features, out
@@ -576,7 +575,9 @@ def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             ),
         )
     )
-    dups = [m for m in result["methods"] if m.startswith("dup_")]
+    from uamt.models.specs import per_loss_rows
+
+    dups = per_loss_rows(result["methods"])
     if dups:
         dup = "dup_hts" if "dup_hts" in dups else dups[0]
         vs_hts_train = _ratio(result, dup, "hts", trn)

@@ -65,8 +65,32 @@ if TYPE_CHECKING:
 NAME = "methods"
 log = logging.getLogger(__name__)
 
-#: Methods this analysis can compare (``mcd_full`` needs the encoder in every MC pass: left out).
-SUPPORTED_METHODS = ("point", "mcd_head", "ensemble", "hts", "hts_mcd", "kl", "dup")
+
+def supported_methods() -> tuple[str, ...]:
+    """Methods this analysis can compare: every method whose passes do not run the encoder
+    (``mcd_full`` needs the encoder in every MC pass: left out), in ``METHODS`` order."""
+    from uamt.models.specs import methods_where
+
+    return methods_where(lambda spec: not spec.cost.through_encoder)
+
+
+def per_loss_rows(rows) -> list[str]:
+    from uamt.models.specs import per_loss_rows as rows_with_a_loss
+
+    return rows_with_a_loss(rows)
+
+
+def _baseline() -> str:
+    from uamt.models.specs import baseline_method
+
+    return baseline_method()
+
+
+def _is_fixed_variance(row: str) -> bool:
+    from uamt.models.specs import is_fixed_variance
+
+    return is_fixed_variance(row)
+
 #: Prepared splits a benchmark reads: training pools, calibration / early stopping, evaluation.
 SPLITS = ("d_q", "d_e", "dev", "test")
 #: The DUP row that represents DUP in Tables 2–3 (the paper picks L_HTS^E after Table 1).
@@ -93,8 +117,8 @@ class MethodsSettings:
     metrics_dir, figures_dir : str
         Where ``methods.json`` and the ``methods_*.png`` figures go.
     methods : tuple of str
-        Methods compared (of :data:`SUPPORTED_METHODS`); ``point`` is required (baseline and DUP's M_Q).
-        ``dup`` expands into one row per loss of ``dup_losses``.
+        Methods compared (of :func:`supported_methods`); the baseline method (``point``) is required
+        (baseline and DUP's M_Q). ``dup`` (``per_loss``) expands into one row per loss of ``dup_losses``.
     dup_losses : tuple of str
         DUP second-stage losses (``abs``, ``sq``, ``hts``: Eqs. 5–7).
     models_dir : str
@@ -114,7 +138,7 @@ class MethodsSettings:
 
     metrics_dir: str = METRICS_DIR
     figures_dir: str = FIGURES_DIR
-    methods: tuple[str, ...] = SUPPORTED_METHODS
+    methods: tuple[str, ...] = field(default_factory=supported_methods)
     dup_losses: tuple[str, ...] = ("abs", "sq", "hts")
     models_dir: str = "models/experiments"
     da_dataset: str = "wmt21_da"
@@ -126,24 +150,27 @@ class MethodsSettings:
 
     def __post_init__(self) -> None:
         from uamt.models.losses import LOSSES
+        from uamt.models.specs import METHODS, baseline_method
 
         where = "exp_methods"
+        supported = supported_methods()
         for name in self.methods:
-            if name not in SUPPORTED_METHODS:
+            if name not in supported:
                 raise ConfigError(
-                    f"{where}.methods: method={name!r} not supported; choose from {sorted(SUPPORTED_METHODS)}"
+                    f"{where}.methods: method={name!r} not supported; choose from {sorted(supported)}"
                 )
         if len(set(self.methods)) != len(self.methods):
             raise ConfigError(f"{where}.methods: {list(self.methods)} names a method twice")
-        if "point" not in self.methods:
-            raise ConfigError(f"{where}.methods must include 'point' (the baseline and DUP's base model)")
+        if (baseline := baseline_method()) not in self.methods:
+            raise ConfigError(f"{where}.methods must include {baseline!r} (the baseline and DUP's base model)")
         for loss in self.dup_losses:
             if loss not in LOSSES:
                 raise ConfigError(
                     f"{where}.dup_losses: loss={loss!r} not supported; choose from {sorted(LOSSES)}"
                 )
-        if "dup" in self.methods and not self.dup_losses:
-            raise ConfigError(f"{where}.dup_losses is empty but methods includes 'dup'")
+        per_loss = [name for name in self.methods if METHODS[name].per_loss]
+        if per_loss and not self.dup_losses:
+            raise ConfigError(f"{where}.dup_losses is empty but methods includes {per_loss[0]!r}")
         if set(self.da_rows_per_lp) != set(SPLITS):
             raise ConfigError(
                 f"{where}.da_rows_per_lp: keys {sorted(self.da_rows_per_lp)}; expected exactly {list(SPLITS)}"
@@ -333,17 +360,13 @@ REUSE_KEYS = (
     "mc_samples",
     "finetune",
 )
-REUSE_KEYS_BY_METHOD = {
-    "ensemble": ("ensemble_size", "ensemble_member"),
-    "kl": ("kl_missing_std", "kl_std_floor"),
-    "dup": ("dup_loss", "bottleneck_size"),
-}
 
 
 def _reusable(model_dir: Path | None, method: str, n_train: int, cfg) -> bool:
     """A complete model of ``method`` at ``model_dir``, trained on ``n_train`` rows with ``cfg``'s
-    settings (:data:`REUSE_KEYS`, plus the method's own)."""
+    settings (:data:`REUSE_KEYS`, plus the method's own ``MethodSpec.train_keys``)."""
     from uamt.models.api import read_manifest
+    from uamt.models.specs import get_spec
 
     if model_dir is None or not (model_dir / "model.json").is_file():
         return False
@@ -354,7 +377,7 @@ def _reusable(model_dir: Path | None, method: str, n_train: int, cfg) -> bool:
     if meta.get("method") != method:
         return False
     stored = meta.get("config", {})
-    for key in (*REUSE_KEYS, *REUSE_KEYS_BY_METHOD.get(method, ())):
+    for key in (*REUSE_KEYS, *get_spec(method).train_keys):
         want = getattr(cfg, key)
         have = stored.get(key)
         if (tuple(have) if isinstance(have, list) else have) != want:
@@ -416,8 +439,8 @@ def train_rows(
             runs[row] = ModelRun(reused, "reused", n_train=len(d_e))
             log.info("%s: reusing %s", row, reused)
             continue
-        if "point" not in runs:
-            raise UamtError(f"{row}: DUP needs the 'point' model as its base M_Q")
+        if (base := _baseline()) not in runs:
+            raise UamtError(f"{row}: DUP needs the {base!r} model as its base M_Q")
         started = time.perf_counter()
         path = train(
             spec.name,
@@ -426,7 +449,7 @@ def train_rows(
             dev,
             features,
             out_root / row,
-            base_model_dir=runs["point"].path,
+            base_model_dir=runs[base].path,
         )
         runs[row] = ModelRun(path, "trained", time.perf_counter() - started, n_train=len(d_e))
         log.info("%s: trained on %d rows in %.1f s", row, len(d_e), runs[row].train_s)
@@ -815,12 +838,13 @@ def _best(result: dict, bench: str, rows, key: str) -> str | None:
 
 def _wins_over_baseline(result: dict, bench: str, row: str, key: str) -> tuple[int, int] | None:
     ind = result.get(bench, {}).get("indicators", {})
-    if row not in ind or "point" not in ind:
+    base = _baseline()
+    if row not in ind or base not in ind:
         return None
     lps = result[bench]["lps"]
     wins = total = 0
     for lp in lps:
-        a, b = ind[row].get(lp, {}).get(key), ind["point"].get(lp, {}).get(key)
+        a, b = ind[row].get(lp, {}).get(key), ind[base].get(lp, {}).get(key)
         if a is None or b is None:
             continue
         total += 1
@@ -835,7 +859,7 @@ def findings(result: dict[str, Any]) -> dict[str, Any]:
         if bench not in result:
             continue
         evaluated = [r for r in result["rows"] if r in result[bench]["indicators"]]
-        uncertain = [r for r in evaluated if r != "point"]
+        uncertain = [r for r in evaluated if not _is_fixed_variance(r)]
         block: dict[str, Any] = {
             "best": {key: _best(result, bench, evaluated, key) for key in INDICATORS},
             "pps_range": _range([_avg(result, bench, r, "pps") for r in evaluated]),
@@ -857,7 +881,7 @@ def findings(result: dict[str, Any]) -> dict[str, Any]:
         ):
             block["dup_hts_sharper_than_de"] = sharp[DUP_REPRESENTATIVE] < sharp["ensemble"]
             block["hts_sharper_than_de"] = sharp["hts"] < sharp["ensemble"]
-        dups = [r for r in evaluated if r.startswith("dup_")]
+        dups = per_loss_rows(evaluated)
         if len(dups) > 1:
             block["dup_losses"] = {
                 "best_ups": _best(result, bench, dups, "ups"),
@@ -966,7 +990,7 @@ def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         "ece",
         ["mcd_head", "ensemble", "point"],
     )
-    dups = [r for r in result.get("rows", []) if r.startswith("dup_")]
+    dups = per_loss_rows(result.get("rows", []))
     if DUP_REPRESENTATIVE in dups and len(dups) > 1:
         others = [r for r in dups if r != DUP_REPRESENTATIVE]
         add(
@@ -1032,7 +1056,7 @@ def write_figures(result: dict[str, Any], figures_dir: str | Path) -> list[Path]
                 continue
             y = 0.0 if y is None else y  # fixed variance: UPS undefined, drawn at 0
             ax.scatter(
-                [x], [y], s=45, marker="s" if row == "point" else "o", color=colors[row], label=label(row)
+                [x], [y], s=45, marker="s" if _is_fixed_variance(row) else "o", color=colors[row], label=label(row)
             )
         ax.set(
             xlabel="sharpness (mean calibrated σ², z units) ↓",
@@ -1114,9 +1138,9 @@ def _table_keys(bench_result: dict[str, Any]) -> list[str]:
 
 def _table_rows(result: dict[str, Any]) -> list[str]:
     """Rows of Tables 2–3: every row but the non-representative DUP losses."""
-    dups = [r for r in result["rows"] if r.startswith("dup_")]
+    dups = per_loss_rows(result["rows"])
     keep = DUP_REPRESENTATIVE if DUP_REPRESENTATIVE in dups else (dups[0] if dups else None)
-    return [r for r in result["rows"] if not r.startswith("dup_") or r == keep]
+    return [r for r in result["rows"] if r not in dups or r == keep]
 
 
 def _span(values: list[float] | None) -> str:
@@ -1145,7 +1169,7 @@ def render_context(result: dict[str, Any]) -> dict[str, Any]:
     """What ``templates/methods.md.j2`` needs beyond the result: constants, table selections, and
     the per-benchmark averages, wins and best rows its findings quote."""
     benches = [b for b in BENCHMARKS if b in result]
-    dups = [r for r in result["rows"] if r.startswith("dup_")]
+    dups = per_loss_rows(result["rows"])
     shown = _table_rows(result)
     beats = {}
     for bench in BENCHMARKS:

@@ -461,6 +461,8 @@ def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def render_context(result: dict[str, Any]) -> dict[str, Any]:
     """What ``templates/ood.md.j2`` needs beyond the result: constants and the selections its text names."""
+    from uamt.models.specs import baseline_method
+
     methods = result["methods"]
     constant = [
         m
@@ -487,7 +489,7 @@ def render_context(result: dict[str, Any]) -> dict[str, Any]:
         "constant": constant,
         "constant_shares": [v["beta_share"] for m in constant for v in result["calibration"][m].values()],
         # Does the actual error grow out of domain? (What a faithful epistemic estimate should follow.)
-        "error_ref": "point" if "point" in result["sq_error"] else methods[0],
+        "error_ref": baseline if (baseline := baseline_method()) in result["sq_error"] else methods[0],
         "ranked": sorted(
             (m for m in methods if result["raw_var"][m]["avg"]["change"] is not None),
             key=lambda m: result["raw_var"][m]["avg"]["change"],

@@ -113,17 +113,19 @@ class TrainConfig:
 
 
 def load_train_config(method: str, path: str | Path = DEFAULT_PARAMS) -> TrainConfig:
-    """The config for ``method``: ``train_dup`` over ``train_base`` for DUP, ``train_base`` otherwise."""
+    """The config for ``method``: ``train_dup`` over ``train_base`` for a second-stage method (DUP),
+    ``train_base`` otherwise; unknown methods raise ValueError listing the choices."""
     from uamt.config import from_dict, read_params
+    from uamt.models.specs import get_spec
 
     base = load_section(TrainConfig, BASE_SECTION, path)
-    if method != "dup":
+    if get_spec(method).layout != "second_stage":
         return base.replace(method=method, out_dir=_default_out(base.out_dir, method))
     params = read_params(path)
     dup_values = params.get(DUP_SECTION) or {}
     # Validate the DUP section on its own first so an error names train_dup.<key>.
     from_dict(TrainConfig, dup_values, where=f"{path}:{DUP_SECTION}")
-    return base.replace(**{"out_dir": "models/dup", **dup_values, "method": "dup"})
+    return base.replace(**{"out_dir": _default_out("models/{method}", method), **dup_values, "method": method})
 
 
 def _default_out(out_dir: str, method: str) -> str:

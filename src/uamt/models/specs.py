@@ -11,6 +11,7 @@ line in :data:`METHODS` below.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,6 +90,12 @@ class MethodSpec:
     per_loss : bool
         The analyses compare one row per second-stage loss (``<name>_<loss>``, losses of
         :data:`uamt.models.losses.LOSSES`).
+    ensemble_member : bool
+        A deep ensemble may be made of this method's networks (``TrainConfig.ensemble_member``).
+    train_keys : tuple of str
+        The :class:`~uamt.models.config.TrainConfig` fields only this method reads: a model trained
+        elsewhere is reused only where these match too (``experiments.methods``), and an analysis
+        that sets one (``exp_cost.kl_missing_std``) applies it to the methods that read it.
     """
 
     name: str
@@ -101,6 +108,8 @@ class MethodSpec:
     yields_samples: bool = False
     fixed_variance: bool = False
     per_loss: bool = False
+    ensemble_member: bool = False
+    train_keys: tuple[str, ...] = ()
 
     def row_label(self, loss: str | None = None) -> str:
         """The comparison-table label (``loss`` for ``per_loss`` methods)."""
@@ -115,7 +124,7 @@ METHODS: dict[str, MethodSpec] = {
     for spec in (
         MethodSpec(
             "point", PointEstimator, "network", label="Baseline (fixed σ²)", cost_label="point",
-            fixed_variance=True,
+            fixed_variance=True, ensemble_member=True,
         ),
         MethodSpec(
             "mcd_head", MCDHeadEstimator, "network", label="MCD (head)", cost_label="MCD-{mc_samples} (head)",
@@ -130,16 +139,20 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec(
             "ensemble", PointEstimator, "ensemble", label="DE", cost_label="DE-{ensemble_size}",
             cost=CostClass(passes="ensemble_size", networks="ensemble_size"), yields_samples=True,
+            train_keys=("ensemble_size", "ensemble_member"),
         ),
-        MethodSpec("hts", HTSEstimator, "network", label="HTS", cost_label="HTS"),
-        MethodSpec("kl", KLEstimator, "network", label="KL", cost_label="KL"),
+        MethodSpec("hts", HTSEstimator, "network", label="HTS", cost_label="HTS", ensemble_member=True),
         MethodSpec(
             "hts_mcd", HTSMCDEstimator, "network", label="HTS+MCD", cost_label="HTS+MCD-{mc_samples} (head)",
             cost=_MC, same_training_as="hts", yields_samples=True,
         ),
         MethodSpec(
+            "kl", KLEstimator, "network", label="KL", cost_label="KL", ensemble_member=True,
+            train_keys=("kl_missing_std", "kl_std_floor"),
+        ),
+        MethodSpec(
             "dup", DUPEstimator, "second_stage", label="DUP L_{LOSS}", cost_label="DUP ({loss})",
-            cost=CostClass(passes=2, networks=2), per_loss=True,
+            cost=CostClass(passes=2, networks=2), per_loss=True, train_keys=("dup_loss", "bottleneck_size"),
         ),
     )
 }
@@ -148,7 +161,17 @@ METHODS: dict[str, MethodSpec] = {
 SAME_TRAINING = {name: s.same_training_as for name, s in METHODS.items() if s.same_training_as}
 
 #: Methods an ensemble member may use (each trained with its own seed).
-ENSEMBLE_MEMBERS = ("point", "hts", "kl")
+ENSEMBLE_MEMBERS = tuple(name for name, s in METHODS.items() if s.ensemble_member)
+
+
+def methods_where(predicate: Callable[[MethodSpec], bool] | None = None, **facts) -> tuple[str, ...]:
+    """Names of the methods (in :data:`METHODS` order, read at call time) whose spec satisfies
+    ``predicate`` and has every attribute of ``facts``: ``methods_where(layout="second_stage")``."""
+    return tuple(
+        name
+        for name, spec in METHODS.items()
+        if (predicate is None or predicate(spec)) and all(getattr(spec, k) == v for k, v in facts.items())
+    )
 
 
 def get_spec(name: str) -> MethodSpec:
@@ -175,6 +198,30 @@ def row_spec(row: str) -> tuple[MethodSpec, str | None]:
     return spec, loss
 
 
+def model_spec(model: str) -> MethodSpec:
+    """The spec of a model name: a method (``hts``), its reference-free model (``hts_qe``) or an
+    analysis row of a ``per_loss`` method (``dup_hts``); unknown names raise ValueError."""
+    from uamt.naming import base_method
+
+    return row_spec(base_method(model))[0]
+
+
+def is_fixed_variance(model: str) -> bool:
+    """Whether the model ``model`` has no sigma of its own (:attr:`MethodSpec.fixed_variance`)."""
+    return model_spec(model).fixed_variance
+
+
+def baseline_method() -> str:
+    """The method every uncertainty method is judged against: the first fixed-variance one (the
+    point estimate, whose sigma calibration fits as a constant)."""
+    return methods_where(fixed_variance=True)[0]
+
+
+def per_loss_rows(rows) -> list[str]:
+    """The analysis rows of ``rows`` that are one loss of a ``per_loss`` method (``dup_hts``, ...)."""
+    return [row for row in rows if row_spec(row)[1] is not None]
+
+
 def training_order(methods) -> list[str]:
     """``methods`` with every source of :data:`SAME_TRAINING` before the methods derived from it."""
     first = [m for m in methods if SAME_TRAINING.get(m) not in methods]
@@ -190,7 +237,12 @@ __all__ = [
     "MethodSpec",
     "get_loss",
     "get_method",
+    "baseline_method",
     "get_spec",
+    "is_fixed_variance",
+    "methods_where",
+    "model_spec",
+    "per_loss_rows",
     "row_spec",
     "training_order",
 ]

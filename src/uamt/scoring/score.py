@@ -27,11 +27,11 @@ import numpy as np
 import pandas as pd
 
 from uamt.errors import DataError, UamtError
+from uamt.naming import qe_registered_name
 from uamt.predictor import Predictor
 from uamt.uncertainty.metrics import gaussian_interval, translation_risk
 
 DEFAULT_MODEL_NAME = "uamt-comet"
-QE_SUFFIX = "-qe"
 DEFAULT_ALIAS = "champion"
 REF_COMBINATIONS = ("average", "sample")
 
@@ -68,7 +68,7 @@ def default_model_uri(*, reference_free: bool, params_path: str | Path | None = 
     """``models:/<name>@champion`` (reference-based) or ``models:/<name>-qe@champion`` (reference-free)."""
     name = model_name_from_params(params_path)
     if reference_free:
-        name += QE_SUFFIX
+        name = qe_registered_name(name)
     return f"models:/{name}@{DEFAULT_ALIAS}"
 
 

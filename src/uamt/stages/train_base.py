@@ -16,7 +16,8 @@ from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.models.config import TrainConfig, load_train_config
 from uamt.models.shared_training import train_methods
-from uamt.pipeline import QE_SUFFIX, PipelineConfig, load_pipeline, open_features, read_split
+from uamt.naming import QE_MODEL_SUFFIX
+from uamt.pipeline import PipelineConfig, load_pipeline, open_features, read_split
 from uamt.stages._cli import stage_main
 
 NAME = "train_base"
@@ -44,7 +45,7 @@ def run(cfg: TrainBaseConfig) -> dict[str, Path]:
     features = open_features(cfg.encode)
     out = train_methods(pipe.methods, cfg.train, train_df, dev_df, features, pipe.model_dir)
     qe_cfg = cfg.train.replace(reference_free=True)
-    out |= train_methods(pipe.qe_methods, qe_cfg, train_df, dev_df, features, pipe.model_dir, QE_SUFFIX)
+    out |= train_methods(pipe.qe_methods, qe_cfg, train_df, dev_df, features, pipe.model_dir, QE_MODEL_SUFFIX)
     return out
 
 
