@@ -91,7 +91,7 @@ def _table(n=400, seed=0):
 def test_quality_table_per_lp_and_pooled():
     table = _table()
     out = quality_table(table, GaussianServed(), bounds=(-25.0, 0.0))
-    assert list(zip(out["dataset"], out["lp"])) == [("wmt21_mqm", "en-de"), ("wmt21_mqm", "zh-en"), ("all", "all")]
+    assert list(zip(out["dataset"], out["lp"], strict=True)) == [("wmt21_mqm", "en-de"), ("wmt21_mqm", "zh-en"), ("all", "all")]
     assert out["n"].tolist() == [200, 200, 400]
     # mu = human + N(0, 2): strong correlation; the risk ranks like -mu (same sigma everywhere).
     assert (out["pps"] > 0.7).all()
