@@ -135,3 +135,23 @@ def test_train_config_reads_synthetic_failures(tmp_path):
     params.write_text("train_base:\n  synthetic_failures: lots\n")
     with pytest.raises(Exception, match="synthetic_failures"):
         load_train_config("hts", params)
+
+
+def test_train_base_stage_trains_on_the_synthetic_rows(tmp_path, monkeypatch):
+    """The stage hands train_methods d_q plus the synthetic rows of train_base.synthetic_failures."""
+    from uamt.models.config import TrainConfig
+    from uamt.stages import train_base
+
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    d_q = pd.concat([_rows()] * 50, ignore_index=True)
+    d_q.to_parquet(prepared / "d_q.parquet")
+    d_q.assign(split="dev").to_parquet(prepared / "dev.parquet")
+    seen = []
+    monkeypatch.setattr(train_base, "open_features", lambda encode: None)
+    monkeypatch.setattr(train_base, "train_methods", lambda methods, cfg, train_df, *a, **k: seen.append(train_df) or {})
+    pipe = train_base.load_pipeline().__class__(**{**vars(train_base.load_pipeline()), "prepared_dir": str(prepared), "datasets": ("wmt21_mqm",)})
+    for fraction, extra in ((0.0, 0), (0.02, 13)):  # 0.02 x 300: 1 row per mode (7) + 6 references
+        seen.clear()
+        train_base.run(train_base.TrainBaseConfig(pipe, TrainConfig(synthetic_failures=fraction), None))
+        assert [len(df) for df in seen] == [len(d_q) + extra] * 2  # reference-based and QE
