@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="hts")
     parser.add_argument("--challenge", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--no-ter", action="store_true", help="skip TER (slow on long paragraphs)")
     args = parser.parse_args(argv)
     calibration = Calibration.load(args.root / "calibration" / f"{args.model}.json")
     frames = {}
@@ -79,15 +80,16 @@ def main(argv: list[str] | None = None) -> int:
         table = with_model_sigma(pd.read_parquet(args.root / "predictions" / split / f"{args.model}.parquet"), args.model)
         table = with_texts(table, pd.read_parquet(args.root / "data" / "prepared" / f"{split}.parquet")).reset_index(drop=True)
         table["center"] = served_center(calibration, table)
-        frames[split] = pd.concat([table, surface_features(table).reset_index(drop=True)], axis=1)
+        frames[split] = pd.concat([table, surface_features(table, with_ter=not args.no_ter).reset_index(drop=True)], axis=1)
     feature_seconds = time.perf_counter() - start
     n_rows = sum(len(f) for f in frames.values())
     print(f"surface features of {n_rows:,} dev + test rows in {feature_seconds:.0f} s ({n_rows / feature_seconds:.0f} rows/s)\n")
+    used = [f for f in FEATURES if not (args.no_ter and f == "ter")]
     variants = {
         "mu": ["center"],
         "mu+chrF": ["center", "chrf"],
-        "mu+all": ["center", *FEATURES],
-        "features only": list(FEATURES),
+        "mu+all": ["center", *used],
+        "features only": used,
     }
     stacks = {name: Stack(columns).fit(frames["dev"]) for name, columns in variants.items()}
     test = frames["test"]
@@ -121,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     out = {"feature_seconds": feature_seconds, "rows": n_rows, "test": table.to_dict("records")}
     if args.challenge is not None:
         scored = pd.read_parquet(args.challenge).reset_index(drop=True)
-        perturbed = pd.concat([scored, surface_features(scored).reset_index(drop=True)], axis=1).assign(center=scored["mu"])
+        perturbed = pd.concat([scored, surface_features(scored, with_ter=not args.no_ter).reset_index(drop=True)], axis=1).assign(center=scored["mu"])
         original_frame = scored.assign(mt=scored["mt_original"])
-        original = pd.concat([original_frame, surface_features(original_frame).reset_index(drop=True)], axis=1)
+        original = pd.concat([original_frame, surface_features(original_frame, with_ter=not args.no_ter).reset_index(drop=True)], axis=1)
         original = original.assign(center=scored["mu_original"])
         stack = stacks["mu+all"]
         below = stack.predict(perturbed) < stack.predict(original)

@@ -62,9 +62,13 @@ def target_language_probability(mt: Sequence[str], lp: Sequence[str]) -> np.ndar
     return out
 
 
-def surface_features(frame: pd.DataFrame) -> pd.DataFrame:
+def surface_features(frame: pd.DataFrame, with_ter: bool = True) -> pd.DataFrame:
     """The :data:`FEATURES` of every row of ``frame`` (columns ``src``, ``mt``, ``lp``, optional
-    ``ref``), in its order; raises :class:`DataError` naming a missing column."""
+    ``ref``), in its order; raises :class:`DataError` naming a missing column.
+
+    ``with_ter=False`` leaves ``ter`` NaN: sacrebleu's TER is pure Python and its shift search grows
+    quickly with length (WMT23's paragraphs: seconds per row on a busy CPU), so the other features
+    can be had without it."""
     from uamt.lexical import segment_scores
 
     missing = [c for c in ("src", "mt", "lp") if c not in frame.columns]
@@ -77,7 +81,7 @@ def surface_features(frame: pd.DataFrame) -> pd.DataFrame:
     if has_ref:
         ref = frame["ref"].astype(str).tolist()
         out["chrf"] = segment_scores(mt, ref, "chrf")
-        out["ter"] = np.minimum(segment_scores(mt, ref, "ter"), 200.0)  # TER is unbounded above
+        out["ter"] = np.minimum(segment_scores(mt, ref, "ter"), 200.0) if with_ter else np.nan  # unbounded above
         out["len_ratio_ref"] = [length_ratio(m, r) for m, r in zip(mt, ref, strict=True)]
     else:
         out["chrf"] = out["ter"] = out["len_ratio_ref"] = np.nan
