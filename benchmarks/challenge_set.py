@@ -48,11 +48,12 @@ def summarise(scored: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def score_with_pyfunc(model_uri: str, frame: pd.DataFrame, chi: float) -> pd.DataFrame:
+def score_with_pyfunc(model_uri: str, frame: pd.DataFrame, chi: float, reference_free: bool = False) -> pd.DataFrame:
     import mlflow.pyfunc
 
     model = mlflow.pyfunc.load_model(model_uri)
-    return model.predict(frame[["src", "mt", "ref", "lp"]], params={"risk_threshold": chi})
+    columns = ["src", "mt", "lp"] if reference_free else ["src", "mt", "ref", "lp"]
+    return model.predict(frame[columns], params={"risk_threshold": chi})
 
 
 def score_with_model_dir(model_dir: Path, calibration_path: Path, frame: pd.DataFrame, chi: float) -> pd.DataFrame:
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="models:/uamt-comet/1", help="MLflow model URI (pinned version)")
     parser.add_argument("--model-dir", type=Path, default=None, help="score a local model folder instead")
     parser.add_argument("--calibration", type=Path, default=None, help="calibration JSON of --model-dir")
+    parser.add_argument("--qe", action="store_true", help="the model is reference-free (no ref column sent)")
     parser.add_argument("--test", type=Path, default=Path("data/prepared/test.parquet"))
     parser.add_argument("--datasets", nargs="+", default=["wmt21_mqm", "wmt23_mqm"])
     parser.add_argument("--per-mode", type=int, default=300)
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         scores = score_with_model_dir(args.model_dir, args.calibration, frame, args.chi)
         label = str(args.model_dir)
     else:
-        scores = score_with_pyfunc(args.model, frame, args.chi)
+        scores = score_with_pyfunc(args.model, frame, args.chi, reference_free=args.qe)
         label = args.model
     seconds = time.perf_counter() - start
     frame = frame.assign(mu=scores["mu"].to_numpy(float), risk=scores["risk"].to_numpy(float))
