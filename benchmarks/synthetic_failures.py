@@ -32,13 +32,16 @@ from uamt.quality import join_texts, quality_table
 from uamt.uncertainty import EvaluationSettings
 
 
-def challenge_scores(model, calibration, test: pd.DataFrame, features, per_mode: int, chi: float, bounds) -> pd.DataFrame:
+def challenge_scores(
+    model, calibration, test: pd.DataFrame, features, per_mode: int, chi: float, bounds, reference_free: bool = False
+) -> pd.DataFrame:
     """Per mode: share of perturbations with served mu below the original's, mean risk of both."""
     perturbed = challenge_set(test, MODES, per_mode=per_mode, seed=0, min_score=-1.0)
     original = perturbed.assign(mt=perturbed["mt_original"])
     rows = []
     for frame in (original, perturbed):
-        raw = model.predict(frame[["src", "mt", "ref", "lp"]].reset_index(drop=True), features)
+        columns = ["src", "mt", "lp"] if reference_free else ["src", "mt", "ref", "lp"]
+        raw = model.predict(frame[columns].reset_index(drop=True), features)
         lp = frame["lp"].astype(str).to_numpy(dtype=object)
         mu, sigma = raw["mu"].to_numpy(float), raw["sigma"].to_numpy(float)
         rows.append((np.clip(calibration.center(mu, sigma, lp), *bounds), np.asarray(calibration.risk(mu, sigma, chi, lp))))
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-epochs", type=int, default=None)
     parser.add_argument("--calibration", default="auto", help="evaluate.calibration for every variant")
     parser.add_argument("--per-mode", type=int, default=300)
+    parser.add_argument("--qe", action="store_true", help="train the reference-free (QE) variant")
     args = parser.parse_args(argv)
 
     pipe = load_pipeline(args.params)
@@ -77,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = dataclasses.replace(settings, calibration=args.calibration)
     base_cfg = load_train_config("hts", args.params)
+    if args.qe:
+        base_cfg = base_cfg.replace(reference_free=True)
     if args.max_epochs:
         base_cfg = base_cfg.replace(max_epochs=args.max_epochs)
     encoder = get_encoder(EncoderConfig(runtime="onnx", batch_size=16))
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {}
     for fraction in args.fractions:
-        name = f"hts_synthetic{fraction:g}"
+        name = f"hts{'_qe' if args.qe else ''}_synthetic{fraction:g}"
         train_df = with_synthetic_failures(d_q, fraction, seed=base_cfg.seed)
         start = time.perf_counter()
         model_dir = train("hts", base_cfg, train_df, dev, features, args.out / name)
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         test_table = model.predictions_table(test, features)
         calibration, _ = fit_calibration(dev_table, "hts", settings=settings)
         quality = quality_table(join_texts(test_table, test, name), calibration, bounds)
-        challenge = challenge_scores(model, calibration, test, features, args.per_mode, -5.0, bounds)
+        challenge = challenge_scores(model, calibration, test, features, args.per_mode, -5.0, bounds, args.qe)
         summary[name] = {
             "fraction": fraction,
             "train_rows": len(d_q),
