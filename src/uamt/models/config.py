@@ -62,6 +62,12 @@ class TrainConfig:
         encoder for the first ``nr_frozen_epochs`` epochs (fractions allowed).
     predict_batch_size : int
         Rows per forward pass at inference.
+    synthetic_failures : float
+        Share of synthetic failure rows added to the training split by the ``train_base`` stage
+        (MetricX-23's recipe, :func:`uamt.challenge.with_synthetic_failures`): this many rows of
+        critical errors (omission, duplication, unrelated sentence, gibberish, untranslated, wrong
+        language) at the worst score of the dataset's scale, and as many references copied as the
+        translation at its best score.  0 = none.
     train_split, dev_split, out_dir
         CLI / pipeline: the prepared splits to train on and stop on, and where the model goes
         (``{method}`` is replaced by the method name).
@@ -96,6 +102,7 @@ class TrainConfig:
     nr_frozen_epochs: float = 0.3
     keep_embeddings_frozen: bool = True
     predict_batch_size: int = 256
+    synthetic_failures: float = 0.0
     train_split: str = "d_q"
     dev_split: str = "dev"
     out_dir: str = "models/{method}"

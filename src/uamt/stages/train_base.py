@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from uamt.challenge import with_synthetic_failures
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.models.config import TrainConfig, load_train_config
@@ -40,7 +41,9 @@ def run(cfg: TrainBaseConfig) -> dict[str, Path]:
     """Train each method of ``cfg.pipeline.methods``, then each of ``qe_methods`` reference-free
     (as ``<method>_qe``); returns ``{model name: model_dir}``."""
     pipe = cfg.pipeline
-    train_df = read_split(pipe.prepared_dir, cfg.train.train_split, pipe.datasets)
+    train_df = with_synthetic_failures(
+        read_split(pipe.prepared_dir, cfg.train.train_split, pipe.datasets), cfg.train.synthetic_failures, cfg.train.seed
+    )
     dev_df = read_split(pipe.prepared_dir, cfg.train.dev_split, pipe.datasets)
     features = open_features(cfg.encode)
     out = train_methods(pipe.methods, cfg.train, train_df, dev_df, features, pipe.model_dir)

@@ -1,0 +1,127 @@
+"""HTS trained with and without MetricX-style synthetic failure rows: PPS / AUROC on test, challenge set.
+
+For each ``--fractions`` value f, trains the HTS model (train_base's settings of params.yaml) on the
+pipeline's d_q rows (``--train-rows``: a seeded random subset, stated in the output) plus
+``uamt.challenge.with_synthetic_failures(d_q, f)``, early-stopped on dev; predicts dev and test;
+fits the served calibration on dev (evaluate's settings, ``--calibration`` pins the candidate so
+every variant is served the same way); and reports the quality table (uamt.quality) and the
+challenge set (300 perturbations per mode of good test rows, uamt.challenge) of each variant.
+
+    python benchmarks/synthetic_failures.py --prepared /work/main/data/prepared \
+        --cache cache/embeddings --out reports/quality/synthetic [--fractions 0 0.01] [--train-rows 8000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from uamt.calibrated import fit_calibration
+from uamt.challenge import MODES, challenge_set, with_synthetic_failures
+from uamt.config import load_section
+from uamt.data.datasets import scale_bounds
+from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
+from uamt.models import features_from_cache, load, load_train_config, train
+from uamt.pipeline import load_pipeline, read_split
+from uamt.quality import join_texts, quality_table
+from uamt.uncertainty import EvaluationSettings
+
+
+def challenge_scores(
+    model, calibration, test: pd.DataFrame, features, per_mode: int, chi: float, bounds, reference_free: bool = False
+) -> pd.DataFrame:
+    """Per mode: share of perturbations with served mu below the original's, mean risk of both."""
+    perturbed = challenge_set(test, MODES, per_mode=per_mode, seed=0, min_score=-1.0)
+    original = perturbed.assign(mt=perturbed["mt_original"])
+    rows = []
+    for frame in (original, perturbed):
+        columns = ["src", "mt", "lp"] if reference_free else ["src", "mt", "ref", "lp"]
+        raw = model.predict(frame[columns].reset_index(drop=True), features)
+        lp = frame["lp"].astype(str).to_numpy(dtype=object)
+        mu, sigma = raw["mu"].to_numpy(float), raw["sigma"].to_numpy(float)
+        rows.append((np.clip(calibration.center(mu, sigma, lp), *bounds), np.asarray(calibration.risk(mu, sigma, chi, lp))))
+    (mu0, risk0), (mu1, risk1) = rows
+    scored = perturbed.assign(mu=mu1, risk=risk1, mu_original=mu0, risk_original=risk0)
+    out = []
+    for mode, part in list(scored.groupby("mode", sort=False)) + [("all", scored)]:
+        out.append(
+            {
+                "mode": mode,
+                "n": len(part),
+                "below_original": float((part["mu"] < part["mu_original"]).mean()),
+                "risk": float(part["risk"].mean()),
+                "risk_original": float(part["risk_original"].mean()),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--prepared", type=Path, default=Path("data/prepared"))
+    parser.add_argument("--cache", type=Path, default=Path("cache/embeddings"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.01])
+    parser.add_argument("--train-rows", type=int, default=None, help="seeded subset of d_q (default: all)")
+    parser.add_argument("--max-epochs", type=int, default=None)
+    parser.add_argument("--calibration", default="auto", help="evaluate.calibration for every variant")
+    parser.add_argument("--per-mode", type=int, default=300)
+    parser.add_argument("--qe", action="store_true", help="train the reference-free (QE) variant")
+    args = parser.parse_args(argv)
+
+    pipe = load_pipeline(args.params)
+    settings = load_section(EvaluationSettings, "evaluate", args.params)
+    import dataclasses
+
+    settings = dataclasses.replace(settings, calibration=args.calibration)
+    base_cfg = load_train_config("hts", args.params)
+    if args.qe:
+        base_cfg = base_cfg.replace(reference_free=True)
+    if args.max_epochs:
+        base_cfg = base_cfg.replace(max_epochs=args.max_epochs)
+    encoder = get_encoder(EncoderConfig(runtime="onnx", batch_size=16))
+    features = features_from_cache(EmbeddingCache(args.cache, encoder, dtype="float16"))
+    d_q = read_split(args.prepared, "d_q", pipe.datasets)
+    if args.train_rows and args.train_rows < len(d_q):
+        d_q = d_q.iloc[np.sort(np.random.default_rng(13).choice(len(d_q), args.train_rows, replace=False))].reset_index(drop=True)
+    dev = read_split(args.prepared, "dev", pipe.datasets)
+    test = read_split(args.prepared, "test", pipe.datasets)
+    bounds = scale_bounds(pipe.datasets)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = {}
+    for fraction in args.fractions:
+        name = f"hts{'_qe' if args.qe else ''}_synthetic{fraction:g}"
+        train_df = with_synthetic_failures(d_q, fraction, seed=base_cfg.seed)
+        start = time.perf_counter()
+        model_dir = train("hts", base_cfg, train_df, dev, features, args.out / name)
+        train_s = time.perf_counter() - start
+        model = load(model_dir)
+        dev_table = model.predictions_table(dev, features)
+        test_table = model.predictions_table(test, features)
+        calibration, _ = fit_calibration(dev_table, "hts", settings=settings)
+        quality = quality_table(join_texts(test_table, test, name), calibration, bounds)
+        challenge = challenge_scores(model, calibration, test, features, args.per_mode, -5.0, bounds, args.qe)
+        summary[name] = {
+            "fraction": fraction,
+            "train_rows": len(d_q),
+            "synthetic_rows": len(train_df) - len(d_q),
+            "train_seconds": train_s,
+            "served": calibration.selected,
+            "quality": quality.to_dict("records"),
+            "challenge": challenge.to_dict("records"),
+        }
+        print(f"\n## {name}: {len(d_q):,} d_q rows + {len(train_df) - len(d_q):,} synthetic, trained in {train_s:.0f} s")
+        print(quality[["dataset", "lp", "n", "pps", "chrf_r", "auroc_risk", "auroc_mu", "recall_worst", "width", "coverage"]].round(3).to_string(index=False))
+        print(challenge.round(3).to_string(index=False))
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

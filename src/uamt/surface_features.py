@@ -1,0 +1,94 @@
+"""Surface features of a translation beside the COMET features: what pooled sentence vectors miss.
+
+Per row (columns of :func:`surface_features`):
+
+``chrf``, ``ter``
+    sentence chrF and TER of the translation against its reference (sacrebleu defaults; TER is an
+    error rate, higher = worse).  Reference-free rows (no ``ref``) get NaN.
+``len_ratio_ref``, ``len_ratio_src``
+    log of (characters of mt + 1) / (characters of ref / src + 1): omissions are short,
+    duplications and hallucinated additions long.
+``copy_rate``
+    share of the translation's word tokens that occur verbatim in the source (an untranslated
+    copy scores ~1; names and numbers keep it above 0 for good translations).
+``target_language_prob``
+    the language identifier's probability (:mod:`uamt.langid`) that the translation is in the
+    language pair's target language (wrong-language output scores ~0).
+
+``benchmarks/surface_features.py`` measures what they add to the served mu (a per-LP linear stack
+fitted on dev, scored on test).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from uamt.errors import DataError
+
+FEATURES = ("chrf", "ter", "len_ratio_ref", "len_ratio_src", "copy_rate", "target_language_prob")
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def copy_rate(src: str, mt: str) -> float:
+    """Share of ``mt``'s word tokens (``\\w+``, case-folded) that also occur in ``src``; 0 for an
+    ``mt`` without words."""
+    words = [w.casefold() for w in _WORD.findall(mt)]
+    if not words:
+        return 0.0
+    source = {w.casefold() for w in _WORD.findall(src)}
+    return sum(w in source for w in words) / len(words)
+
+
+def length_ratio(a: str, b: str) -> float:
+    """``log((len(a) + 1) / (len(b) + 1))`` in characters: 0 for equal lengths, symmetric in sign."""
+    return math.log((len(a) + 1) / (len(b) + 1))
+
+
+def target_language_probability(mt: Sequence[str], lp: Sequence[str]) -> np.ndarray:
+    """Per row, the language identifier's probability that ``mt[i]`` is in the target of ``lp[i]``."""
+    from uamt.langid import canonical_code, detect_row_languages
+
+    rows = detect_row_languages(list(mt))
+    out = np.empty(len(rows))
+    for i, (row, pair) in enumerate(zip(rows, lp, strict=True)):
+        target = canonical_code(str(pair).split("-")[-1])
+        out[i] = row.probability(target)
+    return out
+
+
+def surface_features(frame: pd.DataFrame, with_ter: bool = True) -> pd.DataFrame:
+    """The :data:`FEATURES` of every row of ``frame`` (columns ``src``, ``mt``, ``lp``, optional
+    ``ref``), in its order; raises :class:`DataError` naming a missing column.
+
+    ``with_ter=False`` leaves ``ter`` NaN: sacrebleu's TER is pure Python and its shift search grows
+    quickly with length (WMT23's paragraphs: seconds per row on a busy CPU), so the other features
+    can be had without it."""
+    from uamt.lexical import segment_scores
+
+    missing = [c for c in ("src", "mt", "lp") if c not in frame.columns]
+    if missing:
+        raise DataError(f"surface features: column(s) {missing} missing; have {sorted(frame.columns)}")
+    src = frame["src"].astype(str).tolist()
+    mt = frame["mt"].astype(str).tolist()
+    has_ref = "ref" in frame.columns and frame["ref"].notna().all()
+    out = pd.DataFrame(index=frame.index)
+    if has_ref:
+        ref = frame["ref"].astype(str).tolist()
+        out["chrf"] = segment_scores(mt, ref, "chrf")
+        out["ter"] = np.minimum(segment_scores(mt, ref, "ter"), 200.0) if with_ter else np.nan  # unbounded above
+        out["len_ratio_ref"] = [length_ratio(m, r) for m, r in zip(mt, ref, strict=True)]
+    else:
+        out["chrf"] = out["ter"] = out["len_ratio_ref"] = np.nan
+    out["len_ratio_src"] = [length_ratio(m, s) for m, s in zip(mt, src, strict=True)]
+    out["copy_rate"] = [copy_rate(s, m) for s, m in zip(src, mt, strict=True)]
+    out["target_language_prob"] = target_language_probability(mt, frame["lp"].astype(str).tolist())
+    return out
+
+
+__all__ = ["FEATURES", "copy_rate", "length_ratio", "surface_features", "target_language_probability"]
