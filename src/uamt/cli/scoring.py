@@ -391,7 +391,16 @@ def run_score(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         progress=not args.no_progress and len(frame) > args.batch_size,
     )
-    records = segment_records(out, flag_below=args.flag_below, max_risk=max_risk, risk_threshold=chi)
+    flag_risk = None
+    if args.flag_below is not None and not math.isclose(args.flag_below, chi):
+        # The flag reads the served risk at its own threshold: a second pass of the predictor.
+        flag_risk = predict(
+            predictor, frame, confidence=args.confidence, risk_threshold=args.flag_below,
+            batch_size=args.batch_size, progress=False,
+        )["risk"].to_numpy()
+    records = segment_records(
+        out, flag_below=args.flag_below, max_risk=max_risk, risk_threshold=chi, flag_risk=flag_risk
+    )
     summary = score_summary(
         predictor,
         out,
