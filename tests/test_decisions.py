@@ -214,3 +214,75 @@ def test_score_flags_read_the_served_risk_never_a_gaussian_stand_in():
     records = segment_records(out, flag_below=-1.0, max_risk=0.5, risk_threshold=-5.0, flag_risk=np.array([0.2, 0.95]))
     assert [r["flag_risk"] for r in records] == [0.2, 0.95]
     assert [r["flagged"] for r in records] == [False, True]
+
+
+# ----------------------------------------------------------------------------------------------
+# The analyses on synthetic fixtures
+
+
+def _groups(n_groups=6, size=4, seed=0):
+    rng = np.random.default_rng(seed)
+    human = np.clip(rng.normal(-4, 4, n_groups * size), -25, 0)
+    return pd.DataFrame(
+        {
+            "group": np.repeat([f"g{k}" for k in range(n_groups)], size),
+            "subset": np.repeat(["wmt21 en-de", "wmt23 zh-en"], n_groups * size // 2),
+            "score": human,
+        }
+    )
+
+
+def test_rerank_analysis_a_perfect_mu_has_no_regret_and_random_is_the_group_mean():
+    from uamt.experiments.rerank import analyse, selective_curve
+
+    rows = _groups()
+    human = rows["score"].to_numpy()
+    served = {"m": pd.DataFrame({"mu": human, "lower": human - 1, "upper": human + 1, "risk": (human <= -5).astype(float)})}
+    result = analyse(rows, served, chrf=None, n_bootstrap=50)
+    pooled = result["results"]["all"]
+    assert pooled["mu:m"]["regret"] == pytest.approx(0.0) and pooled["mu:m"]["oracle_share"] == 1.0
+    assert pooled["random"]["mean_mqm"] == pytest.approx(rows.groupby("group")["score"].mean().mean())
+    assert pooled["oracle"]["mean_mqm"] == pytest.approx(rows.groupby("group")["score"].max().mean())
+    assert result["lcb_vs_mu"]["m"]["all"]["same_pick"] == 1.0  # lower = mu - 1: the same order
+    kept, rate, area = selective_curve(np.array([3.0, 2.0, 1.0]), np.array([False, True, True]))
+    assert kept.tolist() == pytest.approx([1 / 3, 2 / 3, 1.0]) and rate.tolist() == pytest.approx([0.0, 0.5, 2 / 3])
+    assert area == pytest.approx((0 + 0.5 + 2 / 3) / 3)
+
+
+def test_flagging_analysis_reports_the_promise_and_the_realised_miss_rate():
+    from uamt.experiments.flagging import analyse
+
+    rng = np.random.default_rng(1)
+
+    def table(n):
+        human = np.clip(rng.normal(-4, 4, n), -25, 0)
+        risk = np.clip((-human - 2) / 10 + rng.normal(0, 0.05, n), 0, 1)
+        return pd.DataFrame({"subset": rng.choice(["a", "b"], n), "human": human, "mu": human, "risk": risk})
+
+    result = analyse({"m": table(2000)}, {"m": table(2000)}, chi=-5.0, thresholds=(0.1, 0.5), alpha=0.1)
+    crc = result["models"]["m"]["crc"]["risk"]
+    assert crc["pooled_dev_bound"] <= 0.1
+    # Exchangeable dev and test: the realised miss rate is close to (at most about) alpha.
+    assert crc["subsets"]["all"]["pooled"]["miss_rate"] <= 0.1 + 0.03
+    assert set(result["models"]["m"]["fixed"]["a"]) == {"0.1", "0.5"}
+
+
+def test_annotation_simulation_curves_and_efficiency():
+    from uamt.experiments.annotation import AnnotationSettings, efficiency, rows_to_reach, simulate
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(900, 6)).astype(np.float32)
+    y = x @ np.array([1.0, -0.5, 0.3, 0.0, 0.0, 0.2]) + rng.normal(0, 0.5, 900)
+    settings = AnnotationSettings(seed_rows=40, batch_rows=30, steps=2, seeds=2, ridge=1.0)
+    curves = simulate(
+        x[:600], y[:600], np.arange(600).astype(str), np.array(["en-de"] * 600), x[600:], y[600:] - 2, settings
+    )
+    assert set(curves) == {"random", "uncertainty", "diversity"}
+    assert curves["random"]["rows"] == [40, 70, 100]
+    assert np.array(curves["uncertainty"]["pps"]).shape == (2, 3)
+    assert all(p > 0.5 for p in np.array(curves["diversity"]["pps"])[:, -1])
+    ratios = efficiency(curves)
+    # Random reaches its own final PPS by its last step at the latest.
+    assert all(r is not None and r <= 1.0 for r in ratios["random"]["ratios"])
+    assert rows_to_reach([10, 20, 30], [0.1, 0.3, 0.5], 0.4) == pytest.approx(25.0)
+    assert rows_to_reach([10, 20], [0.1, 0.2], 0.9) is None

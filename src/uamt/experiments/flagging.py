@@ -79,6 +79,18 @@ def analyse(
             block["fixed"][subset] = {
                 f"{th:g}": flag_quality(scores["test"]["risk"][mask], human[mask], th, chi) for th in thresholds
             }
+        # The same recall on test for both scores (a descriptive, test-chosen threshold): the share
+        # each must flag to catch ``1 - alpha`` of the bad translations; fewer is a better score.
+        block["at_recall"] = {}
+        for subset in subsets:
+            mask = np.ones(len(t), bool) if subset == "all" else (t["subset"] == subset).to_numpy()
+            bad = human[mask] <= chi
+            if not bad.any():
+                continue
+            block["at_recall"][subset] = {
+                score: float(np.mean(scores["test"][score][mask] >= np.quantile(scores["test"][score][mask][bad], alpha, method="lower")))
+                for score in SCORES
+            }
         for score in SCORES:
             pooled = crc_threshold(scores["dev"][score][dev_bad], alpha)
             entry: dict[str, Any] = {

@@ -431,6 +431,22 @@ def lcb_verdict(result: dict[str, Any], model: str) -> tuple[list[str], list[str
     return wins, losses
 
 
+def rankings(result: dict[str, Any]) -> dict[str, Any]:
+    """What the text says: the pooled ranking of the rules by mean MQM (with random and chrF), the
+    rule with the lowest pooled selective-prediction area, and per rule the subsets where its picks
+    are worse than a random pick."""
+    pooled = result["results"]["all"]
+    names = [n for n in pooled if n != "oracle"]
+    by_mqm = sorted(names, key=lambda n: -pooled[n]["mean_mqm"])
+    areas = {n: pooled[n]["area"] for n in names if n != "random" and pooled[n].get("area") is not None}
+    worse = {
+        name: [s for s, block in result["results"].items() if s != "all" and block[name]["mean_mqm"] < block["random"]["mean_mqm"]]
+        for name in names
+        if name != "random"
+    }
+    return {"by_mqm": by_mqm, "best_area": min(areas, key=areas.get), "worse_than_random": {k: v for k, v in worse.items() if v}}
+
+
 def render(result: dict[str, Any]) -> str:
     """The markdown section of reports/experiments.md (``templates/rerank.md.j2``)."""
     model = result["settings"]["method"]
@@ -440,6 +456,7 @@ def render(result: dict[str, Any]) -> str:
         subsets=list(result["results"]),
         table_rows=table_rows,
         lcb_wins=lcb_verdict(result, model),
+        ranks=rankings(result),
         figure=FIGURE,
         section=section_number(NAME),
     )
@@ -451,7 +468,14 @@ def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
     wins, losses = lcb_verdict(result, model)
     cells = len(wins) + len(losses)
     pooled = result["lcb_vs_mu"][model]["all"]
-    verdict = "n/a" if not cells else "held" if len(wins) * 4 >= 3 * cells else "partly" if wins else "not held"
+    # Held only when the lower bound wins in >= 3/4 of the LPs *and* the pooled gain is significant.
+    significant = pooled["mqm_difference_95"][0] > 0
+    verdict = (
+        "n/a" if not cells
+        else "held" if len(wins) * 4 >= 3 * cells and significant
+        else "partly" if wins
+        else "not held"
+    )
     return [
         (
             "Choosing the candidate with the highest served lower bound gives better translations than the highest mu",

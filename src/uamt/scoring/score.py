@@ -318,7 +318,7 @@ def segment_records(
 ) -> list[dict[str, Any]]:
     """One record per segment: ``line`` (1-based), mu, sigma, lower, upper, risk, variances, flags.
 
-    ``flagged`` = P(Q <= flag_below) > max_risk (:func:`uamt.decisions.flagging.flags`).  When
+    ``flagged`` = P(Q <= flag_below) > max_risk.  When
     ``flag_below`` differs from the ``risk_threshold`` the ``risk`` column was computed at, the
     served P(Q <= flag_below) must be given as ``flag_risk`` (shape [n]; the predictor's own risk
     at that threshold, never a Gaussian stand-in) and is added as a column of that name.
@@ -330,8 +330,6 @@ def segment_records(
     if flag_below is not None:
         if max_risk is None:
             raise UamtError("--flag-below needs --max-risk")
-        from uamt.decisions.flagging import flags
-
         if risk_threshold is not None and math.isclose(flag_below, risk_threshold):
             flag_risk = table["risk"].to_numpy()
         elif flag_risk is None:
@@ -344,7 +342,7 @@ def segment_records(
             if flag_risk.shape != (len(table),):
                 raise UamtError(f"flag_risk has shape {flag_risk.shape}; expected ({len(table)},)")
             table["flag_risk"] = flag_risk
-        table["flagged"] = flags(flag_risk, max_risk)
+        table["flagged"] = flag_risk > max_risk
     records = table.to_dict(orient="records")
     return [{"line": i, **record} for i, record in enumerate(records, start=1)]
 
