@@ -377,15 +377,20 @@ def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
     for strategy, e in result["efficiency"].items():
         if strategy == "random":
             continue
-        ok = e["mean"] is not None and e["mean"] <= 0.6
+        # Held: the mean ratio <= 0.6 and at least 4 of 5 seeds (80 %) <= 0.6; partly: the mean only.
+        below = sum(r is not None and r <= 0.6 for r in e["ratios"])
+        mean_ok = e["mean"] is not None and e["mean"] <= 0.6
+        verdict = "held" if mean_ok and below >= 0.8 * e["seeds"] else "partly" if mean_ok else "not held"
         band = "–" if e["band"] is None else f"[{e['band'][0]:.2f}, {e['band'][1]:.2f}]"
+        noise = result["efficiency"].get("random", {}).get("mean")
         rows.append(
             (
                 f"Active annotation ({strategy}) reaches random selection's final PPS with <= 60 % of its annotations",
                 "goal of this tool (no paper number)",
-                f"{'held' if ok else 'not held'}: ratio "
+                f"{verdict}: {below}/{e['seeds']} seeds <= 0.6; ratio "
                 f"{'not reached in every seed' if e['mean'] is None else format(e['mean'], '.2f')} "
-                f"(band over seeds {band}; reached in {e['reached']}/{e['seeds']} seeds)",
+                f"(band over seeds {band}; reached in {e['reached']}/{e['seeds']} seeds; random against its own "
+                f"final PPS: {'–' if noise is None else format(noise, '.2f')})",
             )
         )
     return rows

@@ -92,16 +92,21 @@ def analyse(
                 for score in SCORES
             }
         for score in SCORES:
-            pooled = crc_threshold(scores["dev"][score][dev_bad], alpha)
+            # No bad dev row: nothing to control with (a tiny dev set); the threshold is reported as none.
+            pooled = crc_threshold(scores["dev"][score][dev_bad], alpha) if dev_bad.any() else None
             entry: dict[str, Any] = {
                 "pooled_threshold": pooled,
-                "pooled_dev_bound": crc_bound(scores["dev"][score][dev_bad], pooled),
+                "pooled_dev_bound": crc_bound(scores["dev"][score][dev_bad], pooled) if pooled is not None else None,
                 "dev_bad": int(dev_bad.sum()),
                 "subsets": {},
             }
             for subset in subsets:
                 mask = np.ones(len(t), bool) if subset == "all" else (t["subset"] == subset).to_numpy()
-                row = {"pooled": flag_quality(scores["test"][score][mask], human[mask], pooled, chi)}
+                row = {
+                    "pooled": flag_quality(scores["test"][score][mask], human[mask], pooled, chi)
+                    if pooled is not None
+                    else {"miss_rate": None, "flagged_share": None, "precision": None, "recall": None}
+                }
                 if subset != "all":
                     dmask = (d["subset"] == subset).to_numpy() & dev_bad
                     if dmask.sum():
@@ -204,6 +209,9 @@ def report_findings(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         within = sum(m <= alpha for m in cells)
         pooled = block["crc"]["risk"]["subsets"]["all"]["pooled"]
         mu = block["crc"]["neg_mu"]["subsets"]["all"]["pooled"]
+        if pooled["miss_rate"] is None or mu["miss_rate"] is None:
+            rows.append((f"Conformal risk control on the served risk ({model})", "–", "n/a: no bad dev or test rows"))
+            continue
         verdict = "n/a" if not cells else "held" if within * 4 >= 3 * len(cells) else "partly" if within else "not held"
         rows.append(
             (
