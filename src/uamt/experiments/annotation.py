@@ -137,7 +137,8 @@ def fit_bayes_linear(x: np.ndarray, y: np.ndarray, *, ridge: float, seed: int = 
         zn = design(values)
         mu = zn @ w * y_scale + y_mean
         aleatoric = np.exp(np.clip(zn @ g, -10, 5)) * y_scale**2
-        epistemic = np.einsum("nd,de,ne->n", zn, sigma_w, zn) * y_scale**2
+        # x' Sigma x row by row through a matrix product (numpy's einsum of the same is ~15x slower).
+        epistemic = ((zn @ sigma_w) * zn).sum(axis=1) * y_scale**2
         return mu, aleatoric, epistemic
 
     return predict
