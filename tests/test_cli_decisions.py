@@ -123,3 +123,30 @@ def test_select_for_annotation_needs_a_dataset(inputs, capsys):
 def test_help_shows_examples(command, capsys):
     assert main([command, "--help"]) == 0
     assert "examples:" in capsys.readouterr().out
+
+
+def test_rerank_reads_hypothesis_files_line_by_line(inputs):
+    from test_scoring_support import write_lines
+
+    d = inputs["dir"]
+    src = write_lines(d / "src.txt", [SRC, "Ich habe keine Zeit."])
+    hyps = [
+        write_lines(d / "hyp.1.txt", ["Dog garden sleep.", "I have no time."]),
+        write_lines(d / "hyp.2.txt", ["The dog is sleeping in the garden.", "Time no."]),
+    ]
+    ref = write_lines(d / "ref.txt", [REF, "I don't have time."])
+    out = d / "picks.jsonl"
+    argv = ["rerank", "-s", str(src), "--hyp", str(hyps[0]), "--hyp", str(hyps[1]), "-r", str(ref),
+            "--out", str(out), "--rule", "mu", "--params", str(inputs["params"])]
+    assert main(argv) == 0
+    picks = _read_jsonl(out)
+    assert [(p["group"], p["hyp_rank"], p["mt"]) for p in picks] == [
+        (1, 2, "The dog is sleeping in the garden."),
+        (2, 1, "I have no time."),
+    ]
+
+
+def test_rerank_needs_one_kind_of_input(inputs, capsys):
+    out = inputs["dir"] / "p.jsonl"
+    assert main(["rerank", "--out", str(out), "--params", str(inputs["params"])]) == 2
+    assert "either as --input FILE or as --src FILE with --hyp FILE" in capsys.readouterr().err

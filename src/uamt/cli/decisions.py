@@ -21,6 +21,7 @@ examples:
   uamt rerank --input candidates.csv --out picks.jsonl                  # lcb rule, abstain at risk > 0.5
   uamt rerank --input candidates.csv --out picks.csv --rule mbr_lcb --mbr-max-refs 8
   uamt rerank --input hyps.parquet --out picks.jsonl --rule risk --risk-threshold -5 --max-risk 0.3
+  uamt rerank -s src.txt --hyp hyps/hyp.1.txt --hyp hyps/hyp.2.txt --hyp hyps/hyp.3.txt --out picks.jsonl --rule mbr
 """
 
 SELECT_EXAMPLES = """\
@@ -49,7 +50,17 @@ def register(subparsers) -> None:
         epilog=RERANK_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rerank.add_argument("--input", required=True, type=Path, metavar="FILE", help="candidates table")
+    rerank.add_argument("--input", type=Path, metavar="FILE", help="candidates table (or --src with --hyp)")
+    rerank.add_argument(
+        "-s", "--src", type=Path, metavar="FILE",
+        help="instead of --input: source sentences, one per line; line i is group i",
+    )
+    rerank.add_argument(
+        "--hyp", action="append", default=[], type=Path, metavar="FILE",
+        help="with --src: one file of candidates per rank, line-aligned (repeat; e.g. the hyps/hyp.*.txt "
+        "of `uamt hypotheses generate`)",
+    )
+    rerank.add_argument("-r", "--ref", type=Path, metavar="FILE", help="with --src: references, line-aligned")
     rerank.add_argument("--out", required=True, type=Path, help="picks: .jsonl, .csv or .tsv")
     rerank.add_argument("--group-column", default="group", help="column naming each candidate's group (default group)")
     rerank.add_argument("--rule", default="lcb", help="mu, lcb, risk, mbr or mbr_lcb (default lcb)")
@@ -142,10 +153,42 @@ def _frame_for_model(table, lp: str | None, with_ref: bool):
     return frame.reset_index(drop=True)
 
 
-def run_rerank(args: argparse.Namespace) -> int:
+def _candidates(args: argparse.Namespace):
+    """The candidates table of ``--input``, or built from ``--src`` and the ``--hyp`` files (group =
+    line number, ``hyp_rank`` = which file), the output path checked first."""
     import pandas as pd
 
     from uamt.decisions.annotation import read_table
+    from uamt.errors import UamtError
+    from uamt.scoring.io import read_aligned
+
+    if (args.input is None) == (args.src is None):
+        raise UamtError("give the candidates either as --input FILE or as --src FILE with --hyp FILE ...")
+    if args.input is not None:
+        if args.hyp or args.ref:
+            raise UamtError("--hyp and --ref go with --src; --input reads them from the table")
+        _check_out(args.out, (".jsonl", ".csv", ".tsv"), args.input)
+        return read_table(args.input).reset_index(drop=True)
+    if len(args.hyp) < 2:
+        raise UamtError("--src needs at least two --hyp files (the candidates of each line)")
+    for path in (args.src, *args.hyp, *([args.ref] if args.ref else [])):
+        _check_out(args.out, (".jsonl", ".csv", ".tsv"), path)
+    texts = read_aligned({"src": [args.src], "mt": args.hyp, "ref": [args.ref] if args.ref else []})
+    src = texts["src"][0]
+    rows = [
+        {"group": line, "src": src[line - 1], "mt": hyps[line - 1], "hyp_rank": rank, "hyp_file": str(path),
+         **({"ref": texts["ref"][0][line - 1]} if args.ref else {})}
+        for line in range(1, len(src) + 1)
+        for rank, (path, hyps) in enumerate(zip(args.hyp, texts["mt"], strict=True), start=1)
+    ]
+    if args.group_column != "group":
+        raise UamtError("--group-column applies to --input tables; with --src the group is the line number")
+    return pd.DataFrame(rows)
+
+
+def run_rerank(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from uamt.decisions.rerank import MBR_RULES, RerankSettings, check_rule, pseudo_reference_lists, rerank
     from uamt.errors import UamtError
     from uamt.scoring.score import load_scoring_predictor, predict
@@ -156,10 +199,9 @@ def run_rerank(args: argparse.Namespace) -> int:
         raise UamtError(str(exc)) from None
     if not 0 < args.confidence < 1:
         raise UamtError(f"--confidence must be in (0, 1), got {args.confidence}")
-    _check_out(args.out, (".jsonl", ".csv", ".tsv"), args.input)
-    table = read_table(args.input).reset_index(drop=True)
+    table = _candidates(args)
     if args.group_column not in table.columns:
-        raise UamtError(f"{args.input}: no group column {args.group_column!r} (columns: {list(table.columns)})")
+        raise UamtError(f"{args.input or args.src}: no group column {args.group_column!r} (columns: {list(table.columns)})")
     mbr = args.rule in MBR_RULES
     has_ref = "ref" in table.columns and not mbr
     frame = _frame_for_model(table, args.lp, has_ref)
