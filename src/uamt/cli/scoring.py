@@ -392,7 +392,19 @@ def run_score(args: argparse.Namespace) -> int:
     out, lp_choice = scored.out, scored.lp_choice
     for message in lp_choice.messages():
         print(f"uamt score: {message}", file=sys.stderr)
-    records = segment_records(out, flag_below=args.flag_below, max_risk=max_risk, risk_threshold=chi)
+    flag_risk = None
+    if args.flag_below is not None and not math.isclose(args.flag_below, chi):
+        # The flag reads the served risk at its own threshold: a second pass of the same scoring path.
+        flag_risk = scorer.score_texts(
+            predictor,
+            frame,
+            scorer.ScoringSettings(args.confidence, args.flag_below, args.batch_size),
+            lp=args.lp,
+            progress=False,
+        ).out["risk"].to_numpy()
+    records = segment_records(
+        out, flag_below=args.flag_below, max_risk=max_risk, risk_threshold=chi, flag_risk=flag_risk
+    )
     summary = score_summary(
         predictor,
         out,

@@ -29,7 +29,7 @@ import pandas as pd
 from uamt.errors import DataError, UamtError
 from uamt.naming import qe_registered_name
 from uamt.predictor import Predictor
-from uamt.uncertainty.metrics import gaussian_interval, translation_risk
+from uamt.uncertainty.metrics import gaussian_interval
 
 DEFAULT_MODEL_NAME = "uamt-comet"
 DEFAULT_ALIAS = "champion"
@@ -309,12 +309,14 @@ def segment_records(
     flag_below: float | None = None,
     max_risk: float | None = None,
     risk_threshold: float | None = None,
+    flag_risk=None,
 ) -> list[dict[str, Any]]:
     """One record per segment: ``line`` (1-based), mu, sigma, lower, upper, risk, variances, flags.
 
-    ``flagged`` = P(Q <= flag_below) > max_risk; when ``flag_below`` differs from the
-    ``risk_threshold`` the ``risk`` column was computed at, that probability is added as
-    ``flag_risk``.
+    ``flagged`` = P(Q <= flag_below) > max_risk.  When
+    ``flag_below`` differs from the ``risk_threshold`` the ``risk`` column was computed at, the
+    served P(Q <= flag_below) must be given as ``flag_risk`` (shape [n]; the predictor's own risk
+    at that threshold, never a Gaussian stand-in) and is added as a column of that name.
     """
     from uamt.serving.scorer import output_columns
 
@@ -326,8 +328,15 @@ def segment_records(
             raise UamtError("--flag-below needs --max-risk")
         if risk_threshold is not None and math.isclose(flag_below, risk_threshold):
             flag_risk = table["risk"].to_numpy()
+        elif flag_risk is None:
+            raise UamtError(
+                f"--flag-below {flag_below:g} differs from the risk threshold {risk_threshold!r}: the served "
+                "P(Q <= flag_below) is needed (flag_risk)"
+            )
         else:
-            flag_risk = translation_risk(table["mu"], table["sigma"], flag_below)
+            flag_risk = np.asarray(flag_risk, dtype=float)
+            if flag_risk.shape != (len(table),):
+                raise UamtError(f"flag_risk has shape {flag_risk.shape}; expected ({len(table)},)")
             table["flag_risk"] = flag_risk
         table["flagged"] = flag_risk > max_risk
     records = table.to_dict(orient="records")
