@@ -36,7 +36,7 @@ from uamt.errors import DataError, UamtError
 from uamt.fileio import atomic_write_text
 from uamt.references import N_REFS, distinct_references
 from uamt.scale import ScoreScale
-from uamt.textcheck import blank_detail, is_blank
+from uamt.textcheck import is_blank, text_problem
 
 
 def scale_for(datasets: tuple[str, ...]) -> ScoreScale:
@@ -52,11 +52,8 @@ def scale_for(datasets: tuple[str, ...]) -> ScoreScale:
 def _text_column(frame: pd.DataFrame, column: str, row_label: str = "row") -> list[str]:
     values = frame[column].tolist()
     for i, value in enumerate(values):
-        if not isinstance(value, str):
-            raise DataError(f"{row_label} {i}: field {column!r} must be a string, got {type(value).__name__}")
-        if is_blank(value):
-            detail = blank_detail(value)
-            raise DataError(f"{row_label} {i}: field {column!r} is empty" + (f" ({detail})" if detail else ""))
+        if problem := text_problem(value):
+            raise DataError(f"{row_label} {i}: field {column!r} {problem}")
     return values
 
 

@@ -41,3 +41,14 @@ def blank_detail(text: str) -> str:
     if not shown:
         return ""
     return "only invisible characters " + ", ".join(shown[:4]) + (", ..." if len(shown) > 4 else "")
+
+
+def text_problem(value: object) -> str | None:
+    """What makes ``value`` unusable as a segment, for a message after its name
+    (``"must be a string, got int"``, ``"is empty (only invisible characters U+200B)"``), or None."""
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if is_blank(value):
+        detail = blank_detail(value)
+        return "is empty" + (f" ({detail})" if detail else "")
+    return None

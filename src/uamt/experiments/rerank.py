@@ -302,6 +302,11 @@ def served_for(
     calibration = Calibration.load(Path(settings.calibration_dir) / f"{model}.json")
     predictions = pd.read_parquet(Path(settings.predictions_dir) / "test" / f"{model}.parquet")
     raw = with_model_sigma(join_predictions(rows, predictions, f"predictions/test/{model}.parquet"), model)
+    return _served(calibration, raw, rows, settings, bounds)
+
+
+def _served(calibration, raw: pd.DataFrame, rows: pd.DataFrame, settings: RerankExperimentSettings, bounds) -> pd.DataFrame:
+    """The served columns of the model's raw mu and sigma for ``rows`` (their language pairs)."""
     return served_columns(
         calibration,
         raw["mu"].to_numpy(),
@@ -325,15 +330,7 @@ def mbr_columns(rows: pd.DataFrame, model_dir: Path, features, settings: RerankE
     )
     raw = predict_over_references(load(model_dir), rows, references, features)
     calibration = Calibration.load(Path(settings.calibration_dir) / f"{settings.method}.json")
-    served = served_columns(
-        calibration,
-        raw["mu"].to_numpy(),
-        raw["sigma"].to_numpy(),
-        rows["lp"].astype(str).to_numpy(dtype=object),
-        confidence=settings.confidence,
-        chi=settings.chi,
-        bounds=bounds,
-    )
+    served = _served(calibration, raw, rows, settings, bounds)
     return pd.DataFrame({"mbr_mu": served["mu"], "mbr_lower": served["lower"], "mbr_risk": served["risk"]})
 
 

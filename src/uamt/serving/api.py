@@ -99,17 +99,14 @@ def load_model(
 
 def _texts(name: str, values: Any, n: int | None = None) -> list[str]:
     """``values`` as a list of non-blank strings (``n`` of them where given), else DataError."""
-    from uamt.textcheck import blank_detail, is_blank
+    from uamt.textcheck import text_problem
 
     if isinstance(values, str) or not isinstance(values, Sequence | Iterator) and not hasattr(values, "tolist"):
         raise DataError(f"{name} must be a list of strings (one per segment), got {type(values).__name__}")
     texts = list(values.tolist() if hasattr(values, "tolist") else values)
     for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise DataError(f"{name}[{i}] must be a string, got {type(text).__name__}")
-        if is_blank(text):
-            detail = blank_detail(text)
-            raise DataError(f"{name}[{i}] is empty" + (f" ({detail})" if detail else ""))
+        if problem := text_problem(text):
+            raise DataError(f"{name}[{i}] {problem}")
     if n is not None and len(texts) != n:
         raise DataError(f"{name} has {len(texts)} texts but src has {n}: they must be aligned, one per segment")
     return texts
