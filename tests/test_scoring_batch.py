@@ -105,6 +105,75 @@ def test_cli_batch_rows_equal_cli_text_scoring(scoring_store, table, tmp_path, c
         np.testing.assert_allclose(got[column], text[column], rtol=1e-5)  # the CSV keeps 6 digits
 
 
+FLAG_CASES = {
+    # options -> the flag columns both paths must give
+    "flag at the risk threshold": (["--flag-below", "0.56", "--max-risk", "0.48"], ["flagged"]),
+    "default max-risk": (["--flag-below", "0.56"], ["flagged"]),
+    "flag beside another risk threshold": (
+        ["--flag-below", "0.56", "--max-risk", "0.48", "--risk-threshold", "0.2"],
+        ["flag_risk", "flagged"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FLAG_CASES))
+def test_cli_batch_flags_equal_cli_text_flags(scoring_store, table, tmp_path, capsys, case):
+    options, columns = FLAG_CASES[case]
+    model = ["--model", f"models:/{REF_MODEL}@champion"]
+    argv = ["score", "--input", str(table), "--out", str(tmp_path / "out"), "--no-progress", "--partition-rows", "5"]
+    assert main([*argv, *model, *options]) == 0
+    src, mt, ref = (write_lines(tmp_path / f"{n}.txt", lines) for n, lines in (("s", SRC), ("t", MT), ("r", REF)))
+    text_out = tmp_path / "text.csv"
+    args = ["score", "-s", str(src), "-t", str(mt), "-r", str(ref), "--lp", "de-en", "--out", str(text_out)]
+    assert main([*args, *model, *options]) == 0
+    text = pd.read_csv(text_out)
+    got = _read(tmp_path / "out")
+    assert [c for c in ("flag_risk", "flagged") if c in got.columns] == columns
+    assert [c for c in ("flag_risk", "flagged") if c in text.columns] == columns
+    assert got["flagged"].dtype == bool and got["flagged"].tolist() == text["flagged"].tolist()
+    assert 0 < got["flagged"].sum() < len(got), "the fixture has both kinds"
+    for column in ("risk", *columns[:-1]):
+        np.testing.assert_allclose(got[column], text[column], rtol=1e-5)
+    manifest = json.loads((tmp_path / "out" / "_batch.json").read_text())["settings"]
+    assert manifest["flag_below"] == 0.56 and manifest["max_risk"] == (0.48 if "--max-risk" in options else 0.5)
+
+
+def test_restart_with_other_flag_options_is_refused(scoring_store, table, tmp_path):
+    flagged = BatchSettings(
+        model=f"models:/{REF_MODEL}@champion", partition_rows=PARTITION_ROWS, flag_below=0.5, max_risk=0.3
+    )
+    score_file(table, tmp_path / "out", flagged)
+    for other, changed in (
+        (BatchSettings(model=flagged.model, partition_rows=PARTITION_ROWS), "'flag_below', 'max_risk'"),
+        (BatchSettings(model=flagged.model, partition_rows=PARTITION_ROWS, flag_below=0.5), "'max_risk'"),
+    ):
+        with pytest.raises(DataError, match=rf"another batch job \(differs in \[{changed}\]\)"):
+            score_file(table, tmp_path / "out", other)
+    assert score_file(table, tmp_path / "out", flagged).n_skipped == 5
+
+
+@pytest.mark.parametrize(
+    "options, needle",
+    [
+        ({"max_risk": 0.3}, "max_risk needs flag_below"),
+        ({"flag_below": float("nan")}, "flag_below must be a finite number"),
+        ({"flag_below": 0.5, "max_risk": 1.5}, r"max_risk must be a probability in \[0, 1\]"),
+    ],
+)
+def test_bad_flag_settings_are_refused(options, needle):
+    with pytest.raises(DataError, match=needle):
+        BatchSettings(model="models:/m@champion", **options)
+
+
+def test_cli_batch_max_risk_needs_flag_below(tmp_path, table, capsys):
+    argv = ["score", "--input", str(table), "--out", str(tmp_path / "out"), "--max-risk", "0.2"]
+    assert main(argv) == 2
+    assert "--max-risk needs --flag-below" in capsys.readouterr().err
+    assert main([*argv[:-2], "--flag-below", "0.56", "--max-risk", "2"]) == 2
+    assert "argument --max-risk: must be a probability in [0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_default_model_follows_the_columns(scoring_store, tmp_path, capsys):
     path = tmp_path / "qe.csv"
     pd.DataFrame({"src": SRC[:4], "mt": MT[:4]}).to_csv(path, index=False)

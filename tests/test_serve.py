@@ -122,6 +122,59 @@ def test_good_request_all_input_formats(ref_server):
     assert request(ref_server, "POST", "/invocations?x=1", as_columns)[1] == data
 
 
+FLAG_CASES = {
+    # params -> (chi of the flag or None, max_risk, flag_risk column expected); the fake's own
+    # risk threshold is 0.3, and RECORDS hold one likely bad translation at chi = 0.45 and 0.3.
+    "no params": (None, None, None, False),
+    "empty params": ({}, None, None, False),
+    "flag at the risk threshold": ({"flag_below": 0.3, "max_risk": 0.05}, 0.3, 0.05, False),
+    "flag at its own threshold, default max_risk": ({"flag_below": 0.45}, 0.45, 0.5, True),
+    "flag at its own threshold": ({"flag_below": 0.45, "max_risk": 0.2}, 0.45, 0.2, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FLAG_CASES))
+def test_params_flag_predictions_from_the_served_risk(ref_server, case):
+    from uamt.uncertainty.metrics import translation_risk
+
+    params, chi, max_risk, with_flag_risk = FLAG_CASES[case]
+    body = {"dataframe_records": RECORDS, **({} if params is None else {"params": params})}
+    status, data = request(ref_server, "POST", "/invocations", body)
+    assert status == 200, data
+    _check_predictions(data, RECORDS)
+    predictions = json.loads(data)["predictions"]
+    mu, sigma = _expected(RECORDS)
+    if chi is None:
+        assert not {"flagged", "flag_risk"} & {k for p in predictions for k in p}
+        return
+    risk_at_chi = translation_risk(mu, sigma, chi)
+    assert [p["flagged"] for p in predictions] == [True, False] == list(risk_at_chi > max_risk)
+    if with_flag_risk:
+        np.testing.assert_allclose([p["flag_risk"] for p in predictions], risk_at_chi)
+        np.testing.assert_allclose([p["risk"] for p in predictions], translation_risk(mu, sigma, 0.3))
+    else:
+        assert not any("flag_risk" in p for p in predictions)
+    columns = ["src", "mt", "ref"]
+    split = {"dataframe_split": {"columns": columns, "data": [[r[c] for c in columns] for r in RECORDS]}}
+    assert request(ref_server, "POST", "/invocations", {**split, "params": params})[1] == data
+
+
+@pytest.mark.parametrize("flag_below, status", [(None, 200), (0.3, 200), (0.45, 413)])
+def test_flag_at_another_threshold_counts_its_second_pass_as_work(flag_below, status):
+    from dataclasses import replace
+
+    from uamt.rest import RequestError, scoring_work
+
+    work = scoring_work([r["src"] for r in RECORDS], [r["mt"] for r in RECORDS], [[r["ref"]] for r in RECORDS])
+    service = ScoringService(FakePredictor(), "fake", replace(SETTINGS, max_work_chars=work))  # threshold 0.3
+    body = {"dataframe_records": RECORDS, **({} if flag_below is None else {"params": {"flag_below": flag_below}})}
+    if status == 200:
+        assert len(service.invocations(json.dumps(body).encode())["predictions"]) == len(RECORDS)
+    else:
+        with pytest.raises(RequestError, match=f"needs {2 * work:,} characters of scoring work"):
+            service.invocations(json.dumps(body).encode())
+
+
 def test_language_pair_is_passed_through(ref_server):
     records = [{**r, "lp": "de-en"} for r in RECORDS]
     status, data = request(ref_server, "POST", "/invocations", {"dataframe_records": records})
@@ -207,6 +260,35 @@ BAD_REQUESTS = {
         {},
         400,
         "unknown top-level key",
+    ),
+    "params not an object": ({"dataframe_records": RECORDS, "params": [0.3]}, {}, 400, "params must be an object"),
+    "unknown param": ({"dataframe_records": RECORDS, "params": {"flag": 0.3}}, {}, 400, "params: unknown field(s) ['flag']"),
+    "flag_below a string": (
+        {"dataframe_records": RECORDS, "params": {"flag_below": "0.3"}}, {}, 400, "params.flag_below must be a number",
+    ),
+    "flag_below a bool": (
+        {"dataframe_records": RECORDS, "params": {"flag_below": True}}, {}, 400, "params.flag_below must be a number",
+    ),
+    "flag_below NaN": (
+        b'{"dataframe_records": [{"src": "a", "mt": "b", "ref": "c"}], "params": {"flag_below": NaN}}',
+        {},
+        400,
+        "params.flag_below must be a finite number",
+    ),
+    "flag_below too large for a float": (
+        b'{"dataframe_records": [{"src": "a", "mt": "b", "ref": "c"}], "params": {"flag_below": 1' + b"0" * 400 + b"}}",
+        {},
+        400,
+        "params.flag_below must be a finite number",
+    ),
+    "max_risk above 1": (
+        {"dataframe_records": RECORDS, "params": {"flag_below": 0.3, "max_risk": 1.5}},
+        {},
+        400,
+        "params.max_risk must be a probability in [0, 1], got 1.5",
+    ),
+    "max_risk without flag_below": (
+        {"dataframe_records": RECORDS, "params": {"max_risk": 0.2}}, {}, 400, "params.max_risk needs params.flag_below",
     ),
     "two format keys": ({"dataframe_records": RECORDS, "inputs": RECORDS}, {}, 400, "exactly one"),
     "missing field": (

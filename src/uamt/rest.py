@@ -6,7 +6,10 @@ a socket.
 Request (``POST /invocations``), one of MLflow's JSON formats
     ``{"dataframe_records": [{"src": .., "mt": .., "ref": ..}, ...]}``,
     ``{"dataframe_split": {"columns": [...], "data": [[...], ...]}}``,
-    ``{"inputs": [records] | {column: [values]}}`` (``instances`` is an alias of ``inputs``).
+    ``{"inputs": [records] | {column: [values]}}`` (``instances`` is an alias of ``inputs``);
+    optionally with MLflow's ``"params": {"flag_below": CHI, "max_risk": P}`` beside them, which adds
+    ``flagged`` = served P(Q <= CHI) > P (P defaults to 0.5) and, when CHI is not the server's risk
+    threshold, ``flag_risk`` = that probability (a second scoring pass) to each prediction.
     Each record has ``src``, ``mt`` (strings), for a reference-based model ``ref`` (string) or
     ``refs`` (list of strings, combined by averaging), and optionally ``lp`` (on all records or
     none; it selects the per-LP calibration).  A pair the model has no calibration of its own for
@@ -16,7 +19,8 @@ Request (``POST /invocations``), one of MLflow's JSON formats
     language reliably, and detection would cost every request); send ``lp``.
 Answer
     ``{"predictions": [{"mu", "sigma", "lower", "upper", "risk"[, "epistemic_var",
-    "aleatoric_var"][, "clipped"][, "calibration", "lp_seen_in_training"]}, ...][, "warnings":
+    "aleatoric_var"][, "clipped"][, "flag_risk"][, "flagged"][, "calibration",
+    "lp_seen_in_training"]}, ...][, "warnings":
     [...]]}`` in request order; ``clipped``: mu or the interval was clipped to the scale's range;
     ``calibration`` (when ``lp`` is given): ``"per-lp"`` or ``"global"``; ``lp_seen_in_training``:
     false for an LP outside the model's calibration, whose interval is widened; ``warnings``: one
@@ -42,10 +46,12 @@ import pandas as pd
 
 from uamt.errors import UamtError
 from uamt.predictor import Predictor
-from uamt.serving.scorer import ScoringSettings, work_chunks  # noqa: F401 - work_chunks: its old home
+from uamt.serving.scorer import FlagSettings, ScoringSettings, work_chunks  # noqa: F401 - work_chunks: its old home
 from uamt.textcheck import blank_detail, is_blank
 
 FORMAT_KEYS = ("dataframe_records", "dataframe_split", "inputs", "instances")
+#: Fields of the request's ``params`` (MLflow's place for inference parameters beside the data).
+PARAM_FIELDS = ("flag_below", "max_risk")
 RECORD_FIELDS = ("src", "mt", "ref", "refs", "lp")
 MAX_LP_CHARS = 32
 #: Characters per second the served model reads (MiniLM on ONNX, one process on 2 busy CPU cores,
@@ -111,9 +117,11 @@ def records_from_payload(payload: Any) -> list[Any]:
     """The list of records of an MLflow-style JSON body (see module docstring)."""
     if not isinstance(payload, dict):
         raise RequestError(400, f"body must be a JSON object with one of {list(FORMAT_KEYS)}")
-    unknown = sorted(set(payload) - set(FORMAT_KEYS))
+    unknown = sorted(set(payload) - set(FORMAT_KEYS) - {"params"})
     if unknown:
-        raise RequestError(400, f"unknown top-level key(s) {unknown}; use exactly one of {list(FORMAT_KEYS)}")
+        raise RequestError(
+            400, f"unknown top-level key(s) {unknown}; use exactly one of {list(FORMAT_KEYS)} (and optionally params)"
+        )
     present = [k for k in FORMAT_KEYS if k in payload]
     if len(present) != 1:
         raise RequestError(400, f"use exactly one of {list(FORMAT_KEYS)}, got {present or 'none'}")
@@ -260,8 +268,14 @@ class ScoringService:
                 )
             lp = record.get("lp")
             lps.append(None if lp is None else self._check_lp(lp, f"{where}.lp"))
-        self._check_work(scoring_work(src, mt, refs))
+        flag = self.flag_of(payload)
+        works = scoring_work(src, mt, refs)
+        if flag is not None and not math.isclose(flag.flag_below, self.risk_threshold):
+            works *= 2  # a second pass gives the risk at flag_below
+        self._check_work(works)
         frame = pd.DataFrame({"src": src, "mt": mt})
+        # The request's own option travels with its frame from parse() to answer().
+        frame.attrs["flag"] = flag
         if any(lp is not None for lp in lps):
             missing = [i for i, lp in enumerate(lps) if lp is None]
             if missing:
@@ -275,6 +289,31 @@ class ScoringService:
             else:
                 frame["refs"] = refs
         return frame
+
+    @staticmethod
+    def flag_of(payload: Any) -> FlagSettings | None:
+        """The request's flag settings from ``params`` (``flag_below``, ``max_risk`` default 0.5),
+        or None; RequestError 400 naming the field otherwise."""
+        params = payload.get("params") if isinstance(payload, dict) else None
+        if params is None:
+            return None
+        if not isinstance(params, dict):
+            raise RequestError(400, f"params must be an object with {list(PARAM_FIELDS)}, got {type(params).__name__}")
+        unknown = sorted(set(params) - set(PARAM_FIELDS))
+        if unknown:
+            raise RequestError(400, f"params: unknown field(s) {unknown}; fields are {list(PARAM_FIELDS)}")
+        for field in PARAM_FIELDS:
+            value = params.get(field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise RequestError(400, f"params.{field} must be a number, got {type(value).__name__}")
+        if params.get("flag_below") is None:
+            if params.get("max_risk") is not None:
+                raise RequestError(400, "params.max_risk needs params.flag_below (the quality threshold the risk is about)")
+            return None
+        try:
+            return FlagSettings(params["flag_below"], 0.5 if params.get("max_risk") is None else params["max_risk"])
+        except UamtError as exc:
+            raise RequestError(400, f"params.{exc}") from None
 
     def _check_work(self, work: int) -> None:
         limit = self.settings.max_work_chars
@@ -294,8 +333,12 @@ class ScoringService:
         RequestError 422; past ``deadline`` -> RequestError 504."""
         from uamt.serving import scorer
 
+        flag = frame.attrs.get("flag")
         try:
             scored = scorer.score_texts(self.predictor, frame, self.scoring, detect_lp=False, deadline=deadline)
+            flags = {} if flag is None else scorer.score_flags(
+                self.predictor, frame, scored, flag, detect_lp=False, deadline=deadline
+            )
         except scorer.ModelOutputError as exc:  # the server's model is broken: not the client's fault
             raise RuntimeError(str(exc)) from None
         except scorer.ScoringTimeout as exc:
@@ -313,6 +356,9 @@ class ScoringService:
         if "clipped" in out.columns:
             for row, clipped in zip(rows, out["clipped"].astype(bool).tolist(), strict=True):
                 row["clipped"] = clipped
+        for column, values in flags.items():
+            for row, value in zip(rows, values.tolist(), strict=True):
+                row[column] = value if column == "flagged" or math.isfinite(value) else None
         choices = self._lp_choices(frame)
         if choices:
             for row, lp in zip(rows, frame["lp"].tolist(), strict=True):

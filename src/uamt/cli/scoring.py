@@ -204,7 +204,8 @@ def register(subparsers) -> None:
         "--flag-below",
         type=finite_float,
         metavar="CHI",
-        help="flag segments whose P(Q <= CHI) exceeds --max-risk (critical-error detection)",
+        help="flag segments whose P(Q <= CHI) exceeds --max-risk (critical-error detection); with --input: "
+        "columns flagged (and flag_risk) in every part",
     )
     score.add_argument(
         "--max-risk",
@@ -352,6 +353,8 @@ def run_score(args: argparse.Namespace) -> int:
     from uamt.serving import scorer
 
     _check_common(args)
+    if args.max_risk is not None and args.flag_below is None:
+        raise UamtError("--max-risk needs --flag-below CHI (the quality threshold the risk is about)")
     if args.input is not None:
         return run_score_batch(args)
     batch_only = [o for o, v in (("--dask", args.dask), ("--partition-rows", args.partition_rows)) if v is not None]
@@ -393,15 +396,11 @@ def run_score(args: argparse.Namespace) -> int:
     for message in lp_choice.messages():
         print(f"uamt score: {message}", file=sys.stderr)
     flag_risk = None
-    if args.flag_below is not None and not math.isclose(args.flag_below, chi):
+    if args.flag_below is not None:
         # The flag reads the served risk at its own threshold: a second pass of the same scoring path.
-        flag_risk = scorer.score_texts(
-            predictor,
-            frame,
-            scorer.ScoringSettings(args.confidence, args.flag_below, args.batch_size),
-            lp=args.lp,
-            progress=False,
-        ).out["risk"].to_numpy()
+        flag_risk = scorer.served_flag_risk(
+            predictor, frame, scored, scorer.FlagSettings(args.flag_below, max_risk), lp=args.lp
+        )
     records = segment_records(
         out, flag_below=args.flag_below, max_risk=max_risk, risk_threshold=chi, flag_risk=flag_risk
     )
@@ -450,15 +449,13 @@ def run_score_batch(args: argparse.Namespace) -> int:
         score_file,
         summary_line,
     )
-    from uamt.scoring.score import default_model_uri
+    from uamt.scoring.score import default_model_uri, validate_settings
 
     line_options = {
         "-s/--src": args.src is not None,
         "-t/--mt": args.mt is not None,
         "-r/--ref": bool(args.ref),
         "--bootstrap": bool(args.bootstrap),
-        "--flag-below": args.flag_below is not None,
-        "--max-risk": args.max_risk is not None,
     }
     clashing = [option for option, given in line_options.items() if given]
     if clashing:
@@ -467,10 +464,15 @@ def run_score_batch(args: argparse.Namespace) -> int:
         raise UamtError("--input needs --out DIR (the folder of Parquet parts)")
     columns = input_columns(args.input)
     model = args.model or default_model_uri(reference_free="ref" not in columns, params_path=args.params)
+    validate_settings(confidence=args.confidence, max_risk=args.max_risk)
+    # As for one file: without --risk-threshold, the risk column is the flag's own probability.
+    risk_threshold = args.risk_threshold if args.risk_threshold is not None else args.flag_below
     settings = BatchSettings(
         model=model,
         confidence=args.confidence,
-        risk_threshold=args.risk_threshold,
+        risk_threshold=risk_threshold,
+        flag_below=args.flag_below,
+        max_risk=args.max_risk,
         batch_size=args.batch_size,
         partition_rows=args.partition_rows or DEFAULT_PARTITION_ROWS,
         lp=args.lp,

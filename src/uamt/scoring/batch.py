@@ -19,7 +19,9 @@ Output
     ``out_dir/part-00000.parquet``, ``part-00001.parquet``, ... one per partition, with ``row`` (the
     0-based number of the input data row) and the predictor's columns (``mu``, ``sigma``, ``lower``,
     ``upper``, ``risk``; ``epistemic_var``, ``aleatoric_var``, ``clipped`` where the model gives
-    them); ``_batch.json`` (the input, the settings, the model pinned to its registry version and
+    them; with ``settings.flag_below``: ``flag_risk`` (when it differs from ``risk_threshold``) and
+    ``flagged``, by :func:`uamt.serving.scorer.score_flags` as ``uamt score --flag-below`` does);
+    ``_batch.json`` (the input, the settings, the model pinned to its registry version and
     calibration sha256, and per part its sha256 and row range) and, once every part is written,
     ``_SUCCESS``.  ``pandas.read_parquet(out_dir)`` reads the whole result (files whose name starts
     with ``_`` or ``.`` are not data).
@@ -100,6 +102,28 @@ class BatchSettings:
     #: The MLflow tracking URI the workers load ``model`` from (a remote worker has no environment
     #: of ours).  Not part of the comparison on restart: the same model may be read from a copy.
     tracking_uri: str | None = field(default=None, compare=False)
+    #: ``--flag-below``: add ``flagged`` = served P(Q <= flag_below) > max_risk (and ``flag_risk``,
+    #: that probability, when it differs from ``risk_threshold``) to every part.
+    flag_below: float | None = None
+    #: ``--max-risk`` (default 0.5 with ``flag_below``).
+    max_risk: float | None = None
+
+    def __post_init__(self) -> None:
+        from uamt.serving.scorer import FlagSettings
+
+        if self.flag_below is None:
+            if self.max_risk is not None:
+                raise DataError("max_risk needs flag_below (the quality threshold the risk is about)")
+            return
+        if self.max_risk is None:
+            object.__setattr__(self, "max_risk", 0.5)
+        FlagSettings(self.flag_below, self.max_risk)  # refuses a non-finite chi or a max_risk outside [0, 1]
+
+    def flag(self):
+        """The :class:`uamt.serving.scorer.FlagSettings` in force, or None."""
+        from uamt.serving.scorer import FlagSettings
+
+        return None if self.flag_below is None else FlagSettings(self.flag_below, self.max_risk)
 
 
 @dataclass(frozen=True)
@@ -582,11 +606,16 @@ def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings)
     check_signature(predictor, has_references="ref" in frame.columns, model=settings.model)
     scoring = scorer.ScoringSettings(settings.confidence, settings.risk_threshold, settings.batch_size)
     # Each pair's rows in a call of their own (a partition may mix pairs).
-    scored = scorer.score_texts(
-        predictor, frame.drop(columns=[ROW_COLUMN]), scoring, lp=settings.lp, group_by_lp=True
-    )
+    texts = frame.drop(columns=[ROW_COLUMN])
+    scored = scorer.score_texts(predictor, texts, scoring, lp=settings.lp, group_by_lp=True)
     lps, hows, contradicting = scored.lps, scored.hows, scored.contradicting
     out = scored.out
+    flag = settings.flag()
+    if flag is not None:
+        for column, values in scorer.score_flags(
+            predictor, texts, scored, flag, lp=settings.lp, group_by_lp=True
+        ).items():
+            out[column] = values
     out.insert(0, ROW_COLUMN, frame[ROW_COLUMN].to_numpy())
     with atomic_path(out_path) as tmp:
         out.to_parquet(tmp, index=False)

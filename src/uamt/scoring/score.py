@@ -326,19 +326,11 @@ def segment_records(
     if flag_below is not None:
         if max_risk is None:
             raise UamtError("--flag-below needs --max-risk")
-        if risk_threshold is not None and math.isclose(flag_below, risk_threshold):
-            flag_risk = table["risk"].to_numpy()
-        elif flag_risk is None:
-            raise UamtError(
-                f"--flag-below {flag_below:g} differs from the risk threshold {risk_threshold!r}: the served "
-                "P(Q <= flag_below) is needed (flag_risk)"
-            )
-        else:
-            flag_risk = np.asarray(flag_risk, dtype=float)
-            if flag_risk.shape != (len(table),):
-                raise UamtError(f"flag_risk has shape {flag_risk.shape}; expected ({len(table)},)")
-            table["flag_risk"] = flag_risk
-        table["flagged"] = flag_risk > max_risk
+        from uamt.serving.scorer import FlagSettings, flag_columns
+
+        flags = flag_columns(table["risk"].to_numpy(), risk_threshold, FlagSettings(flag_below, max_risk), flag_risk)
+        for column, values in flags.items():
+            table[column] = values
     records = table.to_dict(orient="records")
     return [{"line": i, **record} for i, record in enumerate(records, start=1)]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from uamt.errors import DataError, UamtError
@@ -82,6 +82,92 @@ class ScoringSettings:
     def threshold_for(self, predictor) -> float:
         """The risk threshold in force for ``predictor``: the one set, else its scale's default."""
         return self.risk_threshold if self.risk_threshold is not None else predictor.scale.default_risk_threshold
+
+
+def _finite_number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float (JSON allows any number of digits)
+        return False
+
+
+@dataclass(frozen=True)
+class FlagSettings:
+    """Flag for post-editing: ``flagged`` = served P(Q <= flag_below) > max_risk.
+
+    Attributes
+    ----------
+    flag_below : float
+        chi on the model's scale: a translation with quality <= chi is a bad one.
+    max_risk : float
+        The largest risk left unflagged, in [0, 1] (0.5: flag what is more likely bad than not).
+    """
+
+    flag_below: float
+    max_risk: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not _finite_number(self.flag_below):
+            raise DataError(f"flag_below must be a finite number, got {self.flag_below!r}")
+        if not _finite_number(self.max_risk) or not 0.0 <= self.max_risk <= 1.0:
+            raise DataError(f"max_risk must be a probability in [0, 1], got {self.max_risk!r}")
+
+
+def flag_columns(risk, risk_threshold: float | None, flag: FlagSettings, flag_risk=None) -> dict[str, Any]:
+    """The flag columns of rows whose served ``risk`` was computed at ``risk_threshold``.
+
+    The one rule of flagging, for ``uamt score`` (single-file and batch) and the REST server.
+
+    Parameters
+    ----------
+    risk : array-like, shape [n]
+        The served P(Q <= risk_threshold).
+    risk_threshold : float or None
+    flag : FlagSettings
+    flag_risk : array-like, shape [n], optional
+        The served P(Q <= flag.flag_below), needed when ``flag.flag_below`` differs from
+        ``risk_threshold`` (the predictor's own risk at that threshold, never a Gaussian stand-in).
+
+    Returns
+    -------
+    dict
+        ``flagged`` (bool array), and ``flag_risk`` (float array) when it was needed; in that order
+        of columns: ``flag_risk`` first.
+    """
+    import numpy as np
+
+    risk = np.asarray(risk, dtype=float)
+    if risk_threshold is not None and math.isclose(flag.flag_below, risk_threshold):
+        return {"flagged": risk > flag.max_risk}
+    if flag_risk is None:
+        raise UamtError(
+            f"--flag-below {flag.flag_below:g} differs from the risk threshold {risk_threshold!r}: the served "
+            "P(Q <= flag_below) is needed (flag_risk)"
+        )
+    flag_risk = np.asarray(flag_risk, dtype=float)
+    if flag_risk.shape != risk.shape:
+        raise UamtError(f"flag_risk has shape {flag_risk.shape}; expected {risk.shape}")
+    return {"flag_risk": flag_risk, "flagged": flag_risk > flag.max_risk}
+
+
+def served_flag_risk(predictor, frame, scored: ScoredBatch, flag: FlagSettings, **score_options):
+    """The served P(Q <= flag.flag_below) of ``frame``'s rows when it is not ``scored``'s ``risk``
+    (another threshold): a second :func:`score_texts` pass with ``scored``'s settings at that
+    threshold and the same ``score_options`` (``lp``, ``detect_lp``, ``group_by_lp``, ``deadline``);
+    else None."""
+    if math.isclose(flag.flag_below, scored.risk_threshold):
+        return None
+    settings = replace(scored.settings, risk_threshold=flag.flag_below)
+    return score_texts(predictor, frame, settings, **score_options).out["risk"].to_numpy()
+
+
+def score_flags(predictor, frame, scored: ScoredBatch, flag: FlagSettings, **score_options) -> dict[str, Any]:
+    """:func:`flag_columns` of ``scored`` (``frame`` scored by :func:`score_texts` with
+    ``score_options``), with the second pass :func:`served_flag_risk` where the thresholds differ."""
+    flag_risk = served_flag_risk(predictor, frame, scored, flag, **score_options)
+    return flag_columns(scored.out["risk"].to_numpy(), scored.risk_threshold, flag, flag_risk)
 
 
 class ModelOutputError(UamtError):
