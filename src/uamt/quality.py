@@ -137,16 +137,16 @@ def served_quantities(calibration, table: pd.DataFrame, bounds, chi: float, gamm
     mu = table["mu"].to_numpy(dtype=float)
     sigma = table["sigma"].to_numpy(dtype=float)
     sigma = np.where(np.isfinite(sigma), sigma, 1.0)  # the point estimate's placeholder sigma
+    from uamt.decisions.rerank import served_columns
+
     lp = table["lp"].astype(str).to_numpy(dtype=object)
-    center = np.asarray(calibration.center(mu, sigma, lp), dtype=float)
-    mode = "gaussian" if calibration.is_gaussian else "conformal"
-    lower, upper = calibration.interval(mu, sigma, gamma, lp, mode)
-    risk = np.asarray(calibration.risk(mu, sigma, chi, lp), dtype=float)
-    if bounds is not None:
-        center = np.clip(center, *bounds)
-        lower, upper = np.clip(lower, *bounds), np.clip(upper, *bounds)
-        risk = np.where(chi >= bounds[1], 1.0, np.where(chi < bounds[0], 0.0, risk))
-    return {"center": center, "risk": risk, "lower": np.asarray(lower, float), "upper": np.asarray(upper, float)}
+    served = served_columns(calibration, mu, sigma, lp, confidence=gamma, chi=chi, bounds=bounds)
+    return {
+        "center": served["mu"].to_numpy(dtype=float),
+        "risk": served["risk"].to_numpy(dtype=float),
+        "lower": served["lower"].to_numpy(dtype=float),
+        "upper": served["upper"].to_numpy(dtype=float),
+    }
 
 
 def group_metrics(
