@@ -286,3 +286,176 @@ def test_annotation_simulation_curves_and_efficiency():
     assert all(r is not None and r <= 1.0 for r in ratios["random"]["ratios"])
     assert rows_to_reach([10, 20, 30], [0.1, 0.3, 0.5], 0.4) == pytest.approx(25.0)
     assert rows_to_reach([10, 20], [0.1, 0.2], 0.9) is None
+
+
+@pytest.mark.parametrize(
+    ("docs", "lps", "share", "held_docs"),
+    [
+        # Per LP whole documents until the share is reached, one always left in the pool.
+        (["a"] * 4 + ["b"] * 4 + ["c"] * 4, ["x"] * 12, 0.3, 1),
+        (["a"] * 4 + ["b"] * 4 + ["c"] * 4, ["x"] * 12, 0.9, 2),
+        # A big document that would overshoot the share is skipped for a smaller one ...
+        (["a"] * 2 + ["b"] * 2 + ["c"] * 2 + ["d"] * 20, ["x"] * 26, 0.1, 1),
+        # ... and when every document overshoots, the smallest is held out.
+        (["a"] * 9 + ["b"] * 7 + ["c"] * 8, ["x"] * 24, 0.1, 1),
+        # An LP with one document cannot be split: it stays wholly in the pool.
+        (["a"] * 5 + ["b"] * 3 + ["c"] * 3, ["x"] * 5 + ["y"] * 6, 0.3, 1),
+        (["a"] * 5, ["x"] * 5, 0.5, 0),
+    ],
+)
+def test_document_split_never_puts_a_document_on_both_sides(docs, lps, share, held_docs):
+    from uamt.experiments.annotation import document_split
+
+    docs, lps = np.array(docs), np.array(lps)
+    for seed in range(4):
+        held = document_split(docs, lps, share, seed=seed)
+        assert not set(docs[held]) & set(docs[~held])
+        assert len(set(docs[held])) == held_docs
+        if share == 0.1:  # the held-out document is the small one
+            assert set(docs[held]) <= {"a", "b", "c"} and held.sum() <= 7
+        # Every LP keeps at least one document in the pool.
+        assert all((~held[lps == lp]).any() for lp in set(lps))
+
+
+def test_document_split_depends_on_the_seed_and_reaches_the_share():
+    from uamt.experiments.annotation import document_split
+
+    docs = np.repeat(np.arange(40), 10).astype(str)
+    lps = np.where(np.arange(400) < 200, "en-de", "zh-en")
+    splits = [document_split(docs, lps, 0.33, seed=seed) for seed in range(3)]
+    # Within half a document (10 of 200 rows) of the share.
+    assert all(abs(s[lps == lp].mean() - 0.33) <= 0.025 + 1e-9 for s in splits for lp in ("en-de", "zh-en"))
+    assert len({tuple(np.flatnonzero(s)) for s in splits}) == 3
+
+
+@pytest.mark.parametrize(
+    ("values", "first"),
+    [
+        ([0.5, 0.7, 0.88, 0.91, 0.9], 200),     # enters the band at 200 and stays
+        ([0.88, 0.8, 0.88, 0.91, 0.9], 200),    # in the band at 0, leaves it, comes back
+        ([0.9, 0.9, 0.9, 0.9, 0.9], 0),         # the news model alone is already there
+        ([0.5, 0.9, 0.9, 0.9, 0.95], None),     # overshoots at the whole pool: never stays
+        ([0.5, 0.9, None, 0.9, 0.9], 300),      # an unmeasured point breaks the run
+    ],
+)
+def test_reach_and_stay_is_the_first_point_of_the_last_run_in_the_band(values, first):
+    from uamt.experiments.annotation import reach_and_stay
+
+    assert reach_and_stay([0, 100, 200, 300, 1000], values, 0.87, 0.93) == first
+
+
+def _shifted_domain(seed=0):
+    """News rows and a new domain whose features are shifted and whose labels follow other weights."""
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(size=8)
+    news_x = rng.normal(size=(1500, 8)).astype(np.float32)
+    news_y = news_x @ weights + rng.normal(0, 1, 1500)
+    domain_x = (rng.normal(size=(1200, 8)) + 1.0).astype(np.float32)
+    other = weights.copy()
+    other[:4] *= -1
+    domain_y = domain_x @ other + rng.normal(0, 1, 1200)
+    docs = np.repeat(np.arange(60), 20).astype(str)
+    lps = np.where(np.arange(1200) < 600, "en-de", "zh-en")
+    return news_x, news_y, domain_x, domain_y, docs, lps
+
+
+def test_new_domain_simulation_measures_each_budget_and_the_plateau():
+    from uamt.experiments.annotation import (
+        AnnotationSettings,
+        NewDomainSettings,
+        document_split,
+        simulate_domain,
+        summarise_domain,
+    )
+
+    news_x, news_y, x, y, docs, lps = _shifted_domain()
+    domain = NewDomainSettings(budgets=(20, 50, 100, 400, 5000), min_lp_eval_rows=300, coverage_tolerance=0.05)
+    settings = AnnotationSettings(seeds=2, ridge=1.0, domain=domain)
+    runs = []
+    for seed in range(2):
+        held = document_split(docs, lps, domain.eval_share, seed=seed)
+        runs.append(simulate_domain(news_x, news_y, x[~held], y[~held], docs[~held], lps[~held], x[held], y[held], lps[held], settings, seed))
+    pool = int((~document_split(docs, lps, domain.eval_share, seed=0)).sum())
+    # Budgets beyond the pool are dropped; the whole pool closes every curve.
+    assert runs[0]["rows"] == [0, 20, 50, 100, 400, pool]
+    points = runs[0]["strategies"]
+    assert set(points) == {"random", "uncertainty", "diversity"}
+    # The news-only start and the whole-pool plateau are the same fit for every strategy.
+    assert points["random"][0] == points["uncertainty"][0] and points["random"][-1] == points["diversity"][-1]
+    start, plateau = points["random"][0], points["random"][-1]
+    # Shifted domain: the news model is wrong there, annotation fixes it.
+    assert start["coverage"] < 0.8 and plateau["pps"] > start["pps"] + 0.1
+    assert abs(plateau["coverage"] - 0.9) < 0.05
+    assert set(start["lps"]) == {"en-de", "zh-en"} and start["lps"]["en-de"]["rows"] + start["lps"]["zh-en"]["rows"] == start["rows"]
+    summary = summarise_domain(runs, domain)
+    assert summary["rows"] == [0, 20, 50, 100, 400]
+    assert set(summary["lps"]) == set()  # fewer than 300 evaluation rows per LP
+    for strategy, t in summary["thresholds"].items():
+        assert t["pps"]["reached"] == 2, strategy
+        assert 0 < t["pps"]["mean"] <= pool
+        assert t["coverage"]["seeds"] == 2
+    assert summarise_domain(runs, NewDomainSettings(min_lp_eval_rows=100))["lps"].keys() == {"en-de", "zh-en"}
+
+
+def test_new_domain_settings_refuse_bad_values_and_unknown_keys(tmp_path):
+    import yaml
+
+    from uamt.config import ConfigError, load_section
+    from uamt.experiments.annotation import AnnotationSettings, NewDomainSettings
+
+    with pytest.raises(ValueError, match=r"domain\.budgets=\[50, 50\] must be positive and strictly increasing"):
+        NewDomainSettings(budgets=(50, 50))
+    with pytest.raises(ValueError, match=r"domain\.eval_share=1\.0 must lie in \(0, 1\)"):
+        NewDomainSettings(eval_share=1.0)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"exp_annotation": {"domain": {"datasets": ["ted_mqm"], "budget": [10]}}}))
+    with pytest.raises(ConfigError, match=r"params\.yaml:exp_annotation\.domain: unknown key\(s\) \['budget'\]"):
+        load_section(AnnotationSettings, "exp_annotation", params)
+    params.write_text(yaml.safe_dump({"exp_annotation": {"domain": {"budgets": [10, "x"]}}}))
+    with pytest.raises(ConfigError, match=r"params\.yaml:exp_annotation\.domain\.budgets\[1\]: expected int"):
+        load_section(AnnotationSettings, "exp_annotation", params)
+    params.write_text(yaml.safe_dump({"exp_annotation": {"domain": {"datasets": [], "budgets": [10, 30]}}}))
+    loaded = load_section(AnnotationSettings, "exp_annotation", params)
+    assert loaded.domain == NewDomainSettings(datasets=(), budgets=(10, 30))
+
+
+def _text_features(texts):
+    """Deterministic fake cached embeddings [n, 2 layers, 6 dims] (one vector per distinct text)."""
+    import zlib
+
+    return np.stack([np.random.default_rng(zlib.crc32(t.encode())).normal(size=(2, 6)) for t in texts]).astype(np.float32)
+
+
+def _mqm_rows(dataset, n, docs_per_lp, seed):
+    rng = np.random.default_rng(seed)
+    lps = np.where(np.arange(n) < n // 2, "en-de", "zh-en")
+    doc = [f"{dataset}/{lp}/d{i * docs_per_lp // (n // 2)}" for lp, i in zip(lps, np.arange(n) % (n // 2), strict=True)]
+    return pd.DataFrame({
+        "dataset": dataset, "lp": lps, "doc": doc,
+        "src": [f"s{seed}-{i}" for i in range(n)], "mt": [f"m{seed}-{i}" for i in range(n)], "ref": [f"r{seed}-{i}" for i in range(n)],
+        "score": -np.abs(rng.normal(0, 4, n)),
+    })
+
+
+def test_domain_findings_wire_news_rows_and_each_domain_dataset():
+    from uamt.experiments.annotation import AnnotationSettings, NewDomainSettings, domain_findings
+
+    news, news_test = _mqm_rows("wmt21_mqm", 300, 6, 0), _mqm_rows("wmt21_mqm", 100, 4, 1)
+    ood = pd.concat([_mqm_rows("ted_mqm", 240, 4, 2), _mqm_rows("bio_mqm", 200, 8, 3)], ignore_index=True)
+    domain = NewDomainSettings(datasets=("ted_mqm", "bio_mqm"), budgets=(10, 40, 500), min_lp_eval_rows=30)
+    settings = AnnotationSettings(seeds=2, components=4, ridge=10.0, domain=domain)
+    found = domain_findings(news, news_test, ood, _text_features, settings)
+    assert found["start"] == {"datasets": ["wmt21_mqm", "wmt23_mqm"], "split": "d_q", "rows": 300}
+    assert list(found["datasets"]) == ["ted_mqm", "bio_mqm"]
+    for name, block in found["datasets"].items():
+        assert len(block["runs"]) == 2 and block["lps"] == ["en-de", "zh-en"]
+        for size, run in zip(block["sizes"], block["runs"], strict=True):
+            assert size["pool"] + size["eval"] == len(ood[ood["dataset"] == name])
+            assert run["rows"] == [0, 10, 40, size["pool"]]  # 500 is beyond the pool
+        assert set(block["summary"]["thresholds"]) == {"random", "uncertainty", "diversity"}
+        assert 0 <= block["news_test"]["coverage"] <= 1
+    with pytest.raises(DataError, match=r"exp_annotation\.domain\.datasets: 'bio_mqm' has no rows in the ood split \(have \['ted_mqm'\]\)"):
+        domain_findings(news, news_test, ood[ood["dataset"] == "ted_mqm"], _text_features, settings)
+    one_doc = _mqm_rows("bio_mqm", 40, 1, 4)
+    with pytest.raises(DataError, match="bio_mqm: no LP has two documents"):
+        domain_findings(news, news_test, one_doc, _text_features, AnnotationSettings(seeds=1, components=4, domain=NewDomainSettings(datasets=("bio_mqm",))))

@@ -1,8 +1,10 @@
 """Stage ``exp_annotation``: simulate active annotation on the ``d_e`` pool and measure learning curves
-on test (uamt.experiments.annotation).
+on test, and the new-domain case: news ``d_q`` rows plus annotated TED / biomedical rows, measured on
+held-out documents of the new domain (uamt.experiments.annotation).
 
-Reads ``data/prepared/{d_e,test}.parquet`` and ``cache/embeddings``; writes
-``metrics/experiments/annotation.json`` and ``reports/figures/annotation_curves.png``.
+Reads ``data/prepared/{d_e,test,d_q,ood}.parquet`` and ``cache/embeddings``; writes
+``metrics/experiments/annotation.json``, ``reports/figures/annotation_curves.png`` and
+``reports/figures/annotation_domain.png``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> ExpAnnotationConfig:
 
 
 def run(cfg: ExpAnnotationConfig) -> dict[str, Path]:
-    """Write ``annotation.json`` and its figure; returns ``{"result": ..., "figure": ...}``."""
+    """Write ``annotation.json`` and its figures; returns ``{"result", "figure"[, "domain_figure"]}`` paths."""
     return write_findings(cfg.exp, cfg.pipeline, cfg.encode)
 
 
