@@ -28,9 +28,9 @@ Run as a deployment: ``python -m flows.retrain [--params params.yaml]`` serves i
 ``uamt-retrain`` every ``incoming.interval_minutes``.  Without ``PREFECT_API_URL``, :func:`main`
 starts a Prefect API server itself (``prefect server start``), in its own session (Ctrl-C stops
 the flow, not the server, so the flow's end is recorded and the process exits at once) and tied to
-this process (it
-gets SIGTERM when this process dies, even by SIGKILL: no orphaned server); Prefect's telemetry is
-off (``PREFECT_SERVER_ANALYTICS_ENABLED=false``, ``DO_NOT_TRACK=1``), as it fails offline.
+this process (it gets SIGTERM when this process dies, even by SIGKILL: no orphaned server);
+Prefect's telemetry is off (``PREFECT_SERVER_ANALYTICS_ENABLED=false``, ``DO_NOT_TRACK=1``), as it
+fails offline.
 """
 
 from __future__ import annotations
