@@ -168,3 +168,15 @@ def test_pins_inside_params_are_refused_pointing_to_the_sources_file(tmp_path):
         ConfigError, match=rf"params\.yaml:fetch\.sources: .*move them to the sources file {pins}"
     ):
         load_fetch_config(_params(tmp_path, pins, extra))
+
+
+def test_a_relative_sources_file_is_read_beside_the_params_file(tmp_path, monkeypatch):
+    """As an include: the project's params.yaml finds its pins from any working directory."""
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    assert load_fetch_config(root / "params.yaml").sources == load_data_sources(root / "data_sources.yaml")
+    (tmp_path / "conf").mkdir()
+    _pins(tmp_path / "conf", GOOD)
+    params = tmp_path / "conf" / "params.yaml"
+    params.write_text("fetch:\n  sources_file: data_sources.yaml\n")
+    assert load_fetch_config(params).sources[0].repo == REPO

@@ -58,9 +58,10 @@ class FetchConfig:
     mirror: folder laid out as ``<owner>/<repo>/<path>``; null = ``$UAMT_DATA_MIRROR``, and
         if that is unset too, download ``url_template`` (``{repo}``, ``{commit}``, ``{path}``).
     raw_dir: destination root.  timeout_s: per-download socket timeout.
-    sources_file: the YAML file of pins (:func:`load_data_sources`), relative to the working
-        directory like ``raw_dir``.  sources: its pins; :func:`load_fetch_config` fills them from
-        ``sources_file`` and refuses them in the params file (one home for the pins).
+    sources_file: the YAML file of pins (:func:`load_data_sources`); a relative path is read from
+        the params file's folder, as an include (``raw_dir``, data, is relative to the working
+        directory).  sources: its pins; :func:`load_fetch_config` fills them from ``sources_file``
+        and refuses them in the params file (one home for the pins).
     """
 
     mirror: str | None = None
@@ -133,7 +134,10 @@ def load_fetch_config(path: str | Path = DEFAULT_PARAMS) -> FetchConfig:
             "as <owner>/<repo>: {commit: ..., files: {path: sha256}}"
         )
     cfg = load_section(FetchConfig, "fetch", path)
-    return dataclasses.replace(cfg, sources=load_data_sources(cfg.sources_file))
+    sources_file = Path(cfg.sources_file)
+    if not sources_file.is_absolute():
+        sources_file = Path(path).parent / sources_file
+    return dataclasses.replace(cfg, sources=load_data_sources(sources_file))
 
 
 def resolve_mirror(cfg: FetchConfig) -> Path | None:
