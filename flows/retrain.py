@@ -26,20 +26,26 @@ with dev/test/ood, so the test set stays fixed (:func:`uamt.data.prepare.place_p
 
 Run as a deployment: ``python -m flows.retrain [--params params.yaml]`` serves it as
 ``uamt-retrain`` every ``incoming.interval_minutes``.  Without ``PREFECT_API_URL``, :func:`main`
-starts Prefect's temporary API server itself, in its own session (Ctrl-C stops the flow, not the
-server, so the flow's end is recorded and the process exits at once) and tied to this process (it
-gets SIGTERM when this process dies, even by SIGKILL: no orphaned server); Prefect's telemetry is
-off (``PREFECT_SERVER_ANALYTICS_ENABLED=false``, ``DO_NOT_TRACK=1``), as it fails offline.
+starts a Prefect API server itself (``prefect server start``), in its own session (Ctrl-C stops
+the flow, not the server, so the flow's end is recorded and the process exits at once) and tied to
+this process (it gets SIGTERM when this process dies, even by SIGKILL: no orphaned server);
+Prefect's telemetry is off (``PREFECT_SERVER_ANALYTICS_ENABLED=false``, ``DO_NOT_TRACK=1``), as it
+fails offline.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
-from dataclasses import asdict
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -158,41 +164,89 @@ def _die_with_parent(parent: int):
     return preexec
 
 
-def start_api_server() -> Any:
-    """Start Prefect's temporary API server (when no ``PREFECT_API_URL``) so that it survives Ctrl-C
-    and dies with this process.
+@dataclass
+class ApiServer:
+    """A Prefect API server this process started; :meth:`stop` (also run at exit) ends it."""
 
-    Prefect 3.8 starts it lazily from whichever thread first needs the API, in the terminal's
-    process group: Ctrl-C (SIGINT to the group) killed it while the flow went on and then retried
-    the dead API for minutes, and a SIGKILLed flow left it running.  Here it is started from the
-    main thread (``PR_SET_PDEATHSIG`` follows the thread that forks) in its own session; Prefect's
-    clients reuse it (one instance per process) and its ``atexit`` hook stops it.  Returns the
-    server, or None when an API URL is configured.
+    server_process: subprocess.Popen
+    api_url: str
+
+    def stop(self) -> None:
+        if self.server_process.poll() is None:
+            self.server_process.terminate()
+            try:
+                self.server_process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.server_process.kill()
+                self.server_process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_api_server() -> ApiServer | None:
+    """Start a Prefect API server for this process (when no ``PREFECT_API_URL`` is set) that survives
+    Ctrl-C and dies with this process; point this process's Prefect client at it.
+
+    Left to itself, prefect 3.8 starts a temporary server lazily, from whichever thread first needs
+    the API, in the terminal's process group: Ctrl-C (SIGINT to the group) killed it while the flow
+    went on and then retried the dead API for minutes, and a SIGKILLed flow left it running.  Prefect
+    has no setting for how that subprocess is started (``server.ephemeral`` holds only ``enabled``
+    and ``startup_timeout_seconds``), so this runs what Prefect documents for a dedicated server,
+    ``prefect server start`` (in-process uvicorn, one process), with ``PREFECT_API_URL`` pointing at
+    it: from the main thread (``PR_SET_PDEATHSIG`` follows the thread that forks), in its own session,
+    waiting up to ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` for its health check.
+    Returns the server, or None when an API URL is configured.
     """
-    from prefect.settings import PREFECT_API_URL
+    import httpx
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     if PREFECT_API_URL.value():
         return None
-    from prefect.server.api import server as api_server
-
-    server = api_server.SubprocessASGIServer()
-    if server.running:
-        return server
-    real = api_server.subprocess
-    preexec = _die_with_parent(os.getpid())
-
-    def popen(*args, **kwargs):
-        kwargs.setdefault("start_new_session", True)
-        kwargs.setdefault("preexec_fn", preexec)
-        return real.Popen(*args, **kwargs)
-
-    api_server.subprocess = type(sys)("subprocess")  # the module's own name only, while it starts
-    api_server.subprocess.__dict__.update(vars(real), Popen=popen)
-    try:
-        server.start()
-    finally:
-        api_server.subprocess = real
+    port = _free_port()
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    process = subprocess.Popen(
+        [*command, "--no-ui", "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(os.getpid()),
+    )
+    server = ApiServer(process, f"http://127.0.0.1:{port}/api")
+    atexit.register(server.stop)
+    deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"{shlex.join(command)} exited with code {process.returncode} before answering"
+            )
+        try:
+            if httpx.get(f"{server.api_url}/health", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(
+                f"{shlex.join(command)} did not answer {server.api_url}/health within "
+                f"{PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()} s "
+                "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
+            )
+        time.sleep(0.2)
+    # This process's Prefect client, and the processes it starts (flow runs of `serve`), use it.
+    os.environ["PREFECT_API_URL"] = server.api_url
+    _SETTINGS.enter_context(temporary_settings(updates={PREFECT_API_URL: server.api_url}))
     return server
+
+
+#: Holds the settings that point this process's Prefect client at the server it started.
+_SETTINGS = contextlib.ExitStack()
 
 
 def _sigterm_as_exit(signum, frame) -> None:  # pragma: no cover - exercised by a subprocess

@@ -233,6 +233,7 @@ def test_stage_on_a_real_slice_with_minilm(tmp_path, monkeypatch, mirror_root):
     monkeypatch.chdir(tmp_path)
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     params["fetch"]["mirror"] = str(mirror_root)
+    params["fetch"]["sources_file"] = str(REPO_ROOT / "data_sources.yaml")
     # whole real documents of ~180-280 rows: ~1,500 rows per LP give every split a document
     params["prepare"].update(datasets=["wmt21_mqm"], forced_splits={}, max_rows_per_lp=1500)
     params["pipeline"]["datasets"] = ["wmt21_mqm"]

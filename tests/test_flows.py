@@ -202,6 +202,7 @@ def _fake_stages(calls: list, monkeypatch) -> None:
 def _small_params(tmp_path: Path) -> Path:
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
     params["pipeline"]["methods"] = ["point", "hts"]
+    params["fetch"]["sources_file"] = str(REPO_ROOT / "data_sources.yaml")
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params), encoding="utf-8")
     return path

@@ -434,3 +434,15 @@ def test_every_head_forward_override_has_its_split():
         if cls.head_forward is not Estimator.head_forward:
             assert cls.head_until_dropout is not Estimator.head_until_dropout, name
             assert cls.head_from_dropout is not Estimator.head_from_dropout, name
+
+
+def test_a_missing_unbabel_comet_names_the_install_that_keeps_lightning_out(monkeypatch):
+    """A scoring install lacks unbabel-comet: the message says to install it without its dependencies
+    (with them it brings pytorch-lightning and transformers into a scoring install)."""
+    import importlib.util
+
+    from uamt.models import comet_parts
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UamtError, match=r"pip install --no-deps unbabel-comet==2\.2\.7 "):
+        comet_parts._comet_module("not_a_comet_module")

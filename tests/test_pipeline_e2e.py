@@ -20,6 +20,7 @@ def small_params(tmp_path: Path, mirror: Path) -> Path:
     """The repo's params.yaml with small data and tiny heads, all paths inside ``tmp_path``."""
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     params["fetch"]["mirror"] = str(mirror)
+    params["fetch"]["sources_file"] = str(REPO_ROOT / "data_sources.yaml")
     params["prepare"]["datasets"] = ["wmt21_mqm", "ted_mqm"]
     params["prepare"]["forced_splits"] = {"ted_mqm": "ood"}
     # whole real documents of ~180-280 rows: ~1,500 rows per LP give every split a document

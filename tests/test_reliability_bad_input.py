@@ -137,11 +137,12 @@ def prepare_argv(tmp: Path, extra: str = "", scores: list[str] | None = None) ->
 def fetch_argv(tmp: Path) -> list[str]:
     """A mirror whose file differs from the pinned sha256; raw_dir already holds an older copy."""
     write(tmp / "mirror/acme/corpus/scores.tsv", "tampered\n")
+    pins = write(
+        tmp / "data_sources.yaml", f"acme/corpus:\n  commit: {'a' * 40}\n  files:\n    scores.tsv: '{'0' * 64}'\n"
+    )
     params = write(
         tmp / "params.yaml",
-        f"fetch:\n  mirror: {tmp / 'mirror'}\n  raw_dir: {tmp / 'raw'}\n  sources:\n"
-        f"    - repo: acme/corpus\n      commit: {'a' * 40}\n      files:\n"
-        f"        scores.tsv: '{'0' * 64}'\n",
+        f"fetch:\n  mirror: {tmp / 'mirror'}\n  raw_dir: {tmp / 'raw'}\n  sources_file: {pins}\n",
     )
     return ["data", "fetch", "--params", str(params)]
 

@@ -877,3 +877,12 @@ def test_rows_that_contradict_or_repeat_published_labels_are_reported(row, outco
     else:  # rejected (bad row) or skipped (a published row again): nothing reaches the pool
         assert result.rows_added == 0 and result.rejected == ["new.csv"]
         assert (result.rows_duplicate == 1) == (outcome == "duplicate")
+
+
+def test_a_configured_api_url_starts_no_server():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.retrain import start_api_server
+
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        assert start_api_server() is None

@@ -1,12 +1,9 @@
 """One verb, one home: every dvc.yaml stage is a module uamt/stages/<name>.py with run() and main(),
-its command calls exactly that module, and its deps cover every uamt module that module imports."""
+and its command calls exactly that module (its code deps: tests/test_stage_deps.py)."""
 
 from __future__ import annotations
 
-import ast
 import importlib
-import importlib.util
-from pathlib import Path
 
 import pytest
 import yaml
@@ -40,80 +37,12 @@ def test_stage_module_has_run_and_main(name):
     assert DVC["stages"][name]["cmd"] == f"python -m uamt.stages.{name}"
 
 
-# ----------------------------------------------------------------------------- code deps
+def test_fetch_depends_on_the_pinned_sources_file():
+    """A changed pin re-runs fetch: the file params.yaml names as fetch.sources_file is a dep."""
+    from uamt.stages import fetch
 
-
-def _is_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:  # ``uamt.config.DEFAULT_PARAMS``: a name inside a module
-        return False
-
-
-def _uamt_imports(path: Path) -> set[str]:
-    """The uamt modules ``path`` imports, at module level or inside a function (lazy imports count),
-    except the lazy imports of the top-level package's Python API (``uamt.load_model``): every stage
-    runs ``uamt/__init__.py`` on import, and none calls the API."""
-    names: set[str] = set()
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    top_level_package = path.resolve() == (REPO_ROOT / "src" / "uamt" / "__init__.py").resolve()
-    for node in (tree.body if top_level_package else ast.walk(tree)):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names if alias.name.split(".")[0] == "uamt"}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "uamt":
-            names.add(node.module)
-            names |= {f"{node.module}.{a.name}" for a in node.names if _is_module(f"{node.module}.{a.name}")}
-    return names
-
-
-def imported_files(module: str) -> set[str]:
-    """Repository paths of ``module`` and every uamt module it imports, transitively (with the
-    packages' ``__init__.py`` on the way, which run on import)."""
-    seen: set[str] = set()
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        parts = name.split(".")
-        for parent in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
-            if parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
-        todo += [m for m in _uamt_imports(Path(importlib.util.find_spec(name).origin)) if m not in seen]
-    return {Path(importlib.util.find_spec(m).origin).resolve().relative_to(REPO_ROOT).as_posix() for m in seen}
-
-
-def uncovered(files: set[str], deps: list[str]) -> tuple[list[str], list[str]]:
-    """(files under no dep, ``src/`` deps that hold none of ``files``)."""
-
-    def under(path: str, dep: str) -> bool:
-        return path == dep or path.startswith(dep.rstrip("/") + "/")
-
-    code = [d for d in deps if d.startswith("src/")]
-    missing = sorted(f for f in files if not any(under(f, d) for d in code))
-    # Package data (templates, YAML tables) is read, not imported: the import walk cannot see it.
-    modules = [d for d in code if d.endswith(".py") or "." not in Path(d).name and Path(d).name != "templates"]
-    unused = [d for d in modules if not any(under(f, d) for f in files)]
-    return missing, unused
-
-
-@pytest.mark.parametrize("name", EXPECTED)
-def test_code_deps_cover_every_module_the_stage_imports(name):
-    """dvc.yaml's deps (read by ``dvc repro`` and the Prefect flows' cache keys) name every uamt
-    module the stage runs, so a library change never leaves a stale result; and no dead code dep."""
-    importlib.import_module(f"uamt.stages.{name}")
-    deps = [d if isinstance(d, str) else next(iter(d)) for d in DVC["stages"][name]["deps"]]
-    missing, unused = uncovered(imported_files(f"uamt.stages.{name}"), deps)
-    assert not missing, f"dvc.yaml stage {name}: add to deps (the file or its package folder): {missing}"
-    assert not unused, f"dvc.yaml stage {name}: deps {unused} hold no module the stage imports"
-
-
-def test_the_code_deps_check_can_fail():
-    files = imported_files("uamt.stages.train_base")
-    assert {"src/uamt/models/hts.py", "src/uamt/encoders/cache.py", "src/uamt/__init__.py"} <= files
-    assert "src/uamt/uncertainty/metrics.py" not in files
-    deps = [d for d in DVC["stages"]["train_base"]["deps"] if d != "src/uamt/models"]
-    missing, unused = uncovered(files, [*deps, "src/uamt/uncertainty"])
-    assert "src/uamt/models/hts.py" in missing and unused == ["src/uamt/uncertainty"]
+    sources_file = fetch.load_config(REPO_ROOT / "params.yaml").sources_file
+    assert sources_file in DVC["stages"]["fetch"]["deps"] and (REPO_ROOT / sources_file).is_file()
 
 
 @pytest.mark.parametrize("name", EXPECTED)

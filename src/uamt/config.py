@@ -25,11 +25,12 @@ class ConfigError(ValueError):
     """A params file, section or key is missing, unknown or of the wrong type."""
 
 
-def read_params(path: str | Path = DEFAULT_PARAMS) -> dict[str, Any]:
-    """Read a params YAML file into a dict, with a clear error when it is missing or malformed."""
+def read_params(path: str | Path = DEFAULT_PARAMS, what: str = "params file") -> dict[str, Any]:
+    """Read a YAML file of sections (``what``: how errors call it) into a dict, with a clear error
+    when it is missing or malformed."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: params file not found")
+        raise ConfigError(f"{path}: {what} not found")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

@@ -1,7 +1,8 @@
 """The README's ``make run`` on the smoke profile, in a throw-away clone of the committed tree.
 
 :func:`prepare_clone` clones a commit of this repository, merges ``params.smoke.yaml`` onto the
-clone's ``params.yaml`` (:func:`smoke_params`) and returns the environment a fresh user would run
+clone's ``params.yaml`` (:func:`smoke_params`), cuts the clone's ``data_sources.yaml`` to the smoke
+profile's files (:func:`keep_files`) and returns the environment a fresh user would run
 ``make run`` in: offline, the data mirror named by ``UAMT_DATA_MIRROR``, no ``MLFLOW_TRACKING_URI``
 (the Makefile's default, the clone's own ``mlflow/``), the clone's code first on ``PYTHONPATH``, and
 the Python environment running this code as the Makefile's ``VENV`` (``make -o`` keeps ``make`` from
@@ -45,36 +46,33 @@ def merge(base: dict, overlay: dict) -> dict:
     return out
 
 
-def keep_files(sources: list[dict], globs_by_repo: dict[str, list[str]]) -> list[dict]:
-    """``fetch.sources`` cut to the repositories of ``globs_by_repo`` and their files matching a glob."""
-    kept = []
-    for source in sources:
-        globs = globs_by_repo.get(source["repo"])
+def keep_files(pins: dict[str, dict], globs_by_repo: dict[str, list[str]]) -> dict[str, dict]:
+    """The pins of ``data_sources.yaml`` (repository -> commit, files) cut to the repositories of
+    ``globs_by_repo`` and their files matching a glob."""
+    kept = {}
+    for repo, pinned in pins.items():
+        globs = globs_by_repo.get(repo)
         if globs is None:
             continue
         files = {
-            path: sha for path, sha in source["files"].items() if any(fnmatch.fnmatch(path, g) for g in globs)
+            path: sha for path, sha in pinned["files"].items() if any(fnmatch.fnmatch(path, g) for g in globs)
         }
         if not files:
-            raise ValueError(f"{OVERLAY}: smoke.fetch_files[{source['repo']!r}] matches no pinned file")
-        kept.append({**source, "files": files})
-    missing = set(globs_by_repo) - {s["repo"] for s in kept}
+            raise ValueError(f"{OVERLAY}: smoke.fetch_files[{repo!r}] matches no pinned file")
+        kept[repo] = {**pinned, "files": files}
+    missing = set(globs_by_repo) - set(kept)
     if missing:
-        raise ValueError(f"{OVERLAY}: smoke.fetch_files names repositories not in fetch.sources: {sorted(missing)}")
+        raise ValueError(f"{OVERLAY}: smoke.fetch_files names repositories not pinned: {sorted(missing)}")
     return kept
 
 
 def smoke_params(params: dict, overlay: dict) -> dict:
-    """The smoke profile: ``params`` with ``overlay`` merged on, ``fetch.sources`` cut (``smoke:``)."""
-    overlay = copy.deepcopy(overlay)
-    instructions = overlay.pop("smoke", {}) or {}
+    """The smoke profile: ``params`` with ``overlay`` merged on (its ``smoke:`` instructions left out)."""
+    overlay = {key: value for key, value in overlay.items() if key != "smoke"}
     unknown = set(overlay) - set(params)
     if unknown:
         raise ValueError(f"{OVERLAY}: sections not in params.yaml: {sorted(unknown)}")
-    out = merge(params, overlay)
-    if "fetch_files" in instructions:
-        out["fetch"]["sources"] = keep_files(out["fetch"]["sources"], instructions["fetch_files"])
-    return out
+    return merge(params, overlay)
 
 
 def venv_root() -> Path:
@@ -124,12 +122,21 @@ def environment(checkout: Path, mirror: Path) -> dict[str, str]:
 
 
 def prepare_clone(dest: Path, mirror: Path, commit: str = "HEAD") -> dict[str, str]:
-    """Clone ``commit`` into ``dest`` with the smoke profile as its params.yaml; returns the environment."""
+    """Clone ``commit`` into ``dest`` with the smoke profile as its params.yaml and its pins cut to
+    the profile's files; returns the environment."""
     clone(dest, commit)
     params_path = dest / "params.yaml"
     params = yaml.safe_load(params_path.read_text(encoding="utf-8"))
     overlay = yaml.safe_load(OVERLAY.read_text(encoding="utf-8"))
-    params_path.write_text(yaml.safe_dump(smoke_params(params, overlay), sort_keys=False), encoding="utf-8")
+    params = smoke_params(params, overlay)
+    globs_by_repo = (overlay.get("smoke") or {}).get("fetch_files")
+    if globs_by_repo is not None:
+        pins_path = dest / params["fetch"].get("sources_file", "data_sources.yaml")
+        pins = yaml.safe_load(pins_path.read_text(encoding="utf-8"))
+        pins_path.write_text(
+            yaml.safe_dump(keep_files(pins, globs_by_repo), sort_keys=False), encoding="utf-8"
+        )
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
     return environment(dest, mirror)
 
 
@@ -141,7 +148,9 @@ def make_run(checkout: Path, env: dict[str, str], log: Path) -> tuple[int, float
     start = time.monotonic()
     with log.open("w", encoding="utf-8") as out:  # written as it runs: `tail -f` shows the stage
         # Its own process group: on a timeout dvc and the stage it runs are ended too, not only make.
-        proc = subprocess.Popen(command, cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            command, cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             code = proc.wait(timeout=MAKE_RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -166,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dest", type=Path, help="folder to clone into (must not exist)")
     parser.add_argument("--commit", default="HEAD", help="commit of this repository to clone (default HEAD)")
     parser.add_argument("--runs", type=int, default=1, help="how many times to run make run")
-    parser.add_argument("--mirror", type=Path, default=None, help="data mirror (default: as the tests find it)")
+    parser.add_argument(
+        "--mirror", type=Path, default=None, help="data mirror (default: as the tests find it)"
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO_ROOT / "tests"))
     from conftest import find_mirror

@@ -12,11 +12,10 @@ def _setup_logging() -> None:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from uamt.config import load_section
-    from uamt.data.fetch import FetchConfig, fetch_all
+    from uamt.data.fetch import fetch_all, load_fetch_config
 
     _setup_logging()
-    cfg = load_section(FetchConfig, "fetch", args.params)
+    cfg = load_fetch_config(args.params)
     fetch_all(cfg)
     print(f"fetched into {Path(cfg.raw_dir)}")
     return 0

@@ -8,7 +8,7 @@ the whole dataset is forced into one split.  ``uamt data prepare`` (loading, the
 registered model predicts on) all read :data:`DATASET_SPECS`; nothing else lists datasets.
 
 Adding a source: a loader module in :mod:`uamt.data.sources` and one entry below, plus its files'
-pins in ``params.yaml`` (``fetch.sources``).
+pins in ``data_sources.yaml``.
 """
 
 from __future__ import annotations

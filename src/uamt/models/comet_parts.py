@@ -31,7 +31,12 @@ def _comet_module(name: str) -> ModuleType:
         return sys.modules[private]
     package = importlib.util.find_spec("comet")  # locates the package without running its __init__
     if package is None or not package.submodule_search_locations:
-        raise UamtError("unbabel-comet is not installed (pip install unbabel-comet==2.2.7)")
+        # Scoring needs only the two module files: with its dependencies unbabel-comet would install
+        # pytorch-lightning, transformers and torchmetrics, which a scoring install leaves out.
+        raise UamtError(
+            "unbabel-comet is not installed: pip install --no-deps unbabel-comet==2.2.7 (scoring reads "
+            'two of its module files; the training pipeline installs it with pip install ".[pipeline]")'
+        )
     path = Path(next(iter(package.submodule_search_locations))) / "modules" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(private, path)
     if spec is None or spec.loader is None or not path.is_file():

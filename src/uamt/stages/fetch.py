@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
-from uamt.data.fetch import FetchConfig, fetch_all
+from uamt.config import DEFAULT_PARAMS
+from uamt.data.fetch import FetchConfig, fetch_all, load_fetch_config
 from uamt.stages._cli import stage_main
 
 NAME = "fetch"
 
 
 def run(cfg: FetchConfig) -> Path:
-    """Fetch every file of ``cfg.sources`` into ``cfg.raw_dir`` (sha256-checked); returns ``raw_dir``."""
+    """Fetch every pinned file (``cfg.sources``) into ``cfg.raw_dir`` (sha256-checked); returns ``raw_dir``."""
     fetch_all(cfg)
     return Path(cfg.raw_dir)
 
 
 def load_config(path: str | Path = DEFAULT_PARAMS) -> FetchConfig:
-    return load_section(FetchConfig, NAME, path)
+    """The ``fetch:`` section of ``path`` with the pins of its ``sources_file`` (data_sources.yaml)."""
+    return load_fetch_config(path)
 
 
 def main(argv: list[str] | None = None) -> int:
