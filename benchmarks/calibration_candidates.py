@@ -72,26 +72,19 @@ def summarise(block: dict, gamma_key: str = "coverage@0.9") -> dict[str, float]:
     }
 
 
-def print_goals(method: str, result: dict, tables: dict, prepared: dict, settings, root: Path) -> None:
-    """The goal table of the served calibration (:func:`uamt.uncertainty.goals.goal_rows`),
-    with the held-out LPs of ``predictions/ood/<method>.parquet`` where it exists."""
-    from uamt.uncertainty import evaluate_predictions
-    from uamt.uncertainty.goals import interval_summary
+def print_goals(method: str, root: Path) -> None:
+    """The goal table of the served calibration as the evaluate stage measured it
+    (``metrics/conditional.json``, :func:`uamt.uncertainty.goals.goal_rows`: LP x quintile cells with
+    clustered bands, held-out LPs, risk reliability)."""
+    from uamt.uncertainty.goals import goal_rows
 
-    def kept(res: dict) -> dict:
-        block = res["methods"]["model"]
-        return {"avg": block["macro_avg"], **block["per_lp"]}
-
-    ood_path = root / "predictions" / "ood" / f"{method}.parquet"
-    ood = ood_metrics = None
-    if ood_path.is_file():
-        ood = evaluate_predictions(
-            pd.read_parquet(ood_path), tables["dev"], settings=settings, scope="served", pred_source=f"ood/{method}"
-        )
-        ood_metrics = kept(ood)
-    summary = interval_summary(result, kept(result), ood, ood_metrics)
-    print(f"{method:8} goals of the served calibration ({summary['served']}):")
-    for row in summary["goals"]:
+    path = root / "metrics" / "conditional.json"
+    summary = json.loads(path.read_text()).get(method) if path.is_file() else None
+    if summary is None:
+        print(f"{method:8} goals: no {path} block for {method} (run the evaluate stage)")
+        return
+    print(f"{method:8} goals of the served calibration ({summary['served']}, from {path}):")
+    for row in goal_rows(summary):
         value = "   -  " if row["value"] is None else f"{row['value']:6.3f}"
         met = {True: "met", False: "NOT met", None: "n/a"}[row["met"]]
         note = f"  ({row['note']})" if row["note"] else ""
@@ -158,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'n/a' if cross is None else format(cross['macro_avg'], '.3f')} "
             f"(floor {result['methods']['model']['macro_avg']['ece_floor']:.3f}); PPS {pps_note}"
         )
-        print_goals(method, result, tables, prepared, settings, args.root)
+        print_goals(method, args.root)
         out[method] = {"selected": selected, "rows": rows, "cross_fitted_ece": cross,
                        "selection": result["calibration"]["selection"],
                        "per_lp_coverage": {n: {lp: m["coverage@0.9"] for lp, m in c["test"]["per_lp"].items()}
