@@ -96,7 +96,7 @@ def main(argv=None) -> int:
 
     import pandas as pd
 
-    from uamt.registry import tracking_uri
+    from uamt.registry.store import tracking_uri
     from uamt.scoring.batch import BatchSettings
     from uamt.scoring.score import default_model_uri
 

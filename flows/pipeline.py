@@ -36,7 +36,7 @@ from flows.dvc_stages import Stage, dvc_stage_names, read_stages, stage_task
 from uamt.config import DEFAULT_PARAMS
 from uamt.data.prepare import data_version
 from uamt.pipeline import load_pipeline
-from uamt.registry import SUMMARY_PATH
+from uamt.registry.store import SUMMARY_PATH
 
 log = logging.getLogger(__name__)
 REPORTED_METRICS = ("pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")

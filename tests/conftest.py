@@ -81,7 +81,7 @@ def project_store(tmp_path, monkeypatch) -> str:
     The test runs in ``tmp_path`` with ``MLFLOW_TRACKING_URI`` unset, so nothing reaches the
     user's own store.
     """
-    from uamt import registry
+    from uamt.registry import store as registry
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -95,7 +95,7 @@ def register_constant():
     import pandas as pd
 
     import mlflow
-    from uamt import registry
+    from uamt.registry import store as registry
 
     class ConstantModel(mlflow.pyfunc.PythonModel):
         def predict(self, context, model_input, params=None):

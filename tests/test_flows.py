@@ -18,7 +18,7 @@ from test_flows_harness import REPO_ROOT, cache_key, read_flow_run
 from flows import dvc_stages
 from flows import pipeline as fp
 from uamt.config import ConfigError
-from uamt.registry import SUMMARY_PATH
+from uamt.registry.store import SUMMARY_PATH
 
 prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
 

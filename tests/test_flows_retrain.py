@@ -71,7 +71,7 @@ def new_annotations(prepared: Path, n_sources: int = 2) -> tuple[pd.DataFrame, p
 
 
 def registry_versions(uri: str) -> list[dict]:
-    from uamt.registry import describe
+    from uamt.registry.store import describe
 
     return describe(uri, "uamt-comet")
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from uamt import registry
-from uamt.registry import Gates, promotion_decision
+from uamt.registry import store as registry
+from uamt.registry.store import Gates, promotion_decision
 
 # Candidate metrics as the register stage builds them (uamt.registration.gate_metrics): test-split
 # ECE, CRPS, PPS, bad-segment coverage, and the dev-split ECE.

@@ -32,8 +32,8 @@ import yaml
 from test_reliability_scoring import FakeEncoder, _synthetic
 from test_scoring_support import write_lines
 
-from uamt import registry
 from uamt.cli import main
+from uamt.registry import store as registry
 
 MODEL = "uamt-store-test"
 REPO = Path(__file__).resolve().parents[1]

@@ -329,7 +329,7 @@ def _out_under_a_file(tmp: Path, store: str) -> list[str]:
 
 
 def _out_in_artifacts(tmp: Path, store: str) -> list[str]:
-    from uamt.registry import sqlite_path
+    from uamt.registry.store import sqlite_path
 
     return _batch_argv(tmp, "--out", str(sqlite_path(store).parent / "artifacts" / "scores"))
 

@@ -51,7 +51,7 @@ from uamt.incoming import (
     validate_file,
     withdraw,
 )
-from uamt.registry import SUMMARY_PATH
+from uamt.registry.store import SUMMARY_PATH
 
 prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
 

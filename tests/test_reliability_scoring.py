@@ -37,10 +37,10 @@ from test_scoring_support import REF_MODEL, FakePredictor, FakePyfunc, write_lin
 
 import mlflow
 from tests.fakes import FEATURES, embed, synthetic_table
-from uamt import registry
 from uamt.cli import main
 from uamt.errors import DataError, UamtError
-from uamt.registry import SUMMARY_PATH, Gates
+from uamt.registry import store as registry
+from uamt.registry.store import SUMMARY_PATH, Gates
 
 SRC = [f"Der Satz Nummer {i} ist kurz." for i in range(20)]
 MT = [f"Sentence number {i} is short." for i in range(20)]

@@ -281,8 +281,8 @@ class _ConstantModel(mlflow.pyfunc.PythonModel):
 def test_registered_model_lists_installed_requirements(tmp_path, monkeypatch):
     from importlib.metadata import version
 
-    from uamt import registry
     from uamt.predictor import warn_requirement_mismatches
+    from uamt.registry import store as registry
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.chdir(tmp_path)

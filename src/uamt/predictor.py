@@ -203,7 +203,7 @@ def _resolution_cache() -> Path:
 
 def _store_stamp(uri: str) -> list | None:
     """Size and modification time of a SQLite store's files: any registry write changes them."""
-    from uamt.registry import sqlite_path
+    from uamt.registry.store import sqlite_path
 
     db = sqlite_path(uri)
     if db is None:
@@ -256,9 +256,9 @@ def _resolve_local_folder(model: str, uri: str) -> Path | None:
     SQL store (~1.5 s of every ``uamt score``).
 
     Raises UamtError when a ``models:/`` model's files lie outside the SQLite store's folder (a
-    store copied or moved from another checkout, :func:`uamt.registry.check_artifacts_inside`).
+    store copied or moved from another checkout, :func:`uamt.registry.store.check_artifacts_inside`).
     """
-    from uamt.registry import check_artifacts_inside, check_store_schema
+    from uamt.registry.store import check_artifacts_inside, check_store_schema
 
     if not model.startswith("models:/"):
         return _local_model_folder(model)
@@ -290,7 +290,7 @@ def _resolve_local_folder(model: str, uri: str) -> Path | None:
 def _check_run_artifacts(model: str, uri: str) -> None:
     """Refuse a ``runs:/`` model of a SQLite store whose run's artifacts lie outside the store's
     folder (a copied or moved store); anything else passes."""
-    from uamt.registry import check_artifacts_inside, check_store_schema, sqlite_path
+    from uamt.registry.store import check_artifacts_inside, check_store_schema, sqlite_path
 
     if not model.startswith("runs:/") or sqlite_path(uri) is None:
         return
@@ -312,7 +312,7 @@ def load_predictor(model: str) -> Predictor:
 
     Only the configured tracking store / local folders are read: a client of the REST server can
     never make it load a path.  Nothing is written: not the tracking store (a missing SQLite
-    database is an error, see :func:`uamt.registry.check_store_exists`), not the registry's
+    database is an error, see :func:`uamt.registry.store.check_store_exists`), not the registry's
     artifact folder (see the module docstring).
 
     Raises
@@ -321,7 +321,7 @@ def load_predictor(model: str) -> Predictor:
         The store, model or alias does not exist, a model file is corrupt (named), or the model
         is not a uamt model.
     """
-    from uamt.registry import check_store_exists, check_store_location, store_errors, tracking_uri
+    from uamt.registry.store import check_store_exists, check_store_location, store_errors, tracking_uri
 
     uri = tracking_uri()
     if model.startswith(("models:/", "runs:/")):

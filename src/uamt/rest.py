@@ -438,7 +438,7 @@ def registered_version(model_uri: str, tracking_uri: str | None = None) -> dict[
     """Name, version and alias of a ``models:/NAME@ALIAS`` or ``models:/NAME/N`` URI (read-only);
     empty for a run or a folder.
 
-    The alias is looked up in the store every command uses (:func:`uamt.registry.tracking_uri`;
+    The alias is looked up in the store every command uses (:func:`uamt.registry.store.tracking_uri`;
     ``$MLFLOW_REGISTRY_URI`` where set, as :func:`uamt.predictor.load_predictor` does), never in
     MLflow's own default (which would create ``mlflow.db`` in the working folder).
     """
@@ -446,7 +446,7 @@ def registered_version(model_uri: str, tracking_uri: str | None = None) -> dict[
         return {}
     import os
 
-    from uamt import registry
+    from uamt.registry import store as registry
 
     name, _, rest = model_uri[len("models:/") :].partition("@")
     if rest:

@@ -440,7 +440,7 @@ def run_score(args: argparse.Namespace) -> int:
 def run_score_batch(args: argparse.Namespace) -> int:
     """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.scoring.batch`."""
     from uamt.errors import UamtError
-    from uamt.registry import tracking_uri
+    from uamt.registry.store import tracking_uri
     from uamt.scoring.batch import (
         DEFAULT_PARTITION_ROWS,
         BatchSettings,

@@ -509,8 +509,8 @@ def pin_model(model: str, tracking_uri: str | None = None) -> ModelPin:
         The tracking store does not exist, or the model or alias cannot be resolved (named).
     """
     from uamt.predictor import _resolve_local_folder, uamt_artifacts
-    from uamt.registry import check_store_exists
-    from uamt.registry import tracking_uri as configured_tracking_uri
+    from uamt.registry.store import check_store_exists
+    from uamt.registry.store import tracking_uri as configured_tracking_uri
 
     uri = tracking_uri or configured_tracking_uri()
     name = version = None
@@ -679,7 +679,7 @@ def store_folders(tracking_uri: str, pin: ModelPin | None = None) -> list[tuple[
     model's own files."""
     from urllib.parse import unquote, urlparse
 
-    from uamt.registry import DEFAULT_STORE, sqlite_path
+    from uamt.registry.store import DEFAULT_STORE, sqlite_path
 
     # the project's default store (mlflow/artifacts of the working folder), whatever store is used
     folders = [((DEFAULT_STORE / "artifacts").resolve(), "the model store's artifacts")]
@@ -974,7 +974,7 @@ def score_file(
                 f"{input_path}: has an lp column and --lp {settings.lp} was given: the column gives each "
                 "row's language pair; drop --lp, or drop the column to use --lp for every row"
             )
-    from uamt.registry import tracking_uri
+    from uamt.registry.store import tracking_uri
 
     pin = pin_model(settings.model, settings.tracking_uri)
     check_out_path(out_dir, store_folders(settings.tracking_uri or tracking_uri(), pin))
