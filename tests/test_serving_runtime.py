@@ -20,7 +20,7 @@ from tests.fakes import FEATURES
 from tests.test_models import make_table
 from uamt.encoders import EncoderConfig, get_encoder
 from uamt.models import TrainConfig, features_from_encoder, train
-from uamt.registration import RegisterSettings, export_serving_encoder, serving_runtime
+from uamt.registry.register import RegisterSettings, export_serving_encoder, serving_runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CFG = TrainConfig(hidden_sizes=(16,), max_epochs=1, batch_size=16, patience=1)
