@@ -65,7 +65,7 @@ def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None
     """Test ECE and interval coverage with the calibration refitted on dev and on dev + ``pool``."""
     from uamt.calibrated import is_fixed_variance, with_model_sigma
     from uamt.models.specs import model_spec
-    from uamt.pipeline import open_features, predict_split, read_split
+    from uamt.pipeline_config import open_features, predict_split, read_split
     from uamt.stages.calibrate import load_config  # the settings the calibrate stage fitted with
     from uamt.uncertainty import evaluate_predictions
 
@@ -137,7 +137,7 @@ def conformal_resplits(
 ) -> None:
     """Coverage spread of split-conformal intervals under random re-splits of dev + test by ``unit``."""
     from uamt.calibrated import Calibration
-    from uamt.pipeline import read_split
+    from uamt.pipeline_config import read_split
     from uamt.stages.calibrate import load_config
     from uamt.uncertainty.conformal import conformal_quantile
 

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     from uamt.config import load_section
     from uamt.encoders import EmbeddingCache, get_encoder
     from uamt.encoders.precompute import EncodeConfig
-    from uamt.pipeline import CALIBRATION_DIR, load_pipeline, read_split
+    from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline, read_split
 
     pipe = load_pipeline()
     encode = load_section(EncodeConfig, "encode", "params.yaml")

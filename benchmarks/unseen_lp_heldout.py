@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from uamt.encoders import EncodeConfig
     from uamt.models.config import load_train_config
     from uamt.models.shared_training import train_methods
-    from uamt.pipeline import load_pipeline, open_features, predict_split, read_split
+    from uamt.pipeline_config import load_pipeline, open_features, predict_split, read_split
     from uamt.uncertainty import EvaluationSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

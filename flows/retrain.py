@@ -50,7 +50,7 @@ from uamt import incoming
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.data.prepare import PrepareConfig
 from uamt.models.api import recover_stale
-from uamt.pipeline import load_pipeline
+from uamt.pipeline_config import load_pipeline
 from uamt.registry.store import SUMMARY_PATH
 
 ingest = task(name="ingest", persist_result=False)(incoming.ingest_incoming)

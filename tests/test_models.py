@@ -257,7 +257,7 @@ def test_method_lists_are_derived_from_the_specs_in_the_analyses_order():
     from uamt.experiments.cost import method_plan
     from uamt.experiments.methods import supported_methods
     from uamt.models.specs import ENSEMBLE_MEMBERS, baseline_method, methods_where, per_loss_rows
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
 
     assert supported_methods() == ("point", "mcd_head", "ensemble", "hts", "hts_mcd", "kl", "dup")
     assert [info["method"] for info in method_plan(10, 2, ("hts",)).values()] == [

@@ -634,7 +634,7 @@ def test_lines_the_encoder_truncates_are_named(uamt_model, fake_encoder, tmp_pat
 # ============================================================================ F. docs
 def test_docs_rest_example_uses_a_language_pair_the_model_knows():
     from uamt.data.datasets import DATASET_SPECS
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "scoring.md").read_text(encoding="utf-8")
     body = re.search(r"curl .*?-d '(\{.*?\})'", docs, re.S).group(1)

@@ -162,7 +162,7 @@ def test_calibrate_stage_fits_and_writes_the_unseen_lp_factor(tmp_path, monkeypa
     import json
 
     from uamt import model_evaluation
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
     from uamt.uncertainty import EvaluationSettings
 
     rng = np.random.default_rng(4)

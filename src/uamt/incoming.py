@@ -240,7 +240,7 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> IncomingConfig:
     cfg = load_section(IncomingConfig, SECTION, path)
     derived: dict[str, Any] = {}
     if "pipeline" in params:
-        from uamt.pipeline import PipelineConfig
+        from uamt.pipeline_config import PipelineConfig
 
         derived["trained_datasets"] = tuple(load_section(PipelineConfig, "pipeline", path).datasets)
     if "prepare" in params:

@@ -47,7 +47,7 @@ from uamt.calibrated import (
 from uamt.encoders import EncodeConfig
 from uamt.errors import DataError
 from uamt.naming import is_reference_free, qe_model_name
-from uamt.pipeline import (
+from uamt.pipeline_config import (
     PipelineConfig,
     open_features,
     predict_split,

@@ -62,7 +62,7 @@ def pipeline_models(params_path: str) -> tuple[list[str], str | None]:
     and ``<name>-qe`` when ``pipeline.register_qe_method`` is set) and its ``register.tracking_uri``."""
     from uamt.config import read_params
     from uamt.naming import qe_registered_name
-    from uamt.pipeline import load_pipeline
+    from uamt.pipeline_config import load_pipeline
     from uamt.scoring.score import model_name_from_params
 
     name = model_name_from_params(params_path)

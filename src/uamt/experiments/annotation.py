@@ -317,7 +317,7 @@ def summarise(curves: dict[str, Any]) -> dict[str, Any]:
 
 def write_findings(settings: AnnotationSettings, pipeline, encode) -> dict[str, Path]:
     """The stage ``exp_annotation``: simulate, write ``annotation.json`` and the learning curves."""
-    from uamt.pipeline import open_features, read_split
+    from uamt.pipeline_config import open_features, read_split
 
     started = time.perf_counter()
     features = open_features(encode)

@@ -46,7 +46,7 @@ from uamt.experiments.common import (
     save_figure,
     write_result,
 )
-from uamt.pipeline import CALIBRATION_DIR, PipelineConfig
+from uamt.pipeline_config import CALIBRATION_DIR, PipelineConfig
 
 if TYPE_CHECKING:
     from uamt.encoders import EncodeConfig
@@ -634,7 +634,7 @@ def write_findings(
     """The stage ``exp_critical``: rank the dev and test rows of ``settings.dataset`` with the
     pipeline's models, write ``critical.json`` and the recall / precision figures; returns their paths."""
     from uamt.calibrated import load_calibrations
-    from uamt.pipeline import load_models, open_features, read_split
+    from uamt.pipeline_config import load_models, open_features, read_split
 
     models = load_models(pipeline, (settings.point_method, *settings.uncertainty_methods))
     calibrations = load_calibrations(settings.calibration_dir, settings.uncertainty_methods)

@@ -51,7 +51,7 @@ from uamt.experiments.references import (
     score_references,
 )
 from uamt.experiments.rendering import percent, percent_interval
-from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, check_methods
+from uamt.pipeline_config import CALIBRATION_DIR, PipelineConfig, check_methods
 
 if TYPE_CHECKING:
     from uamt.encoders import EncodeConfig
@@ -389,7 +389,7 @@ def write_findings(
     """The stage ``exp_noisy_refs``: score the held-out rows of ``settings.dataset`` x ``lp`` with the
     pipeline's models, write ``noisy_refs.json`` and ``noisy_refs.png``; returns their paths."""
     from uamt.calibrated import load_calibrations
-    from uamt.pipeline import load_models, open_features
+    from uamt.pipeline_config import load_models, open_features
 
     frame = pd.concat(
         [read_rows(pipeline.prepared_dir, split, settings.dataset, settings.lp) for split in settings.splits],

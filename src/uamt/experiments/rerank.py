@@ -337,7 +337,7 @@ def mbr_columns(rows: pd.DataFrame, model_dir: Path, features, settings: RerankE
 def write_findings(settings: RerankExperimentSettings, pipeline, encode) -> dict[str, Path]:
     """The stage ``exp_rerank``: write ``rerank.json`` and the selective-prediction figure."""
     from uamt.data.datasets import scale_bounds
-    from uamt.pipeline import open_features, read_split
+    from uamt.pipeline_config import open_features, read_split
 
     started = time.perf_counter()
     rows = candidate_rows(read_split(pipeline.prepared_dir, "test", tuple(settings.datasets)), settings.datasets)

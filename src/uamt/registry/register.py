@@ -37,7 +37,7 @@ from pathlib import Path
 
 from uamt.encoders import EncodeConfig
 from uamt.naming import qe_model_name, qe_registered_name
-from uamt.pipeline import PipelineConfig
+from uamt.pipeline_config import PipelineConfig
 from uamt.registry.store import SUMMARY_PATH, Gates
 
 log = logging.getLogger(__name__)

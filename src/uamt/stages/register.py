@@ -14,7 +14,7 @@ from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
-from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, load_pipeline
+from uamt.pipeline_config import CALIBRATION_DIR, PipelineConfig, load_pipeline
 from uamt.registry.register import RegisterSettings, register_pipeline_models
 from uamt.stages._cli import stage_main
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from uamt.config import DEFAULT_PARAMS, load_section
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, REPORT_PATH
 from uamt.fileio import atomic_write_text
-from uamt.pipeline import PipelineConfig, load_pipeline
+from uamt.pipeline_config import PipelineConfig, load_pipeline
 from uamt.stages._cli import stage_main
 
 NAME = "report"

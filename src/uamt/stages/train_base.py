@@ -18,7 +18,7 @@ from uamt.encoders import EncodeConfig
 from uamt.models.config import TrainConfig, load_train_config
 from uamt.models.shared_training import train_methods
 from uamt.naming import QE_MODEL_SUFFIX
-from uamt.pipeline import PipelineConfig, load_pipeline, open_features, read_split
+from uamt.pipeline_config import PipelineConfig, load_pipeline, open_features, read_split
 from uamt.stages._cli import stage_main
 
 NAME = "train_base"
