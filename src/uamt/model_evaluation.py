@@ -3,7 +3,7 @@
 
 One artifact per model: :func:`calibrate_models` fits the model's calibration on dev (never on
 test) and writes it to ``calibration/<model>.json`` -- standardisation, the served candidate the
-dev rule picked, the reference factors (k references: :func:`uamt.references.fit_reference_factors`)
+dev rule picked, the reference factors (k references: :func:`uamt.serving.multi_reference.fit_reference_factors`)
 and the unseen-LP widening (:func:`uamt.calibrated.fit_model_unseen_lp_sigma_factor`).  That file is
 what :func:`evaluate_models` loads and measures, what the register stage gates and ships in the
 pyfunc, and what ``uamt score`` serves.  Every metric comes from the served distribution itself
@@ -54,7 +54,7 @@ from uamt.pipeline_config import (
     read_split,
 )
 from uamt.plots import pyplot, save_figure
-from uamt.references import fit_reference_factors
+from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
 from uamt.uncertainty.candidates import document_folds
 from uamt.uncertainty.goals import served_summary

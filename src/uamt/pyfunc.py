@@ -34,8 +34,8 @@ import pandas as pd
 
 from uamt.errors import DataError, UamtError
 from uamt.fileio import atomic_write_text
-from uamt.references import N_REFS, distinct_references
 from uamt.scale import ScoreScale
+from uamt.serving.multi_reference import N_REFS, distinct_references
 from uamt.textcheck import is_blank, text_problem
 
 
@@ -195,7 +195,7 @@ class CalibratedPredictor:
             return self.model.predict(pd.DataFrame({"src": src, "mt": mt}), self.features)
         if "ref" not in frame.columns and "refs" not in frame.columns:
             raise DataError("this model needs references: add a 'ref' (or 'refs') field, or use a QE model")
-        from uamt.references import predict_with_references
+        from uamt.serving.multi_reference import predict_with_references
 
         return predict_with_references(
             self.model, pd.DataFrame({"src": src, "mt": mt}), self._references(frame), self.features
