@@ -10,7 +10,7 @@ Library entry points:
   ``lp, human, mu, sigma`` or ``lp, human, samples`` layouts.
 
 Procedure with a dev set (Glushkova et al., 2021, §5.2): human scores and predictions are
-standardised with dev statistics (:class:`~uamt.uncertainty.calibration.Standardizer`); the model's
+standardised with dev statistics (:class:`~uamt.uncertainty.calibrators.Standardizer`); the model's
 variance is affine-calibrated on dev to minimise the ECE; the fixed-variance baseline gets the dev
 NLL-optimal constant variance; split-conformal thresholds are fitted on dev too.  Everything is then
 applied to the predictions file and evaluated per LP, macro-averaged over LPs (the papers' "AVG")
@@ -29,7 +29,7 @@ import pandas as pd
 
 from uamt.errors import DataError
 from uamt.fileio import atomic_write_json
-from uamt.uncertainty.calibration import MU_SCALINGS, AffineVarianceCalibrator, FixedVarianceCalibrator
+from uamt.uncertainty.calibrators import MU_SCALINGS, AffineVarianceCalibrator, FixedVarianceCalibrator
 from uamt.uncertainty.candidates import (
     DEFAULT_CANDIDATES,
     RULES,
@@ -102,7 +102,7 @@ class EvaluationSettings:
         interval in the ``min_goal_ratio`` rule; None leaves the miss balance out of the rule.
     mu_scaling : str
         How the standardiser puts mu on the human z scale
-        (:data:`~uamt.uncertainty.calibration.MU_SCALINGS`): ``spread`` (slope 1, the papers') or
+        (:data:`~uamt.uncertainty.calibrators.MU_SCALINGS`): ``spread`` (slope 1, the papers') or
         ``regression`` (mu's least-squares line on dev per LP, refitted in every cross-fitting fold).
     ece_bound : float
         Slack on the dev ECE of the proper-score fits.

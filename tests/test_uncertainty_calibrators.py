@@ -21,7 +21,7 @@ from uamt.uncertainty import (
     interval_report,
     samples_to_mu_sigma,
 )
-from uamt.uncertainty.calibration import MAX_MU_SLOPE, MIN_MU_SLOPE, mu_regression
+from uamt.uncertainty.calibrators import MAX_MU_SLOPE, MIN_MU_SLOPE, mu_regression
 
 
 def gaussian_data(rng, n, sigma_scale=1.0, lp=None):
