@@ -87,7 +87,7 @@ def test_pseudo_references_are_the_other_candidates_capped():
 
 
 def test_served_columns_are_the_calibrations_answers_clipped():
-    from uamt.calibrated import Calibration
+    from uamt.serving.model_calibration import Calibration
 
     rng = np.random.default_rng(0)
     n = 400

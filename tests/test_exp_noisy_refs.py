@@ -131,8 +131,8 @@ def models(tmp_path_factory):
 
 
 def test_whole_analysis_with_tiny_models(models, tmp_path):
-    from uamt.calibrated import Calibration
     from uamt.experiments.common import save_figure
+    from uamt.serving.model_calibration import Calibration
     from uamt.uncertainty import evaluate_predictions
 
     frame = make_frame(16, 31, n_systems=3)

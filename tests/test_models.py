@@ -236,8 +236,8 @@ def test_method_specs_are_the_one_table(capsys):
     ],
 )
 def test_model_names_resolve_to_their_spec(model, method, fixed_variance):
-    from uamt.calibrated import is_fixed_variance
     from uamt.models.specs import model_spec
+    from uamt.serving.model_calibration import is_fixed_variance
 
     assert model_spec(model) is METHODS[method]
     assert is_fixed_variance(model) is fixed_variance
@@ -245,7 +245,7 @@ def test_model_names_resolve_to_their_spec(model, method, fixed_variance):
 
 @pytest.mark.parametrize("model", ["nope", "nope_qe", "hts_l1"])
 def test_unknown_model_names_are_refused(model):
-    from uamt.calibrated import is_fixed_variance
+    from uamt.serving.model_calibration import is_fixed_variance
 
     with pytest.raises(ValueError, match="not supported; choose"):
         is_fixed_variance(model)

@@ -464,11 +464,11 @@ def _synthetic(n: int, seed: int) -> pd.DataFrame:
 def uamt_model(tmp_path_factory, one_torch_thread):
     """A pyfunc folder of UamtPyfunc: a 2-epoch hts on fake embeddings, calibrated onto MQM so that
     the raw Gaussian often goes above 0 (the best MQM score), as the issue measured."""
-    from uamt.calibrated import Calibration
     from uamt.encoders import EncoderConfig
     from uamt.models import TrainConfig, load, train
     from uamt.pyfunc import scale_for, write_spec
     from uamt.pyfunc_model import UamtPyfunc
+    from uamt.serving.model_calibration import Calibration
     from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 
     root = tmp_path_factory.mktemp("uamt-model")

@@ -292,7 +292,7 @@ def test_regression_scaling_is_served_and_stops_pushing_good_translations_past_t
 
     import pandas as pd
 
-    from uamt.calibrated import Calibration, fit_calibration
+    from uamt.serving.model_calibration import Calibration, fit_calibration
     from uamt.uncertainty import EvaluationSettings
 
     rng = np.random.default_rng(33)

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uamt.calibrated import Calibration, fit_unseen_lp_sigma_factor
 from uamt.errors import UamtError
 from uamt.langid import detect_language, detect_pair
+from uamt.serving.model_calibration import Calibration, fit_unseen_lp_sigma_factor
 from uamt.uncertainty import (
     AffineVarianceCalibrator,
     FixedVarianceCalibrator,
@@ -87,7 +87,7 @@ def _fit(table: pd.DataFrame) -> Calibration:
 def test_leave_one_lp_out_factor_covers_held_out_lps_on_average():
     """The factor is what held-out LPs need *on average* (each LP weighing the same), not the worst
     of a few noisy LPs: an unseen pair is then covered at the nominal level in expectation."""
-    from uamt.calibrated import needed_widening
+    from uamt.serving.model_calibration import needed_widening
 
     rng = np.random.default_rng(0)
     table = _dev_table(rng, {"aa-bb": 1.0, "cc-dd": 1.0, "ee-ff": 3.0})
@@ -140,7 +140,7 @@ def test_choose_language_pair_given_detected_unseen_and_undetermined():
 
 def test_served_conformal_risk_is_widened_like_its_interval():
     """The conformal branch of ``risk`` used to skip the unseen-LP factor its interval applies."""
-    from uamt.calibrated import fit_calibration
+    from uamt.serving.model_calibration import fit_calibration
     from uamt.uncertainty import EvaluationSettings
 
     rng = np.random.default_rng(3)

@@ -4,7 +4,7 @@
 One artifact per model: :func:`calibrate_models` fits the model's calibration on dev (never on
 test) and writes it to ``calibration/<model>.json`` -- standardisation, the served candidate the
 dev rule picked, the reference factors (k references: :func:`uamt.serving.multi_reference.fit_reference_factors`)
-and the unseen-LP widening (:func:`uamt.calibrated.fit_model_unseen_lp_sigma_factor`).  That file is
+and the unseen-LP widening (:func:`uamt.serving.model_calibration.fit_model_unseen_lp_sigma_factor`).  That file is
 what :func:`evaluate_models` loads and measures, what the register stage gates and ships in the
 pyfunc, and what ``uamt score`` serves.  Every metric comes from the served distribution itself
 (:mod:`uamt.uncertainty.served`: its mu, its intervals at every level, its CDF), clipped to the
@@ -36,14 +36,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.calibrated import (
-    Calibration,
-    fit_calibration,
-    fit_model_unseen_lp_sigma_factor,
-    is_fixed_variance,
-    refit_served,
-    with_model_sigma,
-)
 from uamt.encoders import EncodeConfig
 from uamt.errors import DataError
 from uamt.naming import is_reference_free, qe_model_name
@@ -54,6 +46,14 @@ from uamt.pipeline_config import (
     read_split,
 )
 from uamt.plots import pyplot, save_figure
+from uamt.serving.model_calibration import (
+    Calibration,
+    fit_calibration,
+    fit_model_unseen_lp_sigma_factor,
+    is_fixed_variance,
+    refit_served,
+    with_model_sigma,
+)
 from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
 from uamt.uncertainty.candidates import document_folds

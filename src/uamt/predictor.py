@@ -62,7 +62,7 @@ class Predictor(Protocol):
 
         ``interval`` is how ``lower``/``upper`` are built: ``"gaussian"`` (the calibrated Gaussian)
         or ``"conformal"`` (the dev-fitted conformal thresholds); see
-        :data:`uamt.calibrated.INTERVAL_MODES`.
+        :data:`uamt.serving.model_calibration.INTERVAL_MODES`.
         """
         ...
 

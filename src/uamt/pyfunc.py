@@ -2,7 +2,7 @@
 
 Artifacts (copied into the MLflow store at registration, so the registered version is
 self-contained): ``model`` (the model folder of :mod:`uamt.models.api`), ``calibration`` (JSON of
-:class:`uamt.calibrated.Calibration`), ``spec`` (JSON: encoder config, score scale, method).
+:class:`uamt.serving.model_calibration.Calibration`), ``spec`` (JSON: encoder config, score scale, method).
 
 ``predict`` takes a DataFrame with ``src``, ``mt`` and, for reference-based models, ``ref`` (str)
 or ``refs`` (list of str); optional ``lp`` selects per-LP calibration (through MLflow's
@@ -274,10 +274,10 @@ def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
     calibration first (cheap, and a corrupt file is named), then the model and the encoder (the
     shipped ONNX export where there is one).  Needs no MLflow: :class:`uamt.pyfunc_model.UamtPyfunc`
     calls it from ``load_context``, and :func:`uamt.predictor.load_predictor` directly."""
-    from uamt.calibrated import Calibration
     from uamt.config import ConfigError, from_dict
     from uamt.encoders import EncoderConfig, get_encoder
     from uamt.models.api import load
+    from uamt.serving.model_calibration import Calibration
 
     spec_path = Path(artifacts["spec"])
     try:

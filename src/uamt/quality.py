@@ -231,7 +231,7 @@ def read_model(
     predictions_dir: str | Path, calibration_dir: str | Path, model: str, split: str = "test"
 ) -> tuple[pd.DataFrame, Any]:
     """``(predictions, calibration)`` of ``model`` as the pipeline wrote them."""
-    from uamt.calibrated import Calibration, with_model_sigma
+    from uamt.serving.model_calibration import Calibration, with_model_sigma
 
     path = Path(predictions_dir) / split / f"{model}.parquet"
     if not path.is_file():

@@ -95,9 +95,9 @@ def _write_table(table, out: Path) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from uamt.calibrated import fit_calibration
     from uamt.errors import UamtError
     from uamt.models import load
+    from uamt.serving.model_calibration import fit_calibration
 
     if args.calibrate_on == HELD_OUT_SPLIT:
         raise UamtError(

@@ -302,9 +302,9 @@ def predict_over_references(
 
 
 def fit_calibration(rows: pd.DataFrame, raw: pd.DataFrame, evaluation_settings=None):
-    """Dev-fitted :class:`uamt.calibrated.Calibration` of one model in one reference setting, fitted
+    """Dev-fitted :class:`uamt.serving.model_calibration.Calibration` of one model in one reference setting, fitted
     exactly as the ``calibrate`` stage does (standardisation + affine sigma^2, per LP)."""
-    from uamt.calibrated import fit_calibration as fit_on_dev
+    from uamt.serving.model_calibration import fit_calibration as fit_on_dev
 
     table = pd.DataFrame(
         {
@@ -633,8 +633,8 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_critical``: rank the dev and test rows of ``settings.dataset`` with the
     pipeline's models, write ``critical.json`` and the recall / precision figures; returns their paths."""
-    from uamt.calibrated import load_calibrations
     from uamt.pipeline_config import load_models, open_features, read_split
+    from uamt.serving.model_calibration import load_calibrations
 
     models = load_models(pipeline, (settings.point_method, *settings.uncertainty_methods))
     calibrations = load_calibrations(settings.calibration_dir, settings.uncertainty_methods)

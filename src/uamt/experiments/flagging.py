@@ -124,8 +124,8 @@ def analyse(
 def served_table(model: str, split: str, settings: FlaggingSettings, evaluation, bounds) -> pd.DataFrame:
     """``subset, human, mu, risk`` of a model's predictions on ``split``: test from the served
     calibration, dev cross-fitted over documents."""
-    from uamt.calibrated import Calibration, with_model_sigma
     from uamt.model_evaluation import cross_fitted_rows
+    from uamt.serving.model_calibration import Calibration, with_model_sigma
 
     calibration = Calibration.load(Path(settings.calibration_dir) / f"{model}.json")
     path = Path(settings.predictions_dir) / split / f"{model}.parquet"

@@ -275,7 +275,7 @@ def run_noisy_refs(
         Canonical rows of one dataset x LP (MQM), system rows and the rated ``ref-X`` rows of the same
         segments, from splits the models were not trained on.
     calibrations : dict, optional
-        method -> :class:`uamt.calibrated.Calibration` for the calibrated-sigma pick.
+        method -> :class:`uamt.serving.model_calibration.Calibration` for the calibrated-sigma pick.
     names : sequence of str
         Reference names in the order of the system rows' ``refs``.
     thresholds : sequence of float
@@ -388,8 +388,8 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_noisy_refs``: score the held-out rows of ``settings.dataset`` x ``lp`` with the
     pipeline's models, write ``noisy_refs.json`` and ``noisy_refs.png``; returns their paths."""
-    from uamt.calibrated import load_calibrations
     from uamt.pipeline_config import load_models, open_features
+    from uamt.serving.model_calibration import load_calibrations
 
     frame = pd.concat(
         [read_rows(pipeline.prepared_dir, split, settings.dataset, settings.lp) for split in settings.splits],

@@ -297,7 +297,7 @@ def served_for(
     rows: pd.DataFrame, model: str, settings: RerankExperimentSettings, bounds
 ) -> pd.DataFrame:
     """The served columns of ``model``'s test predictions for ``rows``."""
-    from uamt.calibrated import Calibration, with_model_sigma
+    from uamt.serving.model_calibration import Calibration, with_model_sigma
 
     calibration = Calibration.load(Path(settings.calibration_dir) / f"{model}.json")
     predictions = pd.read_parquet(Path(settings.predictions_dir) / "test" / f"{model}.parquet")
@@ -321,9 +321,9 @@ def _served(calibration, raw: pd.DataFrame, rows: pd.DataFrame, settings: Rerank
 def mbr_columns(rows: pd.DataFrame, model_dir: Path, features, settings: RerankExperimentSettings, bounds) -> pd.DataFrame:
     """``mbr_mu``, ``mbr_lower`` (and ``mbr_risk``) of each candidate scored against the other
     candidates of its group with the reference-based model, served by its calibration."""
-    from uamt.calibrated import Calibration
     from uamt.experiments.critical import predict_over_references
     from uamt.models.api import load
+    from uamt.serving.model_calibration import Calibration
 
     references = pseudo_reference_lists(
         rows["group"], rows["mt"].astype(str), max_refs=settings.max_pseudo_refs, seed=settings.seed

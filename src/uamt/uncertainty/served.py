@@ -3,7 +3,7 @@
 What a user receives for a segment is the served calibration's distribution of the human score:
 its centre (mu), its central intervals at any level and its CDF (the risk P(Q <= chi)), on the
 human scale and clipped to the scale's bounds.  Every number here is computed from those three
-calls of a :class:`PredictiveDistribution` (the model's :class:`uamt.calibrated.Calibration`
+calls of a :class:`PredictiveDistribution` (the model's :class:`uamt.serving.model_calibration.Calibration`
 loaded from its artifact), so a non-Gaussian served distribution (Mondrian or signed conformal) is
 scored as it is served, never through a "Gaussian-equivalent" sigma.
 
