@@ -11,8 +11,9 @@ import pytest
 
 from uamt.decisions.annotation import ANNOTATION_COLUMNS, annotation_frame, select_rows
 from uamt.decisions.flagging import crc_bound, crc_threshold, flag_quality, flags
-from uamt.decisions.rerank import RULES, RerankSettings, pseudo_reference_lists, rerank, served_columns
+from uamt.decisions.rerank import RULES, RerankSettings, pseudo_reference_lists, rerank
 from uamt.errors import DataError
+from uamt.uncertainty.served import served_columns
 
 # One group of four candidates where every rule picks another one:
 #   a: highest mu, wide (low lower bound, high risk)   b: highest lower bound

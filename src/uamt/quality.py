@@ -137,7 +137,7 @@ def served_quantities(calibration, table: pd.DataFrame, bounds, chi: float, gamm
     mu = table["mu"].to_numpy(dtype=float)
     sigma = table["sigma"].to_numpy(dtype=float)
     sigma = np.where(np.isfinite(sigma), sigma, 1.0)  # the point estimate's placeholder sigma
-    from uamt.decisions.rerank import served_columns
+    from uamt.uncertainty.served import served_columns
 
     lp = table["lp"].astype(str).to_numpy(dtype=object)
     served = served_columns(calibration, mu, sigma, lp, confidence=gamma, chi=chi, bounds=bounds)

@@ -25,11 +25,11 @@ import numpy as np
 import pandas as pd
 
 from uamt.decisions.flagging import crc_bound, crc_threshold, flag_quality
-from uamt.decisions.rerank import served_columns
 from uamt.errors import DataError
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, save_figure, write_result
 from uamt.experiments.rendering import section_number
+from uamt.uncertainty.served import served_columns
 
 NAME = "flagging"
 FIGURE = "flagging_tradeoff.png"
