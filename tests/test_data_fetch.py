@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from uamt.config import load_section
+from uamt.core.errors import ChecksumError, DataError
 from uamt.data.fetch import FetchConfig, SourceFiles, fetch_all
-from uamt.errors import ChecksumError, DataError
 from uamt.stages import fetch as fetch_stage
 
 REPO = "deep-spin/UA_COMET"

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from uamt.core.errors import DataError
 from uamt.data.prepare import PrepareConfig, prepare, read_summary
 from uamt.data.schema import normalise_source
 from uamt.data.splits import assign_splits, check_disjoint
-from uamt.errors import DataError
 
 
 def synthetic_table(seed: int = 0) -> pd.DataFrame:

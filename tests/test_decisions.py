@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from uamt.core.errors import DataError
 from uamt.decisions.annotation import ANNOTATION_COLUMNS, annotation_frame, select_rows
 from uamt.decisions.flagging import crc_bound, crc_threshold, flag_quality, flags
 from uamt.decisions.rerank import RULES, RerankSettings, pseudo_reference_lists, rerank
-from uamt.errors import DataError
 from uamt.uncertainty.served import served_columns
 
 # One group of four candidates where every rule picks another one:
@@ -201,7 +201,7 @@ def test_annotation_frame_is_accepted_by_incoming_once_scored(tmp_path):
 
 
 def test_score_flags_read_the_served_risk_never_a_gaussian_stand_in():
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.scoring.score import segment_records
 
     out = pd.DataFrame({"mu": [-2.0, -8.0], "sigma": [1.0, 1.0], "lower": [-4.0, -10.0], "upper": [0.0, -6.0], "risk": [0.1, 0.9]})

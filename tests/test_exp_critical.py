@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import critical
 from uamt.experiments.common import is_human_system, pseudo_reference_rows
 

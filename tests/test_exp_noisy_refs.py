@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tests.test_exp_references import CFG, FEATURES, NAMES, make_frame, system_rows
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import noisy_refs as N
 from uamt.models import TrainConfig, load, train
 

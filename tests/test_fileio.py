@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.fileio import atomic_path, atomic_write_bytes, atomic_write_text
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.fakes import DIM, FEATURES, N_LAYERS, embed, signal
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.models import METHODS, FeatureSource, NonFiniteLossError, TrainConfig, get_loss, load, train
 from uamt.models.api import MANIFEST, TABLE_COLUMNS
 from uamt.models.mcd import head_mc_outputs

@@ -21,9 +21,9 @@ import torch
 import yaml
 
 from tests.test_encoders import make_tiny_bert, make_tiny_xlmr
+from uamt.core.errors import DataError, UamtError
 from uamt.data import loaders
 from uamt.encoders import EncoderConfig, get_encoder
-from uamt.errors import DataError, UamtError
 from uamt.models import FeatureSource, TrainConfig, load, train
 from uamt.models.data import features_from_encoder
 from uamt.models.mcd import full_mc_outputs

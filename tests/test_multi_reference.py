@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.serving.model_calibration import Calibration
 from uamt.serving.multi_reference import combine, distinct_references, expand, predict_with_references
 from uamt.uncertainty import GLOBAL, EvaluationSettings, evaluate_predictions

@@ -16,7 +16,7 @@ from test_scoring_support import FakePredictor, write_lines
 
 import uamt
 from uamt.cli import main
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.predictor import ScoreScale
 from uamt.pyfunc import clip_to_scale
 from uamt.serving import scorer

@@ -31,8 +31,8 @@ import pandas as pd
 import pytest
 from test_scoring_support import REF_MODEL, running_server, write_lines
 
+from uamt.core.errors import DataError
 from uamt.data import loaders
-from uamt.errors import DataError
 from uamt.predictor import load_predictor
 from uamt.rest import ScoringService, ServeSettings
 

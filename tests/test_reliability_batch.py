@@ -33,7 +33,7 @@ from test_scoring_support import QE_MODEL, REF_MODEL, FakePredictor, FakePyfunc
 
 import mlflow
 from uamt.cli import main
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.scoring.batch import BatchSettings, score_file
 
 SRC = [f"Satz Nummer {i} über das Wetter in Stadt {i % 7}." for i in range(23)]

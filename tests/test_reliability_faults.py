@@ -34,7 +34,7 @@ import pytest
 
 import mlflow
 from tests import fakes
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 from uamt.models import FeatureSource, TrainConfig, load, train
 from uamt.models.api import MANIFEST
 from uamt.registry import store as registry

@@ -38,7 +38,7 @@ from test_scoring_support import REF_MODEL, FakePredictor, FakePyfunc, write_lin
 import mlflow
 from tests.fakes import FEATURES, embed, synthetic_table
 from uamt.cli import main
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.registry import store as registry
 from uamt.registry.store import SUMMARY_PATH, Gates
 

@@ -16,7 +16,7 @@ from test_scoring_support import QE_MODEL, REF_MODEL, write_lines
 
 import mlflow
 from uamt.cli import main
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.scoring import batch
 from uamt.scoring.batch import BatchSettings, iter_partitions, score_file
 

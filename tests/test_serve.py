@@ -809,7 +809,7 @@ def test_uamt_serve_refuses_bad_admission_settings(tmp_path, capsys, option, val
     ],
 )
 def test_admission_settings_are_checked_when_the_app_is_built(overrides, needle):
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.serve import make_app
 
     service = ScoringService(FakePredictor(), "fake", ServeSettings(**overrides))

@@ -78,9 +78,9 @@ from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, Val
 from pydantic_core import PydanticCustomError
 
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section, read_params
+from uamt.core.errors import DataError, UamtError
 from uamt.data.datasets import DATASET_SPECS, DATASETS, DatasetSpec
 from uamt.data.schema import COLUMNS, decode_text, sample_std, to_arrow
-from uamt.errors import DataError, UamtError
 from uamt.fileio import atomic_path, atomic_write_bytes, sha256_bytes, wide_encoding_hint
 
 log = logging.getLogger(__name__)

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uamt.core.errors import DataError
 from uamt.encoders import EncodeConfig
-from uamt.errors import DataError
 from uamt.naming import is_reference_free, qe_model_name
 from uamt.pipeline_config import (
     PipelineConfig,

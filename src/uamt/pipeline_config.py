@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.naming import qe_model_name
 
 SECTION = "pipeline"

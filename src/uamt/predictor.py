@@ -35,7 +35,7 @@ from typing import Protocol, runtime_checkable
 
 import pandas as pd
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 from uamt.scale import ScoreScale
 
 OUTPUT_COLUMNS = ("mu", "sigma", "lower", "upper", "risk")
@@ -317,7 +317,7 @@ def load_predictor(model: str) -> Predictor:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The store, model or alias does not exist, a model file is corrupt (named), or the model
         is not a uamt model.
     """

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.fileio import atomic_write_text
 from uamt.scale import ScoreScale
 from uamt.serving.multi_reference import N_REFS, distinct_references

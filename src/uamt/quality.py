@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 #: Columns that identify a test row in both the predictions and the prepared table.
 ROW_KEYS = ("dataset", "lp", "seg_id", "system")

@@ -44,7 +44,7 @@ from typing import Any
 
 import pandas as pd
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 from uamt.predictor import Predictor
 from uamt.serving.scorer import FlagSettings, ScoringSettings, work_chunks  # noqa: F401 - work_chunks: its old home
 from uamt.textcheck import blank_detail, is_blank

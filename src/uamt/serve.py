@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 from uamt.rest import AdmissionControl, RequestError, ScoringService, decode_body, frame_work
 
 ENDPOINTS = "POST /invocations, GET /ping, /health, /version, /metadata"

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 FEATURES = ("chrf", "ter", "len_ratio_ref", "len_ratio_src", "copy_rate", "target_language_prob")
 

@@ -122,7 +122,7 @@ def _write_table(frame, path: Path) -> None:
 
 
 def _check_out(path: Path, suffixes: tuple[str, ...], source: Path) -> None:
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
 
     if path.suffix not in suffixes:
         raise UamtError(f"--out {path}: suffix must be one of {list(suffixes)}")
@@ -135,7 +135,7 @@ def _check_out(path: Path, suffixes: tuple[str, ...], source: Path) -> None:
 def _frame_for_model(table, lp: str | None, with_ref: bool):
     import pandas as pd
 
-    from uamt.errors import DataError
+    from uamt.core.errors import DataError
 
     for column in ("src", "mt") + (("ref",) if with_ref else ()):
         if column not in table.columns:
@@ -158,8 +158,8 @@ def _candidates(args: argparse.Namespace):
     line number, ``hyp_rank`` = which file), the output path checked first."""
     import pandas as pd
 
+    from uamt.core.errors import UamtError
     from uamt.decisions.annotation import read_table
-    from uamt.errors import UamtError
     from uamt.scoring.io import read_aligned
 
     if (args.input is None) == (args.src is None):
@@ -189,8 +189,8 @@ def _candidates(args: argparse.Namespace):
 def run_rerank(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from uamt.core.errors import UamtError
     from uamt.decisions.rerank import MBR_RULES, RerankSettings, check_rule, pseudo_reference_lists, rerank
-    from uamt.errors import UamtError
     from uamt.scoring.score import load_scoring_predictor, predict
 
     try:
@@ -239,9 +239,9 @@ def run_rerank(args: argparse.Namespace) -> int:
 def run_select(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from uamt.core.errors import UamtError
     from uamt.data.datasets import DATASETS
     from uamt.decisions.annotation import annotation_frame, check_strategy, read_table, select_rows
-    from uamt.errors import UamtError
     from uamt.scoring.score import load_scoring_predictor, predict
 
     try:

@@ -60,7 +60,7 @@ def _write_json_atomic(path: Path, payload: dict) -> None:
 
 def run_multihyp(args: argparse.Namespace) -> int:
     from uamt import lexical
-    from uamt.errors import DataError
+    from uamt.core.errors import DataError
 
     lexical._check_metric(args.metric)
     if args.hyp_refs not in lexical.HYP_REFS:

@@ -27,7 +27,7 @@ def _features(params: Path):
 def _read_split(prepared_dir: str, split: str):
     import pandas as pd
 
-    from uamt.errors import DataError
+    from uamt.core.errors import DataError
 
     path = Path(prepared_dir) / f"{split}.parquet"
     if not path.is_file():
@@ -39,7 +39,7 @@ def _read_split(prepared_dir: str, split: str):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.models import get_method, load_train_config, train
 
     try:
@@ -95,7 +95,7 @@ def _write_table(table, out: Path) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.models import load
     from uamt.serving.model_calibration import fit_calibration
 

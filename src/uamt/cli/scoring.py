@@ -341,7 +341,7 @@ def _language_pair(command: str, predictor, frame, texts: dict, lp: str | None):
 
 
 def run_score(args: argparse.Namespace) -> int:
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.scoring.io import check_output_path, read_aligned, render_segments
     from uamt.scoring.score import (
         build_frame,
@@ -439,7 +439,7 @@ def run_score(args: argparse.Namespace) -> int:
 
 def run_score_batch(args: argparse.Namespace) -> int:
     """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.scoring.batch`."""
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.registry.store import tracking_uri
     from uamt.scoring.batch import (
         DEFAULT_PARTITION_ROWS,
@@ -598,7 +598,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.predictor import load_predictor
     from uamt.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
     from uamt.scoring.score import default_model_uri

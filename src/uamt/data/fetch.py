@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from uamt.errors import ChecksumError, DataError
+from uamt.core.errors import ChecksumError, DataError
 from uamt.fileio import atomic_path, sha256_file
 
 log = logging.getLogger(__name__)

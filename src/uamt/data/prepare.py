@@ -143,7 +143,7 @@ def build_table_with_stats(cfg: PrepareConfig) -> tuple[pd.DataFrame, dict[str, 
     """:func:`build_table` plus what ``summary.json`` reports about it.
 
     The join guard (:mod:`uamt.data.guard`) runs on the loaded rows before anything is split
-    and raises :class:`~uamt.errors.DataError` naming every dataset x LP below its floor.  The
+    and raises :class:`~uamt.core.errors.DataError` naming every dataset x LP below its floor.  The
     published data is split first, on its own, so the annotation pool never changes which split
     a published row lands in (the test set stays fixed as annotations arrive).
 
@@ -187,8 +187,8 @@ POOL_SPLITS = ("d_q", "d_e")
 
 def read_pool_as_canonical(path: str | Path) -> pd.DataFrame:
     """The annotation pool (canonical columns, ``split``/``group`` ignored); empty if the file is absent."""
+    from uamt.core.errors import DataError
     from uamt.data.schema import empty_table, finish_table, require_columns
-    from uamt.errors import DataError
 
     path = Path(path)
     if not path.is_file():
@@ -320,7 +320,7 @@ def read_summary(prepared_dir: str | Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     files = sorted(prepared_dir.glob("*.parquet"))
     if not files:
-        from uamt.errors import DataError
+        from uamt.core.errors import DataError
 
         raise DataError(f"{prepared_dir}: no summary.json and no *.parquet (run `uamt data prepare`)")
     df = pd.concat([pd.read_parquet(f, columns=["dataset", "lp", "split"]) for f in files])

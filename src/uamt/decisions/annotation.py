@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 STRATEGIES = ("uncertainty", "diversity", "random")
 #: Columns written for the annotators, in the incoming format (``score`` left empty).

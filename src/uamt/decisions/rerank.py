@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 #: rule -> (column of the candidate table it ranks by, True when higher is better).
 RULES: dict[str, tuple[str, bool]] = {

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 from uamt.fileio import atomic_path, atomic_write_bytes, sha256_text
 
 log = logging.getLogger(__name__)

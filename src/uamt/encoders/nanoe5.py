@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 
 MAGIC = b"E5S1"
 QK = 32

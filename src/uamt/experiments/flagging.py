@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uamt.core.errors import DataError
 from uamt.decisions.flagging import crc_bound, crc_threshold, flag_quality
-from uamt.errors import DataError
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, save_figure, write_result
 from uamt.experiments.rendering import section_number

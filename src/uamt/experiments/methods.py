@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.config import ConfigError
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     FIGURES_DIR,

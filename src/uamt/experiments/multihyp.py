@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from uamt import lexical
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     FIGURES_DIR,

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.config import ConfigError
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, fmt, save_figure, write_result
 from uamt.experiments.references import (

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, pyplot, read_json, save_figure, write_result
 from uamt.experiments.rendering import maybe, section_number

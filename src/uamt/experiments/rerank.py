@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uamt.core.errors import DataError
 from uamt.decisions.rerank import RerankSettings, pseudo_reference_lists, rerank
-from uamt.errors import DataError
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, is_human_system, save_figure, write_result
 from uamt.experiments.rendering import section_number

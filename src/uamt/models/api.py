@@ -29,8 +29,8 @@ import pandas as pd
 import torch
 
 from uamt.config import from_dict
+from uamt.core.errors import DataError, UamtError
 from uamt.encoders.catalog import weights_id
-from uamt.errors import DataError, UamtError
 from uamt.fileio import atomic_dir as fileio_atomic_dir
 from uamt.fileio import atomic_write_text
 from uamt.models.base import Estimator, save_weights

@@ -159,12 +159,12 @@ def prepared_data_version(prepared_dir: str | Path) -> str:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         ``prepared_dir`` holds no ``*.parquet`` split: the hash would be that of nothing
         (``e3b0c44298fc``), a version whose data cannot be traced.
     """
+    from uamt.core.errors import UamtError
     from uamt.data.prepare import data_version
-    from uamt.errors import UamtError
 
     folder = Path(prepared_dir)
     if not any(folder.glob("*.parquet")):

@@ -58,7 +58,7 @@ from typing import Any
 
 import pandas as pd
 
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 
 # How the pair of a row was chosen (``_batch.json`` ``lps[].how``) and the choice itself belong to
 # the one scoring use case; the names stay importable from here.
@@ -256,7 +256,7 @@ def input_columns(path: str | Path) -> list[str]:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Unsupported suffix, unreadable file, a CSV in UTF-16/32 or with a header that is not
         UTF-8, or a required column missing (file and column named).
     """
@@ -403,7 +403,7 @@ def language_pair_value(value: Any, where: str) -> str | None:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         ``where`` (file and row) named: not text, or text that is not a language pair.
     """
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
@@ -447,7 +447,7 @@ def check_input(path: str | Path, partition_rows: int) -> InputSummary:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Naming the file, the row and the column of the first bad field.
     """
     lp_column = "lp" in input_columns(path)
@@ -505,7 +505,7 @@ def pin_model(model: str, tracking_uri: str | None = None) -> ModelPin:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The tracking store does not exist, or the model or alias cannot be resolved (named).
     """
     from uamt.predictor import _resolve_local_folder, uamt_artifacts
@@ -889,7 +889,7 @@ def parse_dask(spec: str) -> tuple[str, int | str]:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         Another form or scheme (``inproc://`` reaches only this process, ``http://`` is no Dask
         protocol), or an address without HOST:PORT.
     """

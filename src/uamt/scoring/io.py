@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.fileio import (
     atomic_write_text,  # noqa: F401 - re-exported for scoring
     wide_encoding_hint,
@@ -99,7 +99,7 @@ def read_lines(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         The file is missing or unreadable, over ``max_file_bytes``, is not valid UTF-8 (message
         names the line and byte offset), is empty, has an empty line (whitespace or invisible
         characters only: NUL, U+FEFF, U+200B, U+2060, ...; see :mod:`uamt.textcheck`), a carriage
@@ -163,7 +163,7 @@ def read_aligned(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         From :func:`read_lines`, or when line counts differ (the message lists every file with
         its count).
     """
@@ -199,7 +199,7 @@ def check_output_path(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Unknown suffix, missing folder, a folder in the way, a folder we cannot write to, or
         ``path`` is one of ``inputs`` (same resolved path, a symlink to it, or a hard link).
     """

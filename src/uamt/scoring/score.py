@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.naming import qe_registered_name
 from uamt.predictor import Predictor
 from uamt.uncertainty.metrics import gaussian_interval
@@ -79,7 +79,7 @@ def load_scoring_predictor(
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The model cannot be loaded (for the default reference-free model: "no reference-free model
         registered ..."), or it is reference-free but references were given, or it needs
         references and none were given.

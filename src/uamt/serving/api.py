@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 
 #: Columns of :meth:`Model.score`'s frame besides the variances some methods add.
 RESULT_COLUMNS = ("mu", "sigma", "lower", "upper", "risk", "clipped", "lp", "warnings")
@@ -69,7 +69,7 @@ def load_model(
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The store, model, version or alias does not exist, or a model file is corrupt (named).
 
     Examples
@@ -198,10 +198,10 @@ class Model:
 
         Raises
         ------
-        uamt.errors.DataError
+        uamt.core.errors.DataError
             A text is not a string or is empty, the lists are not aligned, ``lp`` is not ``xx-yy``,
             ``confidence`` is outside (0, 1) (the argument and index named).
-        uamt.errors.UamtError
+        uamt.core.errors.UamtError
             References given to a reference-free model, or none to a reference-based one.
 
         Examples

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 from uamt.uncertainty import (
     GLOBAL,
     AffineVarianceCalibrator,

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def expand(src: Sequence[str], mt: Sequence[str], refs: Sequence[Sequence[str]])
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         A segment has no reference.
     """
     rows = []

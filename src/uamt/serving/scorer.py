@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 
 #: Per-segment variances some methods add to :data:`uamt.predictor.OUTPUT_COLUMNS`.
 VARIANCE_COLUMNS = ("epistemic_var", "aleatoric_var")
@@ -343,7 +343,7 @@ def score_texts(
         The model's output lacks a column or a row.
     ScoringTimeout
         ``deadline`` passed with rows left.
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The model refused the inputs (message names the row and field).
     """
     lps, hows, contradicting, choice = row_language_pairs(predictor, frame, lp, detect=detect_lp)

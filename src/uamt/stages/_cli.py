@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from uamt.config import DEFAULT_PARAMS, ConfigError
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 
 
 def stage_main(

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.fileio import atomic_write_json
 from uamt.uncertainty.calibrators import MU_SCALINGS, AffineVarianceCalibrator, FixedVarianceCalibrator
 from uamt.uncertainty.candidates import (
@@ -220,7 +220,7 @@ def prediction_arrays(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Naming ``source``, the row and the column: missing column, unknown layout, empty table,
         empty / non-numeric / NaN / inf value, negative sigma, empty lp, fewer than 2 samples.
     """
@@ -344,7 +344,7 @@ def read_predictions(path: str | Path, sigma_source: str = "auto") -> Prediction
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         File missing, empty, not CSV, or any validation error (file, row, line and column named).
     """
     path = Path(path)
@@ -489,7 +489,7 @@ def evaluate_predictions(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Invalid tables, or dev data on which nothing can be fitted (e.g. constant scores).
     """
     if scope not in SCOPES:
@@ -783,7 +783,7 @@ def write_json_atomic(data: Any, path: str | Path) -> None:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         If the folder of ``path`` does not exist or is not writable; nothing is left behind.
     """
     path = Path(path)
