@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every number as JSON here")
     args = parser.parse_args(argv)
 
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.serving.model_calibration import fit_calibration, is_fixed_variance
     from uamt.uncertainty import EvaluationSettings
 

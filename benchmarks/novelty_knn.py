@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.chdir(args.root)
 
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.encoders import EmbeddingCache, get_encoder
     from uamt.encoders.precompute import EncodeConfig
     from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline, read_split

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.challenge import MODES, challenge_set, with_synthetic_failures
-from uamt.config import load_section
+from uamt.core.config import load_section
 from uamt.data.datasets import scale_bounds
 from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
 from uamt.models import features_from_cache, load, load_train_config, train

@@ -31,7 +31,7 @@ import numpy as np
 
 
 def main(argv: list[str] | None = None) -> int:
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.encoders import EncodeConfig
     from uamt.models.config import load_train_config
     from uamt.models.shared_training import train_methods

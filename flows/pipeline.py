@@ -33,7 +33,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.dvc_stages import Stage, dvc_stage_names, read_stages, stage_task
-from uamt.config import DEFAULT_PARAMS
+from uamt.core.config import DEFAULT_PARAMS
 from uamt.data.prepare import data_version
 from uamt.pipeline_config import load_pipeline
 from uamt.registry.store import SUMMARY_PATH

@@ -47,7 +47,7 @@ from prefect import flow, task
 
 from flows.pipeline import run_pipeline
 from uamt import incoming
-from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.data.prepare import PrepareConfig
 from uamt.models.api import recover_stale
 from uamt.pipeline_config import load_pipeline

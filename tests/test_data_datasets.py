@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from uamt.config import ConfigError
+from uamt.core.config import ConfigError
 from uamt.data.datasets import DATASET_SPECS, DATASETS, dataset_spec, default_forced_splits
 from uamt.data.prepare import PrepareConfig, limit_rows
 

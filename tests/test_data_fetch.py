@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from uamt.config import load_section
+from uamt.core.config import load_section
 from uamt.core.errors import ChecksumError, DataError
 from uamt.data.fetch import FetchConfig, SourceFiles, fetch_all
 from uamt.stages import fetch as fetch_stage

@@ -106,7 +106,7 @@ def test_full_prepare_on_mirror(tmp_path, mirror_root):
     from dataclasses import replace
 
     from tests.conftest import REPO_ROOT
-    from uamt.config import load_section
+    from uamt.core.config import load_section
 
     # the project's own settings (drop lists, guard exemptions), on the mirror, into tmp_path
     cfg = replace(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from uamt.config import ConfigError, from_dict
+from uamt.core.config import ConfigError, from_dict
 from uamt.core.errors import UamtError
 from uamt.encoders import EncoderConfig, get_encoder
 from uamt.encoders.catalog import RUNTIMES, runtime_encoder_id, weights_id

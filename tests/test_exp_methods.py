@@ -19,7 +19,7 @@ import yaml
 
 from tests.conftest import REPO_ROOT
 from tests.fakes import FEATURES, WEIGHTS, embed
-from uamt.config import ConfigError
+from uamt.core.config import ConfigError
 from uamt.experiments import methods as M
 from uamt.experiments.common import INDICATORS, read_result, write_result
 from uamt.models import TrainConfig, load, train

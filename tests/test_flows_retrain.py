@@ -17,7 +17,7 @@ import test_flows_harness as harness
 import yaml
 from test_flows_harness import REPO_ROOT
 
-from uamt.config import load_section
+from uamt.core.config import load_section
 from uamt.data.prepare import PrepareConfig, load_dataset
 from uamt.data.schema import normalise_source
 

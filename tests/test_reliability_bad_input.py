@@ -643,7 +643,7 @@ def cheap_features(monkeypatch):
     from types import SimpleNamespace
 
     from uamt.cli import models as cli_models
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.encoders import EncodeConfig
     from uamt.models import FeatureSource
 

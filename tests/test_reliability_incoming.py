@@ -39,7 +39,7 @@ import test_flows_harness as harness
 import yaml
 from test_flows_harness import REPO_ROOT
 
-from uamt.config import ConfigError, load_section
+from uamt.core.config import ConfigError, load_section
 from uamt.incoming import (
     DERIVED,
     IncomingConfig,

@@ -77,7 +77,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from uamt.config import DEFAULT_PARAMS, ConfigError, load_section, read_params
+from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section, read_params
 from uamt.core.errors import DataError, UamtError
 from uamt.data.datasets import DATASET_SPECS, DATASETS, DatasetSpec
 from uamt.data.schema import COLUMNS, decode_text, sample_std, to_arrow

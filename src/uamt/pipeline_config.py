@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.core.errors import DataError
 from uamt.naming import qe_model_name
 

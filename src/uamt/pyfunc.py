@@ -274,7 +274,7 @@ def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
     calibration first (cheap, and a corrupt file is named), then the model and the encoder (the
     shipped ONNX export where there is one).  Needs no MLflow: :class:`uamt.pyfunc_model.UamtPyfunc`
     calls it from ``load_context``, and :func:`uamt.predictor.load_predictor` directly."""
-    from uamt.config import ConfigError, from_dict
+    from uamt.core.config import ConfigError, from_dict
     from uamt.encoders import EncoderConfig, get_encoder
     from uamt.models.api import load
     from uamt.serving.model_calibration import Calibration

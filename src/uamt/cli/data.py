@@ -12,7 +12,7 @@ def _setup_logging() -> None:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.data.fetch import FetchConfig, fetch_all
 
     _setup_logging()
@@ -23,7 +23,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.data.prepare import PrepareConfig, format_summary, prepare, read_summary
 
     _setup_logging()
@@ -37,7 +37,7 @@ def _summary(args: argparse.Namespace) -> int:
 
     prepared = args.prepared
     if prepared is None:
-        from uamt.config import load_section
+        from uamt.core.config import load_section
         from uamt.data.prepare import PrepareConfig
 
         prepared = Path(load_section(PrepareConfig, "prepare", args.params).out_dir)

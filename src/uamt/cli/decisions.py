@@ -101,7 +101,7 @@ def register(subparsers) -> None:
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
-    from uamt.config import DEFAULT_PARAMS
+    from uamt.core.config import DEFAULT_PARAMS
 
     p.add_argument("--model", help="MLflow model URI or local pyfunc folder (default: the registered champion)")
     p.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file for register.model_name")

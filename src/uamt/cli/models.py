@@ -14,7 +14,7 @@ from pathlib import Path
 
 def _features(params: Path):
     """(EncodeConfig, features callable over the embedding cache)."""
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.encoders import EmbeddingCache, EncodeConfig, get_encoder
     from uamt.models.data import features_from_cache
 
@@ -64,7 +64,7 @@ HELD_OUT_SPLIT = "test"
 
 def _evaluation_settings(params: Path):
     """The ``evaluate:`` section of ``params`` (the calibrate stage's settings), defaults if absent."""
-    from uamt.config import load_section, read_params
+    from uamt.core.config import load_section, read_params
     from uamt.uncertainty import EvaluationSettings
 
     if "evaluate" not in read_params(params):
@@ -128,7 +128,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from uamt.config import DEFAULT_PARAMS
+    from uamt.core.config import DEFAULT_PARAMS
 
     p = subparsers.add_parser("train", help="train an uncertainty-aware estimator on the prepared splits")
     # Not enumerated here: the names live in uamt.models.specs.METHODS, which imports torch.

@@ -60,7 +60,7 @@ def _registry_init(args: argparse.Namespace) -> int:
 def pipeline_models(params_path: str) -> tuple[list[str], str | None]:
     """The registered models the register stage of ``params_path`` writes (``register.model_name``,
     and ``<name>-qe`` when ``pipeline.register_qe_method`` is set) and its ``register.tracking_uri``."""
-    from uamt.config import read_params
+    from uamt.core.config import read_params
     from uamt.naming import qe_registered_name
     from uamt.pipeline_config import load_pipeline
     from uamt.scoring.score import model_name_from_params

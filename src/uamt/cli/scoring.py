@@ -71,7 +71,7 @@ def language_pair(text: str) -> str:
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    from uamt.config import DEFAULT_PARAMS
+    from uamt.core.config import DEFAULT_PARAMS
 
     p.add_argument(
         "--model",

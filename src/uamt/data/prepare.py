@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from uamt.config import ConfigError
+from uamt.core.config import ConfigError
 from uamt.data import loaders
 from uamt.data.datasets import DATASET_SPECS, DATASETS, LoadOptions, dataset_spec, default_forced_splits
 from uamt.data.guard import GuardConfig, check_signal, chrf_signal, format_signal

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from uamt.config import ConfigError
+from uamt.core.config import ConfigError
 from uamt.core.errors import DataError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, fmt, save_figure, write_result

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from uamt.config import from_dict
+from uamt.core.config import from_dict
 from uamt.core.errors import DataError, UamtError
 from uamt.encoders.catalog import weights_id
 from uamt.fileio import atomic_dir as fileio_atomic_dir

@@ -50,7 +50,7 @@ BOOTSTRAP_METHOD = (
 
 def model_name_from_params(params_path: str | Path | None) -> str:
     """``register.model_name`` of the params file when present, else ``uamt-comet``."""
-    from uamt.config import ConfigError, read_params
+    from uamt.core.config import ConfigError, read_params
 
     if params_path is None or not Path(params_path).is_file():
         return DEFAULT_MODEL_NAME

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, ConfigError
+from uamt.core.config import DEFAULT_PARAMS, ConfigError
 from uamt.core.errors import UamtError
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.pipeline_config import CALIBRATION_DIR, PipelineConfig, load_pipeline
 from uamt.registry.register import RegisterSettings, register_pipeline_models

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, REPORT_PATH
 from uamt.fileio import atomic_write_text
 from uamt.pipeline_config import PipelineConfig, load_pipeline

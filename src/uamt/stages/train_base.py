@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from uamt.challenge import with_synthetic_failures
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.models.config import TrainConfig, load_train_config
 from uamt.models.shared_training import train_methods
