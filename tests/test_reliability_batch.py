@@ -159,7 +159,7 @@ def model_copy(uamt_model, tmp_path) -> Path:  # noqa: F811
 
 def test_resume_after_the_calibration_changed_is_refused(model_copy, fake_encoder, table, tmp_path):  # noqa: F811
     """A model folder (``--model DIR``) recalibrated in place between the kill and the restart."""
-    from uamt.fileio import sha256_file
+    from uamt.core.fileio import sha256_file
 
     settings = BatchSettings(model=str(model_copy), partition_rows=PARTITION_ROWS)
     out = tmp_path / "out"
@@ -253,7 +253,7 @@ def test_resume_scores_again_a_part_that_fails_verification(scoring_store, table
 
 
 def test_part_records_hold_checksum_and_row_range(scoring_store, table, tmp_path):
-    from uamt.fileio import sha256_file
+    from uamt.core.fileio import sha256_file
 
     out = tmp_path / "out"
     score_file(table, out, _settings(scoring_store))

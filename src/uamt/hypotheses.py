@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from uamt.core.errors import DataError, UamtError
-from uamt.fileio import atomic_write_json, atomic_write_text
+from uamt.core.fileio import atomic_write_json, atomic_write_text
 
 METHODS = ("mc-dropout", "beam", "diverse-beam", "sample")
 DEVICES = ("cpu", "cuda")

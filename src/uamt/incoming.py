@@ -79,9 +79,9 @@ from pydantic_core import PydanticCustomError
 
 from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section, read_params
 from uamt.core.errors import DataError, UamtError
+from uamt.core.fileio import atomic_path, atomic_write_bytes, sha256_bytes, wide_encoding_hint
 from uamt.data.datasets import DATASET_SPECS, DATASETS, DatasetSpec
 from uamt.data.schema import COLUMNS, decode_text, sample_std, to_arrow
-from uamt.fileio import atomic_path, atomic_write_bytes, sha256_bytes, wide_encoding_hint
 
 log = logging.getLogger(__name__)
 

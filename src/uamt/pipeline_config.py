@@ -139,7 +139,7 @@ def open_features(encode_cfg):
 
 def predict_split(model_dir: Path, frame: pd.DataFrame, features, out_path: Path) -> pd.DataFrame:
     """The predictions table of one model on one split, written atomically to ``out_path``."""
-    from uamt.fileio import atomic_path
+    from uamt.core.fileio import atomic_path
     from uamt.models.api import load
 
     table = load(model_dir).predictions_table(frame, features)

@@ -233,7 +233,7 @@ def _cached_folder(uri: str, model: str) -> Path | None:
 
 def _remember_folder(uri: str, model: str, folder: Path) -> None:
     """Record the resolution (best effort: an unwritable cache only costs the next start-up)."""
-    from uamt.fileio import atomic_write_json
+    from uamt.core.fileio import atomic_write_json
 
     stamp = _store_stamp(uri)
     if stamp is None:

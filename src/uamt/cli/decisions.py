@@ -109,7 +109,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 
 
 def _write_table(frame, path: Path) -> None:
-    from uamt.fileio import atomic_write_text
+    from uamt.core.fileio import atomic_write_text
     from uamt.scoring.io import json_safe
 
     if path.suffix == ".jsonl":

@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:
-    from uamt.fileio import atomic_write_json
+    from uamt.core.fileio import atomic_write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, payload, indent=2, allow_nan=True)

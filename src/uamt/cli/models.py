@@ -84,7 +84,7 @@ def with_calibration(table, calibration, confidence: float):
 
 
 def _write_table(table, out: Path) -> None:
-    from uamt.fileio import atomic_path
+    from uamt.core.fileio import atomic_path
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp:

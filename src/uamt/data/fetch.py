@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from uamt.core.errors import ChecksumError, DataError
-from uamt.fileio import atomic_path, sha256_file
+from uamt.core.fileio import atomic_path, sha256_file
 
 log = logging.getLogger(__name__)
 

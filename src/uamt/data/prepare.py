@@ -23,12 +23,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from uamt.core.config import ConfigError
+from uamt.core.fileio import atomic_dir, sha256_file, sha256_text
 from uamt.data import loaders
 from uamt.data.datasets import DATASET_SPECS, DATASETS, LoadOptions, dataset_spec, default_forced_splits
 from uamt.data.guard import GuardConfig, check_signal, chrf_signal, format_signal
 from uamt.data.schema import COLUMNS, SPLITS, to_arrow
 from uamt.data.splits import DEFAULT_FRACTIONS, assign_splits, check_disjoint, check_fractions
-from uamt.fileio import atomic_dir, sha256_file, sha256_text
 
 log = logging.getLogger(__name__)
 

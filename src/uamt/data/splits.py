@@ -25,8 +25,8 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from uamt.core.errors import DataError
+from uamt.core.fileio import sha256_text
 from uamt.data.schema import SPLITS, normalise_source
-from uamt.fileio import sha256_text
 
 log = logging.getLogger(__name__)
 

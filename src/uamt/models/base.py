@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from uamt.core.errors import UamtError
-from uamt.fileio import atomic_write_bytes
+from uamt.core.fileio import atomic_write_bytes
 from uamt.models.comet_parts import (
     FeedForward,
     LayerwiseAttention,

@@ -836,7 +836,7 @@ def read_marker(uri: str) -> dict[str, Any] | None:
 
 
 def _write_marker(uri: str, data: dict[str, Any]) -> None:
-    from uamt.fileio import atomic_write_json
+    from uamt.core.fileio import atomic_write_json
 
     path = marker_path(uri)
     if path is not None:

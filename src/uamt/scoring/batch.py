@@ -260,7 +260,7 @@ def input_columns(path: str | Path) -> list[str]:
         Unsupported suffix, unreadable file, a CSV in UTF-16/32 or with a header that is not
         UTF-8, or a required column missing (file and column named).
     """
-    from uamt.fileio import wide_encoding_hint
+    from uamt.core.fileio import wide_encoding_hint
 
     path = Path(path)
     fmt = input_format(path)
@@ -492,7 +492,7 @@ class ModelPin:
 
 def _artifact_sha256(path: Path) -> str:
     """sha256 of a file, or of a folder's files (relative names and contents, in name order)."""
-    from uamt.fileio import sha256_file, sha256_text
+    from uamt.core.fileio import sha256_file, sha256_text
 
     if path.is_file():
         return sha256_file(path)
@@ -597,7 +597,7 @@ def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings)
         the file written, ``lps`` (``[{lp, how, rows, seen_in_training}]``), and the model's
         ``known_lps`` and ``unseen_lp_sigma_factor``.
     """
-    from uamt.fileio import atomic_path, sha256_file
+    from uamt.core.fileio import atomic_path, sha256_file
     from uamt.scoring.language_pair import predictor_language_pair
     from uamt.scoring.score import check_signature
     from uamt.serving import scorer
@@ -828,7 +828,7 @@ class _Manifest:
         return self.data["parts"]
 
     def save(self) -> None:
-        from uamt.fileio import atomic_write_text
+        from uamt.core.fileio import atomic_write_text
 
         atomic_write_text(self.path, json.dumps(self.data, indent=2) + "\n")
 
@@ -863,7 +863,7 @@ def part_problem(path: Path, record: dict[str, Any] | None, rows: list[int]) -> 
     A part is trusted only when its bytes have the sha256 recorded when it was written, it reads
     back, and its ``row`` column is exactly ``rows`` (the input rows of its partition).
     """
-    from uamt.fileio import sha256_file
+    from uamt.core.fileio import sha256_file
 
     if not path.is_file():
         return "recorded as written but missing"
@@ -1033,7 +1033,7 @@ def score_file(
     book.data["n_rows"] = tally.n_rows
     book.data["lps"] = list(lps.lps)
     book.save()
-    from uamt.fileio import atomic_write_text
+    from uamt.core.fileio import atomic_write_text
 
     atomic_write_text(out_dir / SUCCESS, "")
     return BatchResult(

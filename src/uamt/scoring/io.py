@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from uamt.core.errors import DataError
-from uamt.fileio import (
+from uamt.core.fileio import (
     atomic_write_text,  # noqa: F401 - re-exported for scoring
     wide_encoding_hint,
 )

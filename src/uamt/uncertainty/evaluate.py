@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
-from uamt.fileio import atomic_write_json
+from uamt.core.fileio import atomic_write_json
 from uamt.uncertainty.calibrators import MU_SCALINGS, AffineVarianceCalibrator, FixedVarianceCalibrator
 from uamt.uncertainty.candidates import (
     DEFAULT_CANDIDATES,
