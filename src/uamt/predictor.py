@@ -36,7 +36,7 @@ from typing import Protocol, runtime_checkable
 import pandas as pd
 
 from uamt.core.errors import UamtError
-from uamt.scale import ScoreScale
+from uamt.core.scale import ScoreScale
 
 OUTPUT_COLUMNS = ("mu", "sigma", "lower", "upper", "risk")
 

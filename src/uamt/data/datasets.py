@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from uamt.core.scale import ScoreScale
 from uamt.data import loaders
 from uamt.data.schema import DA_Z_RANGE, HTER_RANGE, MQM_RANGE
 from uamt.data.sources import bio_mqm, wmt23
-from uamt.scale import ScoreScale
 
 
 @dataclass(frozen=True)
