@@ -35,8 +35,8 @@ import pandas as pd
 from uamt.core.errors import DataError, UamtError
 from uamt.core.fileio import atomic_write_text
 from uamt.core.scale import ScoreScale
+from uamt.core.textcheck import is_blank, text_problem
 from uamt.serving.multi_reference import N_REFS, distinct_references
-from uamt.textcheck import is_blank, text_problem
 
 
 def scale_for(datasets: tuple[str, ...]) -> ScoreScale:

@@ -45,9 +45,9 @@ from typing import Any
 import pandas as pd
 
 from uamt.core.errors import UamtError
+from uamt.core.textcheck import blank_detail, is_blank
 from uamt.predictor import Predictor
 from uamt.serving.scorer import FlagSettings, ScoringSettings, work_chunks  # noqa: F401 - work_chunks: its old home
-from uamt.textcheck import blank_detail, is_blank
 
 FORMAT_KEYS = ("dataframe_records", "dataframe_split", "inputs", "instances")
 #: Fields of the request's ``params`` (MLflow's place for inference parameters beside the data).

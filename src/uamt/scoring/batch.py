@@ -372,7 +372,7 @@ def iter_partitions(path: str | Path, partition_rows: int) -> Iterator[tuple[int
 def check_rows(frame: pd.DataFrame, path: str | Path) -> None:
     """Refuse a missing or empty text field or one that is not UTF-8, naming the file, the input
     row and the column (an ``lp`` value is checked by :func:`language_pair_value`)."""
-    from uamt.textcheck import blank_detail, is_blank
+    from uamt.core.textcheck import blank_detail, is_blank
 
     for column in ("src", "mt", "ref", "lp"):
         if column not in frame.columns:

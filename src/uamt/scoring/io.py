@@ -22,7 +22,7 @@ from uamt.core.fileio import (
     atomic_write_text,  # noqa: F401 - re-exported for scoring
     wide_encoding_hint,
 )
-from uamt.textcheck import blank_detail, is_blank
+from uamt.core.textcheck import blank_detail, is_blank
 
 #: Output suffix -> format for segment-level results.
 SEGMENT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -102,7 +102,7 @@ def read_lines(
     uamt.core.errors.DataError
         The file is missing or unreadable, over ``max_file_bytes``, is not valid UTF-8 (message
         names the line and byte offset), is empty, has an empty line (whitespace or invisible
-        characters only: NUL, U+FEFF, U+200B, U+2060, ...; see :mod:`uamt.textcheck`), a carriage
+        characters only: NUL, U+FEFF, U+200B, U+2060, ...; see :mod:`uamt.core.textcheck`), a carriage
         return inside a line (CR-only line ends would merge segments), or a line longer than
         ``max_segment_chars`` (message names the line).
     """

@@ -99,7 +99,7 @@ def load_model(
 
 def _texts(name: str, values: Any, n: int | None = None) -> list[str]:
     """``values`` as a list of non-blank strings (``n`` of them where given), else DataError."""
-    from uamt.textcheck import text_problem
+    from uamt.core.textcheck import text_problem
 
     if isinstance(values, str) or not isinstance(values, Sequence | Iterator) and not hasattr(values, "tolist"):
         raise DataError(f"{name} must be a list of strings (one per segment), got {type(values).__name__}")
