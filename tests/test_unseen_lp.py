@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from uamt.core.errors import UamtError
-from uamt.langid import detect_language, detect_pair
+from uamt.core.langid import detect_language, detect_pair
 from uamt.serving.model_calibration import Calibration, fit_unseen_lp_sigma_factor
 from uamt.uncertainty import (
     AffineVarianceCalibrator,
