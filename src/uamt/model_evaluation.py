@@ -37,8 +37,8 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
+from uamt.core.naming import is_reference_free, qe_model_name
 from uamt.encoders import EncodeConfig
-from uamt.naming import is_reference_free, qe_model_name
 from uamt.pipeline_config import (
     PipelineConfig,
     open_features,

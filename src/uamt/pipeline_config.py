@@ -13,7 +13,7 @@ import pandas as pd
 
 from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.core.errors import DataError
-from uamt.naming import qe_model_name
+from uamt.core.naming import qe_model_name
 
 SECTION = "pipeline"
 

@@ -61,7 +61,7 @@ def pipeline_models(params_path: str) -> tuple[list[str], str | None]:
     """The registered models the register stage of ``params_path`` writes (``register.model_name``,
     and ``<name>-qe`` when ``pipeline.register_qe_method`` is set) and its ``register.tracking_uri``."""
     from uamt.core.config import read_params
-    from uamt.naming import qe_registered_name
+    from uamt.core.naming import qe_registered_name
     from uamt.pipeline_config import load_pipeline
     from uamt.scoring.score import model_name_from_params
 

@@ -35,8 +35,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from uamt.core.naming import qe_model_name, qe_registered_name
 from uamt.encoders import EncodeConfig
-from uamt.naming import qe_model_name, qe_registered_name
 from uamt.pipeline_config import PipelineConfig
 from uamt.registry.store import SUMMARY_PATH, Gates
 

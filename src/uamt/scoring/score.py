@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError, UamtError
-from uamt.naming import qe_registered_name
+from uamt.core.naming import qe_registered_name
 from uamt.predictor import Predictor
 from uamt.uncertainty.metrics import gaussian_interval
 
