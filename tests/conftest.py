@@ -35,7 +35,7 @@ def _uamt_cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def _offline_env(monkeypatch, _uamt_cache_dir):
     # Tests must never reach a model hub, and must never write to the user's MLflow store or cache
-    # (the model-resolution cache of uamt.predictor).
+    # (the model-resolution cache of uamt.serving.predictor).
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.setenv("UAMT_CACHE_DIR", str(_uamt_cache_dir))

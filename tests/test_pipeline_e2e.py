@@ -102,8 +102,8 @@ def assert_valid_intervals(out) -> None:
 
 @pytest.mark.slow
 def test_registered_champion_scores_new_text(pipeline_run):
-    from uamt.predictor import load_predictor
     from uamt.registry.store import tracking_uri
+    from uamt.serving.predictor import load_predictor
 
     summary = json.loads((pipeline_run / SUMMARY_PATH).read_text())
     assert summary["version"] == "1" and summary["promoted"], summary

@@ -17,9 +17,9 @@ from test_scoring_support import FakePredictor, write_lines
 import uamt
 from uamt.cli import main
 from uamt.core.errors import DataError, UamtError
-from uamt.predictor import ScoreScale
 from uamt.pyfunc import clip_to_scale
 from uamt.serving import scorer
+from uamt.serving.predictor import ScoreScale
 from uamt.uncertainty.metrics import gaussian_interval, translation_risk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def fake_models(monkeypatch):
         loaded.append(uri)
         return LanguagePairFakePredictor(uses_references="-qe" not in str(uri))
 
-    monkeypatch.setattr("uamt.predictor.load_predictor", load_predictor)
+    monkeypatch.setattr("uamt.serving.predictor.load_predictor", load_predictor)
     return loaded
 
 

@@ -186,12 +186,12 @@ def test_refusal_table_covers_each_item():
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[c.id for c in REFUSALS])
 def test_scoring_refusal_before_loading_leaves_everything_as_it_was(case, tmp_path, capsys, monkeypatch, scoring_tracking):
-    import uamt.predictor
+    import uamt.serving.predictor
 
     def no_loading(model):
         raise AssertionError("the model was loaded before the input was refused")
 
-    monkeypatch.setattr(uamt.predictor, "load_predictor", no_loading)
+    monkeypatch.setattr(uamt.serving.predictor, "load_predictor", no_loading)
     argv = case.setup(tmp_path)
     previous = tmp_path / "out" / "scores.jsonl"
     if previous.parent.is_dir():
@@ -564,7 +564,7 @@ def _jsonl(text: str):
 
 
 def test_scores_respect_the_scale_bounds(uamt_model, fake_encoder, tmp_path, capsys, scoring_tracking):
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     mt = [*MT[:19], REF[19]]  # the last translation is the reference itself
     argv = _score_argv(tmp_path, "--risk-threshold", "-5", mt=mt, out=None)
@@ -596,7 +596,7 @@ def test_scores_respect_the_scale_bounds(uamt_model, fake_encoder, tmp_path, cap
 
 def test_a_spec_without_bounds_takes_them_from_its_datasets(uamt_model, fake_encoder, tmp_path):
     """Models registered before scales carried bounds are clipped too (their spec lists the datasets)."""
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     folder = Path(shutil.copytree(uamt_model, tmp_path / "model"))
     spec_path = folder / "artifacts" / "spec.json"
@@ -607,7 +607,7 @@ def test_a_spec_without_bounds_takes_them_from_its_datasets(uamt_model, fake_enc
 
 
 def test_pyfunc_refuses_invisible_only_text(uamt_model, fake_encoder):
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     predictor = load_predictor(str(uamt_model))
     frame = pd.DataFrame({"src": SRC[:2], "mt": [MT[0], "\u200b\u2060"], "ref": REF[:2]})
@@ -647,7 +647,7 @@ def test_progress_bar_counts_segments(uamt_model, fake_encoder, monkeypatch):
     """The bar counts segments and moves every encoder batch (it used to jump once per 1,024)."""
     import tqdm
 
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     updates: list[int] = []
 
@@ -670,8 +670,8 @@ def test_metadata_says_what_the_model_was_trained_and_calibrated_on(uamt_model, 
     """/metadata is read from the pyfunc's artefacts: datasets, domains, LPs with their calibration,
     the scale and its range, the calibration in force."""
     from uamt.data.loaders import WMT21_MQM_LPS
-    from uamt.predictor import load_predictor
     from uamt.rest import ScoringService
+    from uamt.serving.predictor import load_predictor
 
     predictor = load_predictor(str(uamt_model))
     metadata = ScoringService(predictor, str(uamt_model)).metadata()
@@ -710,8 +710,8 @@ def lp_model(uamt_model, tmp_path_factory):
 def test_unseen_language_pair_is_widened_and_warned_over_rest(lp_model, fake_encoder):
     """An lp the model has no calibration for used to be refused (400), and before that silently got
     the global calibration: now it gets the global calibration widened x1.30, and a warning."""
-    from uamt.predictor import load_predictor
     from uamt.rest import ScoringService
+    from uamt.serving.predictor import load_predictor
 
     predictor = load_predictor(str(lp_model))
     assert predictor.known_lps == ["en-de", "zh-en"] and predictor.unseen_lp_sigma_factor == 1.3

@@ -281,8 +281,8 @@ class _ConstantModel(mlflow.pyfunc.PythonModel):
 def test_registered_model_lists_installed_requirements(tmp_path, monkeypatch):
     from importlib.metadata import version
 
-    from uamt.predictor import warn_requirement_mismatches
     from uamt.registry import store as registry
+    from uamt.serving.predictor import warn_requirement_mismatches
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.chdir(tmp_path)
@@ -308,17 +308,17 @@ def test_registered_model_lists_installed_requirements(tmp_path, monkeypatch):
 def test_loading_checks_requirements_itself_and_names_an_unmet_one(scoring_store, tmp_path, monkeypatch, caplog):
     import mlflow.pyfunc as mlflow_pyfunc
 
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     calls = []
     monkeypatch.setattr(mlflow_pyfunc, "warn_dependency_requirement_mismatches", calls.append)
     folder = Path(mlflow.artifacts.download_artifacts(f"models:/{REF_MODEL}@champion", dst_path=str(tmp_path)))
-    with caplog.at_level("WARNING", logger="uamt.predictor"):
+    with caplog.at_level("WARNING", logger="uamt.serving.predictor"):
         load_predictor(str(folder))
     assert calls == [] and "does not meet" not in caplog.text  # MLflow's slow scan is not run
     requirements = folder / "requirements.txt"
     requirements.write_text(requirements.read_text() + "\nuamt-no-such-distribution==1.0\nnumpy<1.0\n")
-    with caplog.at_level("WARNING", logger="uamt.predictor"):
+    with caplog.at_level("WARNING", logger="uamt.serving.predictor"):
         load_predictor(str(folder))
     assert "uamt-no-such-distribution (current: uninstalled, required: uamt-no-such-distribution==1.0)" in caplog.text
     assert "numpy (current: " in caplog.text and "required: numpy<1.0)" in caplog.text

@@ -18,7 +18,7 @@ import pandas as pd
 from sacrebleu.metrics import CHRF
 
 import mlflow
-from uamt.predictor import ScoreScale
+from uamt.serving.predictor import ScoreScale
 from uamt.uncertainty.metrics import gaussian_interval, translation_risk
 
 REF_MODEL = "uamt-test"
@@ -42,7 +42,7 @@ def fake_sigma(mt: str) -> float:
 
 
 class FakePredictor:
-    """Implements :class:`uamt.predictor.Predictor` cheaply and deterministically."""
+    """Implements :class:`uamt.serving.predictor.Predictor` cheaply and deterministically."""
 
     def __init__(self, uses_references: bool = True):
         self.uses_references = uses_references

@@ -27,8 +27,8 @@ from test_scoring_support import (
     running_server,
 )
 
-from uamt.predictor import load_predictor
 from uamt.rest import ScoringService, ServeSettings
+from uamt.serving.predictor import load_predictor
 
 # Short deadlines, so that the slow-client cases take a second, not the production 10 s / 30 s.
 SETTINGS = ServeSettings(

@@ -99,7 +99,7 @@ def served(tmp_path_factory, one_torch_thread):
 
 
 def test_onnx_served_model_scores_like_torch(served):
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     frame = sentence_table(24, 3)[["src", "mt", "ref"]]
     long_text = "a very long sentence " * 200
@@ -117,7 +117,7 @@ def test_onnx_served_model_scores_like_torch(served):
 def test_onnx_served_model_loads_without_transformers_comet_or_lightning(served, tmp_path):
     code = (
         "import sys, json, pandas as pd;"
-        "from uamt.predictor import load_predictor;"
+        "from uamt.serving.predictor import load_predictor;"
         f"p = load_predictor({str(served['onnx'])!r});"
         "out = p.predict_frame(pd.DataFrame({'src': ['Ein Test.'], 'mt': ['A test.'], 'ref': ['A test.']}),"
         " confidence=0.9, risk_threshold=-5.0);"
@@ -132,7 +132,7 @@ def test_onnx_served_model_loads_without_transformers_comet_or_lightning(served,
 
 def _load_in_subprocess(model: str, env: dict, cwd: Path) -> dict:
     code = (
-        "import sys, json; from uamt.predictor import load_predictor;"
+        "import sys, json; from uamt.serving.predictor import load_predictor;"
         f"p = load_predictor({model!r});"
         "print(json.dumps({'mlflow': 'mlflow' in sys.modules, 'onnx': p.encoder.encoder_id.endswith('+ort')}))"
     )

@@ -80,7 +80,7 @@ def clip_to_scale(out: pd.DataFrame, bounds, threshold: float) -> pd.DataFrame:
 
 
 class CalibratedPredictor:
-    """A trained model + its dev calibration + an encoder: the :class:`uamt.predictor.Predictor`."""
+    """A trained model + its dev calibration + an encoder: the :class:`uamt.serving.predictor.Predictor`."""
 
     def __init__(
         self,
@@ -273,7 +273,7 @@ def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
     """The :class:`CalibratedPredictor` of a uamt model's artifacts (name -> local path): spec and
     calibration first (cheap, and a corrupt file is named), then the model and the encoder (the
     shipped ONNX export where there is one).  Needs no MLflow: :class:`uamt.pyfunc_model.UamtPyfunc`
-    calls it from ``load_context``, and :func:`uamt.predictor.load_predictor` directly."""
+    calls it from ``load_context``, and :func:`uamt.serving.predictor.load_predictor` directly."""
     from uamt.core.config import ConfigError, from_dict
     from uamt.encoders import EncoderConfig, get_encoder
     from uamt.models.api import load

@@ -1,7 +1,7 @@
 """The MLflow face of a uamt model: ``mlflow.pyfunc.PythonModel`` around :func:`uamt.pyfunc.load_from_artifacts`.
 
 Its own module so that :mod:`uamt.pyfunc` (the predictor) imports no MLflow: ``uamt score`` loads a
-local uamt model straight from its artifacts (:func:`uamt.predictor.load_predictor`), about two
+local uamt model straight from its artifacts (:func:`uamt.serving.predictor.load_predictor`), about two
 seconds of start-up less.
 """
 

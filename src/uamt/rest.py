@@ -46,7 +46,7 @@ import pandas as pd
 
 from uamt.core.errors import UamtError
 from uamt.core.textcheck import blank_detail, is_blank
-from uamt.predictor import Predictor
+from uamt.serving.predictor import Predictor
 from uamt.serving.scorer import FlagSettings, ScoringSettings, work_chunks  # noqa: F401 - work_chunks: its old home
 
 FORMAT_KEYS = ("dataframe_records", "dataframe_split", "inputs", "instances")
@@ -439,7 +439,7 @@ def registered_version(model_uri: str, tracking_uri: str | None = None) -> dict[
     empty for a run or a folder.
 
     The alias is looked up in the store every command uses (:func:`uamt.registry.store.tracking_uri`;
-    ``$MLFLOW_REGISTRY_URI`` where set, as :func:`uamt.predictor.load_predictor` does), never in
+    ``$MLFLOW_REGISTRY_URI`` where set, as :func:`uamt.serving.predictor.load_predictor` does), never in
     MLflow's own default (which would create ``mlflow.db`` in the working folder).
     """
     if not model_uri.startswith("models:/"):

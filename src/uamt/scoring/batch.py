@@ -37,7 +37,7 @@ Workers
     Every partition is scored by :func:`score_partition`, in this process or on a Dask worker; a
     worker loads the model once (:func:`cached_predictor`, one per process and model URI) and
     scores all its partitions with it.  The numbers are those of ``uamt score`` with the same
-    ``--lp``: the same :class:`~uamt.predictor.Predictor` and ``predict_frame`` call.
+    ``--lp``: the same :class:`~uamt.serving.predictor.Predictor` and ``predict_frame`` call.
 """
 
 from __future__ import annotations
@@ -508,9 +508,9 @@ def pin_model(model: str, tracking_uri: str | None = None) -> ModelPin:
     uamt.core.errors.UamtError
         The tracking store does not exist, or the model or alias cannot be resolved (named).
     """
-    from uamt.predictor import _resolve_local_folder, uamt_artifacts
     from uamt.registry.store import check_store_exists
     from uamt.registry.store import tracking_uri as configured_tracking_uri
+    from uamt.serving.predictor import _resolve_local_folder, uamt_artifacts
 
     uri = tracking_uri or configured_tracking_uri()
     name = version = None
@@ -564,7 +564,7 @@ def cached_predictor(model: str, tracking_uri: str | None = None):
     with _PREDICTORS_LOCK:
         predictor = _PREDICTORS.get(key)
         if predictor is None:
-            from uamt.predictor import load_predictor
+            from uamt.serving.predictor import load_predictor
 
             if tracking_uri and os.environ.get("MLFLOW_TRACKING_URI") != tracking_uri:
                 # load_predictor reads the store from the environment; a remote worker has its own.

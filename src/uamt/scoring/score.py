@@ -1,4 +1,4 @@
-"""Segment and system scores with calibrated intervals from a :class:`uamt.predictor.Predictor`.
+"""Segment and system scores with calibrated intervals from a :class:`uamt.serving.predictor.Predictor`.
 
 System score
     The mean of the segment means, :math:`\\bar\\mu = \\frac1n \\sum_i \\hat\\mu_i`.  Assuming
@@ -28,7 +28,7 @@ import pandas as pd
 
 from uamt.core.errors import DataError, UamtError
 from uamt.core.naming import qe_registered_name
-from uamt.predictor import Predictor
+from uamt.serving.predictor import Predictor
 from uamt.uncertainty.metrics import gaussian_interval
 
 DEFAULT_MODEL_NAME = "uamt-comet"
@@ -84,7 +84,7 @@ def load_scoring_predictor(
         registered ..."), or it is reference-free but references were given, or it needs
         references and none were given.
     """
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     uri = model or default_model_uri(reference_free=not has_references, params_path=params_path)
     try:

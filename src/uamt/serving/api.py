@@ -78,8 +78,8 @@ def load_model(
     >>> model = uamt.load_model("models:/uamt-comet@champion")  # doctest: +SKIP
     >>> model.score(src=["Das ist gut."], mt=["This is good."], ref=["That is good."])  # doctest: +SKIP
     """
-    from uamt.predictor import load_predictor
     from uamt.scoring.score import default_model_uri
+    from uamt.serving.predictor import load_predictor
 
     if model is None:
         uri = default_model_uri(reference_free=reference_free, params_path=params_path)
@@ -119,7 +119,7 @@ class Model:
     ----------
     uri : str
         The model as loaded (URI or folder).
-    predictor : uamt.predictor.Predictor
+    predictor : uamt.serving.predictor.Predictor
         The calibrated predictor inside.
     """
 

@@ -9,7 +9,7 @@ batch scoring (:func:`uamt.scoring.batch.score_partition`) and the Python API
    ``lp`` value, else detected from the row's ``src`` and ``mt``;
 2. the predictor's calibrated predictions, clipped to the scale's range (``predict_frame``);
 3. the output checked once (:func:`check_output`: every column of
-   :data:`uamt.predictor.OUTPUT_COLUMNS`, one row per input row) and returned with how each row's
+   :data:`uamt.serving.predictor.OUTPUT_COLUMNS`, one row per input row) and returned with how each row's
    pair was chosen (:class:`ScoredBatch`).
 
 The settings every path shares are validated once, here (:class:`ScoringSettings`,
@@ -27,7 +27,7 @@ from typing import Any
 
 from uamt.core.errors import DataError, UamtError
 
-#: Per-segment variances some methods add to :data:`uamt.predictor.OUTPUT_COLUMNS`.
+#: Per-segment variances some methods add to :data:`uamt.serving.predictor.OUTPUT_COLUMNS`.
 VARIANCE_COLUMNS = ("epistemic_var", "aleatoric_var")
 #: How the pair of a row was chosen: ``lp`` given, the row's ``lp`` value, detected from the row's
 #: texts, not detectable (scored as the unseen pair ``und``), nothing to choose (a model calibrated
@@ -171,7 +171,7 @@ def score_flags(predictor, frame, scored: ScoredBatch, flag: FlagSettings, **sco
 
 
 class ModelOutputError(UamtError):
-    """The model's output lacks a column of :data:`uamt.predictor.OUTPUT_COLUMNS` or has another
+    """The model's output lacks a column of :data:`uamt.serving.predictor.OUTPUT_COLUMNS` or has another
     number of rows than its input: not a uamt model, or a broken one."""
 
 
@@ -186,7 +186,7 @@ class ScoringTimeout(UamtError):
 
 def output_columns(out) -> list[str]:
     """The prediction columns of ``out`` in their order: the required ones, then the variances it has."""
-    from uamt.predictor import OUTPUT_COLUMNS
+    from uamt.serving.predictor import OUTPUT_COLUMNS
 
     return [*OUTPUT_COLUMNS, *[c for c in VARIANCE_COLUMNS if c in out.columns]]
 
@@ -196,7 +196,7 @@ def check_output(out, n_rows: int):
 
     The one check of a model's output (:class:`ModelOutputError` otherwise).
     """
-    from uamt.predictor import OUTPUT_COLUMNS
+    from uamt.serving.predictor import OUTPUT_COLUMNS
 
     missing = [c for c in OUTPUT_COLUMNS if c not in out.columns]
     if missing:
@@ -317,7 +317,7 @@ def score_texts(
 
     Parameters
     ----------
-    predictor : uamt.predictor.Predictor
+    predictor : uamt.serving.predictor.Predictor
     frame : pandas.DataFrame
         ``src``, ``mt`` (str); ``ref`` (str) or ``refs`` (list of str) for a reference-based model;
         optionally ``lp`` (each row's pair, None to have it detected).
