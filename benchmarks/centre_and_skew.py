@@ -4,7 +4,7 @@ For each model, the calibration is fitted on its dev predictions exactly as the 
 (:func:`uamt.serving.model_calibration.fit_calibration` with the ``evaluate:`` section of ``--params``) and applied
 to its test predictions through what serving calls (:meth:`Calibration.interval`,
 :meth:`Calibration.risk`, :meth:`Calibration.apply`), with mu and the interval clipped to the MQM
-scale [-25, 0] as :func:`uamt.pyfunc.clip_to_scale` does.  Per LP and pooled it prints:
+scale [-25, 0] as :func:`uamt.serving.calibrated_predictor.clip_to_scale` does.  Per LP and pooled it prints:
 
 * ``cov`` coverage of the 90 % interval, ``lo``/``hi`` the shares of human scores below / above it
   (goal: 0.05 each), ``width`` the mean served (clipped) width in MQM points and ``raw w`` unclipped;

@@ -170,7 +170,7 @@ def test_loading_and_predicting_never_imports_lightning(tmp_path):
     path = train("hts", CFG.replace(max_epochs=1), TRAIN, DEV, FEATURES, tmp_path / "m")
     code = (
         "import sys; from tests.fakes import FEATURES; from tests.test_models import TEST;"
-        "from uamt.models import load; import uamt.pyfunc;"
+        "from uamt.models import load; import uamt.serving.calibrated_predictor;"
         f"load({str(path)!r}).predict(TEST, FEATURES);"
         "print(sorted(m for m in ('pytorch_lightning', 'torchmetrics', 'transformers', 'comet') if m in sys.modules))"
     )

@@ -10,7 +10,7 @@ def _parameters(function) -> list[tuple[str, object, object]]:
 
 
 def test_protocol_predict_frame_matches_the_calibrated_predictor():
-    from uamt.pyfunc import CalibratedPredictor
+    from uamt.serving.calibrated_predictor import CalibratedPredictor
     from uamt.serving.predictor import Predictor
 
     declared = _parameters(Predictor.predict_frame)

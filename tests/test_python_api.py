@@ -17,8 +17,8 @@ from test_scoring_support import FakePredictor, write_lines
 import uamt
 from uamt.cli import main
 from uamt.core.errors import DataError, UamtError
-from uamt.pyfunc import clip_to_scale
 from uamt.serving import scorer
+from uamt.serving.calibrated_predictor import clip_to_scale
 from uamt.serving.predictor import ScoreScale
 from uamt.uncertainty.metrics import gaussian_interval, translation_risk
 

@@ -1,7 +1,7 @@
 """A deterministic fake calibrated predictor, wrapped as a real MLflow pyfunc in a tmp SQLite registry.
 
 Used by test_scoring*.py and test_serve*.py so that ``load_predictor`` and the whole CLI / REST
-path run for real; the lead's ``uamt.pyfunc`` model plugs into the same path unchanged.
+path run for real; the lead's ``uamt.serving.calibrated_predictor`` model plugs into the same path unchanged.
 The fake: mu = mean over references of sentence chrF(mt, ref) / 100 (reference-based) or the
 character-length ratio of mt and src (reference-free); sigma = 0.05 + 1 / (10 + len(mt)).
 """

@@ -1,6 +1,6 @@
-"""The MLflow face of a uamt model: ``mlflow.pyfunc.PythonModel`` around :func:`uamt.pyfunc.load_from_artifacts`.
+"""The MLflow face of a uamt model: ``mlflow.pyfunc.PythonModel`` around :func:`uamt.serving.calibrated_predictor.load_from_artifacts`.
 
-Its own module so that :mod:`uamt.pyfunc` (the predictor) imports no MLflow: ``uamt score`` loads a
+Its own module so that :mod:`uamt.serving.calibrated_predictor` (the predictor) imports no MLflow: ``uamt score`` loads a
 local uamt model straight from its artifacts (:func:`uamt.serving.predictor.load_predictor`), about two
 seconds of start-up less.
 """
@@ -12,11 +12,11 @@ from typing import Any
 import mlflow.pyfunc
 import pandas as pd
 
-from uamt.pyfunc import load_from_artifacts
+from uamt.serving.calibrated_predictor import load_from_artifacts
 
 
 class UamtPyfunc(mlflow.pyfunc.PythonModel):
-    """MLflow wrapper; ``self.predictor`` is the :class:`~uamt.pyfunc.CalibratedPredictor`."""
+    """MLflow wrapper; ``self.predictor`` is the :class:`~uamt.serving.calibrated_predictor.CalibratedPredictor`."""
 
     def load_context(self, context) -> None:
         """Load spec, calibration, model and encoder from the model's artifacts."""

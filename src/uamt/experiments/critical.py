@@ -14,7 +14,7 @@ its pseudo-references come from an MT system outside the evaluated ones (PRISM).
 pseudo-references of a segment are the other WMT21 systems' outputs for the same source
 (:func:`uamt.experiments.common.pseudo_reference_rows`), scored by the pipeline's reference-based
 models and combined over pseudo-references by averaging the per-reference ``mu`` and ``sigma`` as
-:meth:`uamt.pyfunc.CalibratedPredictor.raw_predict` does.  The standard setting with the real human
+:meth:`uamt.serving.calibrated_predictor.CalibratedPredictor.raw_predict` does.  The standard setting with the real human
 reference is reported beside it.
 
 Ranking by risk uses the monotone equivalent ``(q_err - mu) / sigma`` of ``Phi(.)``: the same order,
@@ -282,7 +282,7 @@ def predict_over_references(
     """``mu, sigma`` per row on the model's score scale, averaged over the row's references.
 
     Each (row, reference) pair is scored once; the per-reference means and standard deviations are
-    averaged, as :meth:`uamt.pyfunc.CalibratedPredictor.raw_predict` combines several references.
+    averaged, as :meth:`uamt.serving.calibrated_predictor.CalibratedPredictor.raw_predict` combines several references.
     ``sigma`` is NaN for a point estimate.
     """
     if len(references) != len(rows):
@@ -567,6 +567,8 @@ def analyse(
             "seed": seed,
             "target": "MQM score / MT words (whitespace tokens); worst n % per LP, ties by row order",
             "excluded_systems": "human translations (ref-A .. ref-D) are neither evaluated nor pseudo-references",
+            # The text is part of the recorded results (metrics/experiments/critical.json): it keeps
+            # the module's old name, uamt.pyfunc, so that the results stay identical.
             "reference_combination": "mean of per-reference mu and sigma (as uamt.pyfunc raw_predict)",
             "q_err": "tuned per setting x model x LP x n% on dev: max mean Recall@N over N = 1..n_max(dev), "
             f"grid = dev-mu quantiles {THRESHOLD_QUANTILES[0]}..{THRESHOLD_QUANTILES[-1]} "

@@ -23,7 +23,7 @@ A reference set ``R_j`` (one per row, :func:`select_references`) is then combine
 :func:`uamt.uncertainty.samples_to_mu_sigma` (heteroscedastic samples: Eq. 4 of Zerva et al. on the
 reference-averaged means and variances), or -- without samples -- the average of the per-reference
 means and of the per-reference standard deviations, which is what the deployed model does with several
-references (:meth:`uamt.pyfunc.CalibratedPredictor.raw_predict`).
+references (:meth:`uamt.serving.calibrated_predictor.CalibratedPredictor.raw_predict`).
 
 Configurations of Tables 5-6: for every subset ``R`` of the references, ``single`` (|R| = 1),
 ``S-N`` (N < |R| references sampled per row without replacement, seeded, and combined) and ``Mul``

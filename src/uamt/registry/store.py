@@ -764,7 +764,7 @@ def register_candidate(
         :func:`gate_and_alias` runs.
     """
     import mlflow
-    from uamt.pyfunc import pip_requirements
+    from uamt.serving.calibrated_predictor import pip_requirements
 
     db = sqlite_path(uri)
     if db is not None:

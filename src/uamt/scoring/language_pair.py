@@ -254,7 +254,7 @@ def choose_language_pair(
 def predictor_language_pair(predictor, src: Sequence[str], mt: Sequence[str], lp: str | None) -> LanguagePairChoice:
     """:func:`choose_language_pair` with what ``predictor`` knows about language pairs.
 
-    A :class:`~uamt.pyfunc.CalibratedPredictor` names the LPs with a calibration of their own
+    A :class:`~uamt.serving.calibrated_predictor.CalibratedPredictor` names the LPs with a calibration of their own
     (``known_lps``) and its ``unseen_lp_sigma_factor``; only such a model gets the pair detected
     when none is given (there is nothing to choose otherwise).  A model calibrated only globally is
     judged by the LPs it was trained on (``language_pairs``); a given ``lp`` is checked against the

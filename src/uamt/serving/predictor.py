@@ -2,7 +2,7 @@
 
 A :class:`Predictor` turns segments into calibrated Gaussian quality predictions on the scale of
 the human scores it was calibrated on.  The registered MLflow pyfunc wraps one
-(:mod:`uamt.pyfunc`); :func:`load_predictor` resolves ``models:/<name>@<alias>``, ``runs:/...``
+(:mod:`uamt.serving.calibrated_predictor`); :func:`load_predictor` resolves ``models:/<name>@<alias>``, ``runs:/...``
 or a local pyfunc folder to it.
 
 Input frame columns
@@ -335,7 +335,7 @@ def load_predictor(model: str) -> Predictor:
         if artifacts is not None:
             # A uamt model on this file system: loaded from its artifacts as its load_context would,
             # without importing MLflow's pyfunc machinery.
-            from uamt.pyfunc import load_from_artifacts
+            from uamt.serving.calibrated_predictor import load_from_artifacts
 
             warn_requirement_mismatches(folder)
             return load_from_artifacts(artifacts)

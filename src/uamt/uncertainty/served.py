@@ -242,7 +242,7 @@ def served_columns(
 ) -> pd.DataFrame:
     """The served ``mu, lower, upper, risk`` of raw model output (shape [n] each) under a model's
     calibration (:class:`uamt.serving.model_calibration.Calibration`), clipped to the scale's
-    ``bounds`` as :func:`uamt.pyfunc.clip_to_scale` serves them (risk 1 for chi at or above
+    ``bounds`` as :func:`uamt.serving.calibrated_predictor.clip_to_scale` serves them (risk 1 for chi at or above
     the top of the scale, 0 below its bottom)."""
     mu = np.asarray(mu, dtype=float)
     sigma = np.asarray(sigma, dtype=float)

