@@ -466,8 +466,8 @@ def uamt_model(tmp_path_factory, one_torch_thread):
     the raw Gaussian often goes above 0 (the best MQM score), as the issue measured."""
     from uamt.encoders import EncoderConfig
     from uamt.models import TrainConfig, load, train
-    from uamt.pyfunc_model import UamtPyfunc
     from uamt.serving.calibrated_predictor import scale_for, write_spec
+    from uamt.serving.mlflow_pyfunc import UamtPyfunc
     from uamt.serving.model_calibration import Calibration
     from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 

@@ -61,8 +61,8 @@ def test_models_that_need_the_torch_encoder_are_served_with_torch(tmp_path, capl
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, one_torch_thread):
     """One hts model on real MiniLM embeddings, saved as a pyfunc twice: torch and with its ONNX export."""
-    from uamt.pyfunc_model import UamtPyfunc
     from uamt.serving.calibrated_predictor import ENCODER_ARTIFACT, scale_for, write_spec
+    from uamt.serving.mlflow_pyfunc import UamtPyfunc
     from uamt.serving.model_calibration import Calibration
     from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 

@@ -289,9 +289,9 @@ def _register_model(
     spec_dir: Path,
 ) -> dict:
     from uamt.models.api import read_manifest
-    from uamt.pyfunc_model import UamtPyfunc
     from uamt.registry import store as registry
     from uamt.serving.calibrated_predictor import ENCODER_ARTIFACT, scale_for, signature, write_spec
+    from uamt.serving.mlflow_pyfunc import UamtPyfunc
 
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)

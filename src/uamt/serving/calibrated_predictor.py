@@ -272,7 +272,7 @@ ENCODER_ARTIFACT = "encoder"
 def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
     """The :class:`CalibratedPredictor` of a uamt model's artifacts (name -> local path): spec and
     calibration first (cheap, and a corrupt file is named), then the model and the encoder (the
-    shipped ONNX export where there is one).  Needs no MLflow: :class:`uamt.pyfunc_model.UamtPyfunc`
+    shipped ONNX export where there is one).  Needs no MLflow: :class:`uamt.serving.mlflow_pyfunc.UamtPyfunc`
     calls it from ``load_context``, and :func:`uamt.serving.predictor.load_predictor` directly."""
     from uamt.core.config import ConfigError, from_dict
     from uamt.encoders import EncoderConfig, get_encoder

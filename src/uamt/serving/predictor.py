@@ -156,7 +156,7 @@ def warn_requirement_mismatches(folder: Path) -> list[str]:
 
 
 #: Pickled classes that mark an MLflow model folder as a uamt model (the old and the current home).
-UAMT_PYFUNC_CLASSES = {("uamt.pyfunc", "UamtPyfunc"), ("uamt.pyfunc_model", "UamtPyfunc")}
+UAMT_PYFUNC_CLASSES = {("uamt.pyfunc", "UamtPyfunc"), ("uamt.serving.mlflow_pyfunc", "UamtPyfunc")}
 
 
 def uamt_artifacts(folder: Path) -> dict[str, str] | None:
