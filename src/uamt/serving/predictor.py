@@ -155,8 +155,13 @@ def warn_requirement_mismatches(folder: Path) -> list[str]:
     return unmet
 
 
-#: Pickled classes that mark an MLflow model folder as a uamt model (the old and the current home).
-UAMT_PYFUNC_CLASSES = {("uamt.pyfunc", "UamtPyfunc"), ("uamt.serving.mlflow_pyfunc", "UamtPyfunc")}
+#: Pickled classes that mark an MLflow model folder as a uamt model: the class's current home and the
+#: two it had before (models registered then still pickle those; see :mod:`uamt.pyfunc_model`).
+UAMT_PYFUNC_CLASSES = {
+    ("uamt.serving.mlflow_pyfunc", "UamtPyfunc"),
+    ("uamt.pyfunc_model", "UamtPyfunc"),
+    ("uamt.pyfunc", "UamtPyfunc"),
+}
 
 
 def uamt_artifacts(folder: Path) -> dict[str, str] | None:
