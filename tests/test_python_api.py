@@ -228,8 +228,8 @@ def test_import_uamt_stays_light():
 
 # ----------------------------------------------------------------------------- one use case
 def test_cli_rest_batch_python_api_and_compare_all_score_through_score_texts(fake_models, files, tmp_path, monkeypatch, capsys):
-    from uamt.rest import ScoringService
     from uamt.scoring import batch
+    from uamt.serving.rest import ScoringService
 
     calls = []
     real = scorer.score_texts

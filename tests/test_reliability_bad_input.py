@@ -33,8 +33,8 @@ from test_scoring_support import REF_MODEL, running_server, write_lines
 
 from uamt.core.errors import DataError
 from uamt.data import loaders
-from uamt.rest import ScoringService, ServeSettings
 from uamt.serving.predictor import load_predictor
+from uamt.serving.rest import ScoringService, ServeSettings
 
 TEN_MB = 10_000_000
 PREVIOUS = b"previous output: must survive a failed run byte for byte\n"

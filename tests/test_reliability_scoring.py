@@ -216,7 +216,7 @@ def test_raised_segment_limit_accepts_a_long_line(tmp_path, capsys, scoring_trac
 
 
 def test_serve_settings_refuse_a_non_finite_threshold():
-    from uamt.rest import ScoringService, ServeSettings
+    from uamt.serving.rest import ScoringService, ServeSettings
 
     for bad in (math.nan, math.inf):
         with pytest.raises(UamtError, match="risk threshold must be a finite number"):
@@ -229,7 +229,7 @@ INVISIBLE = ["\x00", "\ufeff", "\u200b", "\u2060", "\u200b\ufeff \u2060"]
 
 @pytest.mark.parametrize("text", INVISIBLE, ids=["nul", "bom", "zwsp", "word-joiner", "mixed"])
 def test_rest_refuses_invisible_only_text_with_400(text):
-    from uamt.rest import RequestError, ScoringService
+    from uamt.serving.rest import RequestError, ScoringService
 
     service = ScoringService(FakePredictor(), "fake")
     record = {"src": "Der Hund schläft.", "mt": text, "ref": "The dog is sleeping."}
@@ -670,8 +670,8 @@ def test_metadata_says_what_the_model_was_trained_and_calibrated_on(uamt_model, 
     """/metadata is read from the pyfunc's artefacts: datasets, domains, LPs with their calibration,
     the scale and its range, the calibration in force."""
     from uamt.data.loaders import WMT21_MQM_LPS
-    from uamt.rest import ScoringService
     from uamt.serving.predictor import load_predictor
+    from uamt.serving.rest import ScoringService
 
     predictor = load_predictor(str(uamt_model))
     metadata = ScoringService(predictor, str(uamt_model)).metadata()
@@ -710,8 +710,8 @@ def lp_model(uamt_model, tmp_path_factory):
 def test_unseen_language_pair_is_widened_and_warned_over_rest(lp_model, fake_encoder):
     """An lp the model has no calibration for used to be refused (400), and before that silently got
     the global calibration: now it gets the global calibration widened x1.30, and a warning."""
-    from uamt.rest import ScoringService
     from uamt.serving.predictor import load_predictor
+    from uamt.serving.rest import ScoringService
 
     predictor = load_predictor(str(lp_model))
     assert predictor.known_lps == ["en-de", "zh-en"] and predictor.unseen_lp_sigma_factor == 1.3

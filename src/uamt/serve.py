@@ -1,4 +1,4 @@
-"""``uamt serve``: :mod:`uamt.rest` on FastAPI + uvicorn (h11), the endpoints of ``mlflow models serve`` and
+"""``uamt serve``: :mod:`uamt.serving.rest` on FastAPI + uvicorn (h11), the endpoints of ``mlflow models serve`` and
 ``/metadata``.  Not MLflow's server: it answers limits with 400 not 413, echoes the input in its errors,
 drops ``refs`` (outside the signature), predicts concurrently.  h11 refuses conflicting lengths and never
 reads a body as a second request; a body over the limit is refused unread; headers and body have deadlines;
@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from uamt.core.errors import UamtError
-from uamt.rest import AdmissionControl, RequestError, ScoringService, decode_body, frame_work
+from uamt.serving.rest import AdmissionControl, RequestError, ScoringService, decode_body, frame_work
 
 ENDPOINTS = "POST /invocations, GET /ping, /health, /version, /metadata"
 
@@ -49,7 +49,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def make_app(service: ScoringService) -> FastAPI:
     """The FastAPI app of ``service``; calls into the model go one at a time (torch is not thread-safe),
-    admitted, queued, refused or stopped by :class:`~uamt.rest.AdmissionControl`."""
+    admitted, queued, refused or stopped by :class:`~uamt.serving.rest.AdmissionControl`."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     limits, admission = service.settings, AdmissionControl(service.settings)
     app.get("/ping")(lambda: PlainTextResponse("\n"))

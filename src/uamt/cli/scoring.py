@@ -599,9 +599,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from uamt.core.errors import UamtError
-    from uamt.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
     from uamt.scoring.score import default_model_uri
     from uamt.serving.predictor import load_predictor
+    from uamt.serving.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
 
     try:
         from uamt.serve import make_server

@@ -1,6 +1,6 @@
 """The one scoring use case: texts -> a scored batch.
 
-``uamt score`` and ``uamt compare`` (:mod:`uamt.cli.scoring`), the REST server (:class:`uamt.rest.ScoringService`),
+``uamt score`` and ``uamt compare`` (:mod:`uamt.cli.scoring`), the REST server (:class:`uamt.serving.rest.ScoringService`),
 batch scoring (:func:`uamt.scoring.batch.score_partition`) and the Python API
 (:meth:`uamt.serving.api.Model.score`) all score through :func:`score_texts`:
 
