@@ -307,7 +307,7 @@ def test_dask_batch_scoring_without_dask_installed_says_what_to_install(monkeypa
 
 
 def test_serve_without_fastapi_installed_says_what_to_install(fake_models, monkeypatch, capsys):
-    monkeypatch.delitem(sys.modules, "uamt.serve", raising=False)
+    monkeypatch.delitem(sys.modules, "uamt.serving.server", raising=False)
     monkeypatch.setitem(sys.modules, "fastapi", None)
     assert main(["serve", "--model", MODEL, "--port", "0"]) == 2
     assert "uamt serve needs the REST server's libraries (fastapi is not installed): pip install 'uamt[serve]'" in (

@@ -118,10 +118,10 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 @contextmanager
 def running_server(service):
-    """``uamt.serve`` of ``service`` on a free port of 127.0.0.1 in a thread, shut down on exit.
+    """``uamt.serving.server`` of ``service`` on a free port of 127.0.0.1 in a thread, shut down on exit.
 
     Yields the uvicorn server with ``server_address`` (host, port) and ``service`` set."""
-    from uamt.serve import make_server
+    from uamt.serving.server import make_server
 
     server, sock = make_server(service, "127.0.0.1", 0)
     server.server_address, server.service = sock.getsockname()[:2], service

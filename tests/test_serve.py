@@ -810,7 +810,7 @@ def test_uamt_serve_refuses_bad_admission_settings(tmp_path, capsys, option, val
 )
 def test_admission_settings_are_checked_when_the_app_is_built(overrides, needle):
     from uamt.core.errors import UamtError
-    from uamt.serve import make_app
+    from uamt.serving.server import make_app
 
     service = ScoringService(FakePredictor(), "fake", ServeSettings(**overrides))
     with pytest.raises(UamtError, match=re.escape(needle)):
@@ -855,7 +855,7 @@ def test_health_and_metadata_never_show_a_path_on_the_server(model_uri, shown):
 )
 def test_a_host_other_machines_can_reach_is_warned_about(host, warning):
     """Before: `uamt serve --host 0.0.0.0` said nothing; it serves anyone who can reach the machine."""
-    from uamt.serve import exposure_warning
+    from uamt.serving.server import exposure_warning
 
     said = exposure_warning(host)
     if warning is None:
@@ -865,7 +865,7 @@ def test_a_host_other_machines_can_reach_is_warned_about(host, warning):
 
 
 def test_serving_on_every_interface_prints_the_warning(capsys):
-    from uamt.serve import make_server
+    from uamt.serving.server import make_server
 
     _, sock = make_server(ScoringService(FakePredictor(), "fake", SETTINGS), "0.0.0.0", 0)
     sock.close()

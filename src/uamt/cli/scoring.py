@@ -604,7 +604,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from uamt.serving.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
 
     try:
-        from uamt.serve import make_server
+        from uamt.serving.server import make_server
     except ImportError as exc:  # fastapi / uvicorn: the serve extra
         raise UamtError(
             f"uamt serve needs the REST server's libraries ({exc.name} is not installed): pip install 'uamt[serve]'"

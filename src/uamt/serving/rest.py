@@ -1,6 +1,6 @@
 """The REST contract of ``uamt serve``: request bodies -> the predictor's frame, predictions -> JSON.
 
-Kept apart from the HTTP transport (:mod:`uamt.serve`), so that every rule below is tested without
+Kept apart from the HTTP transport (:mod:`uamt.serving.server`), so that every rule below is tested without
 a socket.
 
 Request (``POST /invocations``), one of MLflow's JSON formats
