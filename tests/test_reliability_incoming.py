@@ -40,7 +40,7 @@ import yaml
 from test_flows_harness import REPO_ROOT
 
 from uamt.core.config import ConfigError, load_section
-from uamt.incoming import (
+from uamt.ingest.pool import (
     DERIVED,
     IncomingConfig,
     ingest_incoming,
@@ -280,7 +280,7 @@ def test_one_bad_file_is_rejected_with_a_report_and_the_good_one_is_ingested(cas
 
 def test_a_validator_crash_rejects_that_file_only(tmp_path, monkeypatch, incoming_config):
     """An error the validator does not foresee refuses the one file, named, and the tick goes on."""
-    import uamt.incoming as inc
+    import uamt.ingest.pool as inc
 
     cfg = incoming_config()
     write(tmp_path / "incoming/a-odd.csv", good_csv(3, first=10))
@@ -381,7 +381,7 @@ def test_partial_files_are_left_alone_until_complete(tmp_path, incoming_config):
 
 
 def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys, incoming_config):
-    from uamt.incoming import main
+    from uamt.ingest.pool import main
 
     cfg = incoming_config()
     write(tmp_path / "incoming/one.csv", good_csv(3))
@@ -481,7 +481,7 @@ def test_a_retrain_killed_after_ingestion_is_finished_by_the_next_tick(prefect_a
 
 
 def test_ingest_from_the_command_line_owes_a_retrain(tmp_path, incoming_config):
-    """``python -m uamt.incoming ingest`` alone: the next tick retrains (it used to say 'no new annotations')."""
+    """``python -m uamt.ingest.pool ingest`` alone: the next tick retrains (it used to say 'no new annotations')."""
     cfg = incoming_config()
     write(tmp_path / "incoming/new.csv", good_csv())
     assert read_pending(cfg) is None
@@ -672,7 +672,7 @@ def _die_after(real):
     return run
 
 
-# (step that dies, how: the function patched in uamt.incoming, and what the next tick must do)
+# (step that dies, how: the function patched in uamt.ingest.pool, and what the next tick must do)
 INTERRUPTED = [
     ("before-the-pool", "write_pool", _die, "rolled back"),
     ("after-the-pool", "write_pool", _die_after, "rolled forward"),  # the case found: rows orphaned
@@ -688,7 +688,7 @@ def test_an_ingestion_interrupted_at_any_step_is_finished_or_undone_by_the_next_
     """Killed between the pool write and the manifest write, the rows stayed in the pool, the next
     tick called the file "already ingested (same sha256)" (rows_rejected 3) and withdraw could not
     find it.  Now a write-ahead record makes the next tick roll the change forward or back."""
-    import uamt.incoming as inc
+    import uamt.ingest.pool as inc
 
     cfg = incoming_config()
     write(tmp_path / "incoming/a.csv", good_csv(3))
@@ -711,7 +711,7 @@ def test_an_ingestion_interrupted_at_any_step_is_finished_or_undone_by_the_next_
 
 
 def test_a_withdrawal_interrupted_after_the_pool_is_finished_by_the_next_tick(tmp_path, monkeypatch, incoming_config):
-    import uamt.incoming as inc
+    import uamt.ingest.pool as inc
 
     cfg = incoming_config()
     write(tmp_path / "incoming/a.csv", good_csv(3))
@@ -728,7 +728,7 @@ def test_a_withdrawal_interrupted_after_the_pool_is_finished_by_the_next_tick(tm
 KILL_AFTER_POOL = textwrap.dedent(
     """
     import json, os, signal, sys
-    import uamt.incoming as inc
+    import uamt.ingest.pool as inc
     real = inc.write_pool
     def write_then_die(*args, **kwargs):
         real(*args, **kwargs)

@@ -1567,11 +1567,11 @@ def init_pool(cfg: IncomingConfig) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m uamt.incoming {validate FILE... | ingest | withdraw NAME|SHA256 | init-pool} [--params ...]``."""
+    """``python -m uamt.ingest.pool {validate FILE... | ingest | withdraw NAME|SHA256 | init-pool} [--params ...]``."""
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m uamt.incoming", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m uamt.ingest.pool", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["validate", "ingest", "withdraw", "init-pool"])
     parser.add_argument(
         "files",
@@ -1605,7 +1605,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(dataclasses.asdict(result), indent=2))
         return 0
     except (UamtError, ConfigError) as exc:
-        print(f"uamt.incoming: error: {exc}", file=sys.stderr)
+        print(f"uamt.ingest.pool: error: {exc}", file=sys.stderr)
         return 2
 
 
