@@ -41,7 +41,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(BIN)/python -m uamt.ingest.pool init-pool
+	$(BIN)/uamt incoming init-pool
 	# Creates the registry on a fresh machine; refuses (and stops) when its marker says a registry
 	# existed at MLFLOW_TRACKING_URI and the database is gone (see docs/guarantees.md).
 	$(BIN)/uamt registry init

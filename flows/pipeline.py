@@ -200,7 +200,7 @@ def task_runner_for(kind: str, address: str | None = None, n_workers: int = 2):
 
 def run_pipeline(params: str = str(DEFAULT_PARAMS), **kwargs) -> dict[str, Any]:
     """Run :func:`uamt_pipeline` on the task runner the ``incoming:`` section asks for."""
-    from uamt.ingest.pool import load_config as load_incoming
+    from uamt.ingest import load_config as load_incoming
 
     cfg = load_incoming(params)
     runner = task_runner_for(cfg.task_runner, cfg.dask_address, cfg.dask_workers)

@@ -120,7 +120,7 @@ def register_constant():
 def incoming_config(tmp_path):
     """A function ``(**overrides) -> IncomingConfig`` with the incoming folder, pool, manifest, lock
     and pending marker all under ``tmp_path``."""
-    from uamt.ingest.pool import IncomingConfig
+    from uamt.ingest import IncomingConfig
 
     def make(**overrides) -> IncomingConfig:
         return IncomingConfig(

@@ -18,7 +18,7 @@ def test_unknown_dataset_is_refused_with_the_choices():
 
 
 def test_consumers_read_the_declarations():
-    from uamt.ingest import pool as incoming
+    from uamt.ingest import config as incoming
     from uamt.serving import calibrated_predictor as pyfunc
 
     for name, spec in DATASET_SPECS.items():

@@ -175,7 +175,7 @@ def test_uncertainty_takes_the_highest_sigma_diversity_spreads_over_documents_an
 
 
 def test_annotation_frame_is_accepted_by_incoming_once_scored(tmp_path):
-    from uamt.ingest.pool import IncomingConfig, validate_file
+    from uamt.ingest import IncomingConfig, validate_file
 
     pool = pd.DataFrame(
         {

@@ -146,7 +146,7 @@ def test_retrain_tick_ingests_new_annotations_and_registers_a_new_version(
 
 def test_second_retrain_exits_while_the_first_holds_the_lock(prefect_api, tmp_path, monkeypatch):
     from flows.retrain import retrain_on_new_annotations
-    from uamt.ingest.pool import retrain_lock
+    from uamt.ingest import retrain_lock
 
     monkeypatch.chdir(tmp_path)
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))

@@ -689,7 +689,7 @@ def _run(case: Case, tmp_path: Path, capsys, request) -> None:
         with pytest.raises(case.expect, match=case.match):
             call()
     elif case.kind == "validate":
-        from uamt.ingest.pool import validate_file
+        from uamt.ingest import validate_file
 
         check = validate_file(case.setup(tmp_path))
         assert not check.ok
@@ -772,7 +772,7 @@ def test_bom_is_stripped_by_evaluate_predictions(tmp_path, capsys):
 
 
 def test_bom_is_stripped_by_incoming_validator(tmp_path):
-    from uamt.ingest.pool import validate_file
+    from uamt.ingest import validate_file
 
     path = incoming_file(tmp_path, "")
     path.write_bytes(BOM + (INCOMING_HEADER + "mlqe,en-de,Hallo.,Hello.,,0.1,s\n").encode())

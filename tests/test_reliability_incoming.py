@@ -40,17 +40,16 @@ import yaml
 from test_flows_harness import REPO_ROOT
 
 from uamt.core.config import ConfigError, load_section
-from uamt.ingest.pool import (
-    DERIVED,
+from uamt.ingest import (
     IncomingConfig,
     ingest_incoming,
-    journal_file,
     load_config,
     read_pending,
     read_pool,
     validate_file,
     withdraw,
 )
+from uamt.ingest.config import DERIVED, journal_file
 from uamt.registry.store import SUMMARY_PATH
 
 prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
@@ -280,7 +279,7 @@ def test_one_bad_file_is_rejected_with_a_report_and_the_good_one_is_ingested(cas
 
 def test_a_validator_crash_rejects_that_file_only(tmp_path, monkeypatch, incoming_config):
     """An error the validator does not foresee refuses the one file, named, and the tick goes on."""
-    import uamt.ingest.pool as inc
+    import uamt.ingest.validation as inc  # validate_file (the ingestion's check of a file) calls it
 
     cfg = incoming_config()
     write(tmp_path / "incoming/a-odd.csv", good_csv(3, first=10))
@@ -381,7 +380,7 @@ def test_partial_files_are_left_alone_until_complete(tmp_path, incoming_config):
 
 
 def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys, incoming_config):
-    from uamt.ingest.pool import main
+    from uamt.cli import main
 
     cfg = incoming_config()
     write(tmp_path / "incoming/one.csv", good_csv(3))
@@ -411,7 +410,7 @@ def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys, in
         ),
     )
     sha = manifest["files"][1]["sha256"][:10]
-    assert main(["withdraw", sha, "--params", str(params)]) == 0
+    assert main(["incoming", "withdraw", sha, "--params", str(params)]) == 0
     assert json.loads(capsys.readouterr().out)["file"] == "two.csv"
 
 
@@ -481,7 +480,7 @@ def test_a_retrain_killed_after_ingestion_is_finished_by_the_next_tick(prefect_a
 
 
 def test_ingest_from_the_command_line_owes_a_retrain(tmp_path, incoming_config):
-    """``python -m uamt.ingest.pool ingest`` alone: the next tick retrains (it used to say 'no new annotations')."""
+    """``uamt incoming ingest`` alone: the next tick retrains (it used to say 'no new annotations')."""
     cfg = incoming_config()
     write(tmp_path / "incoming/new.csv", good_csv())
     assert read_pending(cfg) is None

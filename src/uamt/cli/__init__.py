@@ -22,7 +22,17 @@ from pathlib import Path
 from uamt import __version__
 
 #: Modules of ``uamt.cli`` that add sub-commands, in the order they appear in ``--help``.
-COMMAND_MODULES = ("data", "metrics", "lexical", "models", "registry", "scoring", "hypotheses", "decisions")
+COMMAND_MODULES = (
+    "data",
+    "incoming",
+    "metrics",
+    "lexical",
+    "models",
+    "registry",
+    "scoring",
+    "hypotheses",
+    "decisions",
+)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

@@ -4,7 +4,7 @@ A :class:`DatasetSpec` says how to load a source (its loader), which language pa
 human score scale (name, range, direction, the default "bad translation" threshold), its domain,
 whether its model input has references, whether it publishes per-annotator scores, and whether
 the whole dataset is forced into one split.  ``uamt data prepare`` (loading, the chrF guard),
-:mod:`uamt.ingest.pool` (bounds, LPs, domains of new annotations) and :mod:`uamt.serving.calibrated_predictor` (the scale a
+:mod:`uamt.ingest` (bounds, LPs, domains of new annotations) and :mod:`uamt.serving.calibrated_predictor` (the scale a
 registered model predicts on) all read :data:`DATASET_SPECS`; nothing else lists datasets.
 
 Adding a source: a loader module in :mod:`uamt.data.sources` and one entry below, plus its files'

@@ -51,7 +51,7 @@ class PrepareConfig:
     human_reference: WMT21 DA LP -> reference letter that the ``HUMAN`` system is.
     drop_empty_mt: drop rated rows whose published system output line is empty (else error).
     annotations_pool: parquet file of newly ingested human annotations (written by
-        :mod:`uamt.ingest.pool`); null or a missing file = none.  Pool rows only ever join the
+        :mod:`uamt.ingest`); null or a missing file = none.  Pool rows only ever join the
         training pools (see :func:`place_pool_rows`), so dev/test/ood stay fixed.
     chrf_guard: the join guard (:mod:`uamt.data.guard`): sentence chrF vs human score per
         dataset x LP must reach ``floor``, else prepare fails naming them.

@@ -13,7 +13,7 @@ Selection strategies (:data:`STRATEGIES`; an unknown name is refused):
 ``random``
     a uniform sample (seeded): the baseline.
 
-The output is the incoming-annotations format of :mod:`uamt.ingest.pool` with an empty ``score``
+The output is the incoming-annotations format of :mod:`uamt.ingest` with an empty ``score``
 column for the annotators to fill; the scored file dropped into ``data/incoming/`` is ingested by
 the next retrain tick.
 """
