@@ -414,6 +414,37 @@ def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys, in
     assert json.loads(capsys.readouterr().out)["file"] == "two.csv"
 
 
+
+def _incoming_params(tmp_path: Path, cfg) -> Path:
+    """A params file whose ``incoming`` section is ``cfg``'s folders and files."""
+    section = {k: v for k, v in dataclasses.asdict(cfg).items() if k.endswith(("dir", "path")) and k not in DERIVED}
+    return write(tmp_path / "params.yaml", yaml.safe_dump({"incoming": section}))
+
+
+def test_uamt_incoming_commands_create_the_pool_validate_and_ingest(tmp_path, capsys, incoming_config):
+    """``uamt incoming`` (was ``python -m uamt.incoming``): ``make run`` calls ``init-pool``."""
+    from uamt.cli import main
+
+    cfg = incoming_config()
+    params = _incoming_params(tmp_path, cfg)
+    Path(cfg.pool_path).unlink(missing_ok=True)
+    assert main(["incoming", "init-pool", "--params", str(params)]) == 0
+    assert capsys.readouterr().out == f"{cfg.pool_path}: created (empty)\n"
+    assert len(read_pool(cfg.pool_path)) == 0
+    assert main(["incoming", "init-pool", "--params", str(params)]) == 0
+    assert capsys.readouterr().out == f"{cfg.pool_path}: exists\n"
+    good = write(tmp_path / "incoming/good.csv", good_csv(3))
+    bad = write(tmp_path / "bad.csv", good_csv(2).replace(",-1,sysA", ",high,sysA"))
+    assert main(["incoming", "validate", str(good), "--params", str(params)]) == 0
+    assert main(["incoming", "validate", str(good), str(bad), "--params", str(params)]) == 1
+    assert "bad.csv" in capsys.readouterr().out
+    assert main(["incoming", "ingest", "--params", str(params)]) == 0
+    assert json.loads(capsys.readouterr().out)["ingested"] == ["good.csv"]
+    assert len(read_pool(cfg.pool_path)) == 3
+    assert main(["incoming", "withdraw", "nothing-like-it", "--params", str(params)]) == 2
+    assert "uamt incoming: error: " in capsys.readouterr().err
+
+
 # ============================================================================ item 2: crash after ingestion
 def _tick_params(tmp_path: Path) -> Path:
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
