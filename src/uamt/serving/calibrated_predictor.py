@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -363,21 +363,49 @@ def write_spec(path: Path, encoder_cfg, scale: ScoreScale, method: str, datasets
     return path
 
 
+@dataclass(frozen=True)
+class SignatureColumns:
+    """A model's MLflow signature as plain data, in MLflow's type names (``string``, ``double``).
+
+    One declaration for the registered model's signature (:func:`signature`) and the REST server's
+    request and response models (:mod:`uamt.serving.rest_schema`); building it imports no MLflow.
+    """
+
+    #: (name, type, required) of each input column
+    inputs: tuple[tuple[str, str, bool], ...]
+    #: (name, type) of each output column
+    outputs: tuple[tuple[str, str], ...]
+    #: (name, type, default) of each inference parameter
+    params: tuple[tuple[str, str, Any], ...]
+
+
+def signature_columns(reference_free: bool, default_risk_threshold: float) -> SignatureColumns:
+    """Input: src, mt[, ref] strings and an optional lp; output: the calibrated fields; params:
+    confidence, risk_threshold, interval."""
+    from uamt.serving.predictor import OUTPUT_COLUMNS
+
+    inputs = [("src", "string", True), ("mt", "string", True)]
+    if not reference_free:
+        inputs.append(("ref", "string", True))
+    inputs.append(("lp", "string", False))
+    return SignatureColumns(
+        inputs=tuple(inputs),
+        outputs=tuple((name, "double") for name in OUTPUT_COLUMNS),
+        params=(
+            ("confidence", "double", 0.9),
+            ("risk_threshold", "double", float(default_risk_threshold)),
+            ("interval", "string", "gaussian"),
+        ),
+    )
+
+
 def signature(reference_free: bool, default_risk_threshold: float):
-    """Input: src, mt[, ref] strings; output: the calibrated fields; params: confidence, risk_threshold."""
+    """The MLflow ``ModelSignature`` of :func:`signature_columns`."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-    inputs = [ColSpec("string", "src"), ColSpec("string", "mt")]
-    if not reference_free:
-        inputs.append(ColSpec("string", "ref"))
-    inputs.append(ColSpec("string", "lp", required=False))
-    outputs = Schema([ColSpec("double", c) for c in ("mu", "sigma", "lower", "upper", "risk")])
-    params = ParamSchema(
-        [
-            ParamSpec("confidence", "double", 0.9),
-            ParamSpec("risk_threshold", "double", float(default_risk_threshold)),
-            ParamSpec("interval", "string", "gaussian"),
-        ]
-    )
+    columns = signature_columns(reference_free, default_risk_threshold)
+    inputs = [ColSpec(kind, name, required=required) for name, kind, required in columns.inputs]
+    outputs = Schema([ColSpec(kind, name) for name, kind in columns.outputs])
+    params = ParamSchema([ParamSpec(name, kind, default) for name, kind, default in columns.params])
     return ModelSignature(inputs=Schema(inputs), outputs=outputs, params=params)

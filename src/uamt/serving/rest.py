@@ -26,6 +26,9 @@ Answer
     false for an LP outside the model's calibration, whose interval is widened; ``warnings``: one
     message per such LP.
 
+The same bodies as pydantic models derived from the model's signature, for the OpenAPI schema
+(``make_app(service).openapi()``): :mod:`uamt.serving.rest_schema`.
+
 Every malformed request raises :class:`RequestError` (HTTP 400, or 413 for a limit) with a message
 naming the record and field.  Calls into the model are serialised by the caller (torch modules
 are not safe to run concurrently).

@@ -50,7 +50,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def make_app(service: ScoringService) -> FastAPI:
     """The FastAPI app of ``service``; calls into the model go one at a time (torch is not thread-safe),
     admitted, queued, refused or stopped by :class:`~uamt.serving.rest.AdmissionControl`."""
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    from fastapi.openapi.utils import get_openapi
+
+    from uamt import __version__
+    from uamt.serving.rest_schema import add_invocations_schema, rest_models
+
+    # No /openapi.json or /docs route (the served surface is MLflow's); app.openapi() gives the schema.
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, title="uamt serve", version=__version__)
+    models = rest_models(bool(service.predictor.uses_references))
     limits, admission = service.settings, AdmissionControl(service.settings)
     app.get("/ping")(lambda: PlainTextResponse("\n"))
     app.get("/health")(lambda: {"status": "ok", **service.describe()})
@@ -59,7 +66,7 @@ def make_app(service: ScoringService) -> FastAPI:
     for kind in (RequestError, HTTPException, Exception):
         app.exception_handler(kind)(_error)
 
-    @app.post("/invocations")
+    @app.post("/invocations", responses={200: {"model": models["response"]}})
     async def invocations(request: Request):
         content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if content_type != "application/json":
@@ -72,6 +79,13 @@ def make_app(service: ScoringService) -> FastAPI:
         async with admission.slot(sum(frame_work(frame))) as deadline:
             return await asyncio.to_thread(service.answer, frame, deadline)
 
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            app.openapi_schema = add_invocations_schema(schema, models["request"])
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 
