@@ -228,7 +228,7 @@ def test_import_uamt_stays_light():
 
 # ----------------------------------------------------------------------------- one use case
 def test_cli_rest_batch_python_api_and_compare_all_score_through_score_texts(fake_models, files, tmp_path, monkeypatch, capsys):
-    from uamt.scoring import batch
+    from uamt.serving import batch
     from uamt.serving.rest import ScoringService
 
     calls = []
@@ -299,7 +299,7 @@ def test_a_model_without_the_output_columns_is_refused(fake_models):
 
 # ----------------------------------------------------------------------------- installs without extras
 def test_dask_batch_scoring_without_dask_installed_says_what_to_install(monkeypatch, tmp_path):
-    from uamt.scoring import batch
+    from uamt.serving import batch
 
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if not installed
     with pytest.raises(UamtError, match=r"--dask='local:1' needs Dask .*pip install 'uamt\[pipeline\]'"):

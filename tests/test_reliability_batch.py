@@ -34,7 +34,7 @@ from test_scoring_support import QE_MODEL, REF_MODEL, FakePredictor, FakePyfunc
 import mlflow
 from uamt.cli import main
 from uamt.core.errors import DataError
-from uamt.scoring.batch import BatchSettings, score_file
+from uamt.serving.batch import BatchSettings, score_file
 
 SRC = [f"Satz Nummer {i} über das Wetter in Stadt {i % 7}." for i in range(23)]
 MT = [f"Sentence number {i} about the weather in town {i % 7}." for i in range(23)]
@@ -136,7 +136,7 @@ def test_resume_after_the_champion_moved_is_refused(scoring_store, table, tmp_pa
 
 def test_workers_load_the_pinned_version_not_the_alias(scoring_store, table, tmp_path, moving_champion, monkeypatch):
     """The alias is resolved once, at the start: moving it during the run changes nothing."""
-    from uamt.scoring import batch
+    from uamt.serving import batch
 
     name, move_to = moving_champion
     loaded = []

@@ -17,8 +17,8 @@ from test_scoring_support import QE_MODEL, REF_MODEL, write_lines
 import mlflow
 from uamt.cli import main
 from uamt.core.errors import DataError, UamtError
-from uamt.scoring import batch
-from uamt.scoring.batch import BatchSettings, iter_partitions, score_file
+from uamt.serving import batch
+from uamt.serving.batch import BatchSettings, iter_partitions, score_file
 
 SRC = [f"Satz Nummer {i} über das Wetter in Stadt {i % 7}." for i in range(23)]
 MT = [f"Sentence number {i} about the weather in town {i % 7}." for i in range(23)]

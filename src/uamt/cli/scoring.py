@@ -438,10 +438,11 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def run_score_batch(args: argparse.Namespace) -> int:
-    """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.scoring.batch`."""
+    """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.serving.batch`."""
     from uamt.core.errors import UamtError
     from uamt.registry.store import tracking_uri
-    from uamt.scoring.batch import (
+    from uamt.scoring.score import default_model_uri, validate_settings
+    from uamt.serving.batch import (
         DEFAULT_PARTITION_ROWS,
         BatchSettings,
         input_columns,
@@ -449,7 +450,6 @@ def run_score_batch(args: argparse.Namespace) -> int:
         score_file,
         summary_line,
     )
-    from uamt.scoring.score import default_model_uri, validate_settings
 
     line_options = {
         "-s/--src": args.src is not None,

@@ -1,7 +1,7 @@
 """The one scoring use case: texts -> a scored batch.
 
 ``uamt score`` and ``uamt compare`` (:mod:`uamt.cli.scoring`), the REST server (:class:`uamt.serving.rest.ScoringService`),
-batch scoring (:func:`uamt.scoring.batch.score_partition`) and the Python API
+batch scoring (:func:`uamt.serving.batch.score_partition`) and the Python API
 (:meth:`uamt.serving.api.Model.score`) all score through :func:`score_texts`:
 
 1. the calibration language pair of every row (:func:`row_language_pairs`): ``lp`` given for all
