@@ -525,10 +525,10 @@ def _system_names(paths: list[Path]) -> list[str]:
 def run_compare(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from uamt.scoring.compare import compare_outputs, comparison_table
     from uamt.scoring.io import atomic_write_text, check_output_path, json_safe, read_aligned
     from uamt.scoring.score import build_frame, load_scoring_predictor
     from uamt.serving import scorer
+    from uamt.serving.compare import compare_outputs, comparison_table
 
     _check_common(args)
     if args.out:

@@ -2,16 +2,10 @@
 
 :mod:`uamt.scoring.io` reads line-aligned text files and writes outputs atomically;
 :mod:`uamt.scoring.score` builds the predictor's input frame, checks the model fits the inputs
-and computes segment records and the system score; :mod:`uamt.scoring.compare` gives
+and computes segment records and the system score; :mod:`uamt.serving.compare` gives
 P(system A better than system B).
 """
 
-from uamt.scoring.compare import (
-    compare_outputs,
-    comparison_table,
-    paired_bootstrap_probability,
-    probability_better,
-)
 from uamt.scoring.io import atomic_write_text, check_output_path, read_aligned, read_lines, render_segments
 from uamt.scoring.score import (
     DEFAULT_MODEL_NAME,
@@ -25,6 +19,12 @@ from uamt.scoring.score import (
     score_summary,
     segment_records,
     system_score,
+)
+from uamt.serving.compare import (
+    compare_outputs,
+    comparison_table,
+    paired_bootstrap_probability,
+    probability_better,
 )
 
 __all__ = [
