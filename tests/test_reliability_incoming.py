@@ -675,7 +675,7 @@ def test_repo_params_have_the_new_keys():
 
 def test_utf16_text_input_to_uamt_score_is_named(tmp_path):
     from uamt.core.errors import DataError
-    from uamt.scoring.io import read_lines
+    from uamt.serving.text_io import read_lines
 
     path = write(tmp_path / "src.txt", "Hallo.\nWelt.\n".encode("utf-16"))
     with pytest.raises(

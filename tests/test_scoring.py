@@ -23,7 +23,6 @@ from test_scoring_support import (
 )
 
 from uamt.cli import main
-from uamt.scoring import io as scoring_io
 from uamt.scoring.score import (
     build_frame,
     default_model_uri,
@@ -31,6 +30,7 @@ from uamt.scoring.score import (
     sample_reference_indices,
     system_score,
 )
+from uamt.serving import text_io as scoring_io
 from uamt.serving.compare import paired_bootstrap_probability, probability_better
 from uamt.uncertainty.metrics import translation_risk
 

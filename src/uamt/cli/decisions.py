@@ -110,7 +110,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 
 def _write_table(frame, path: Path) -> None:
     from uamt.core.fileio import atomic_write_text
-    from uamt.scoring.io import json_safe
+    from uamt.serving.text_io import json_safe
 
     if path.suffix == ".jsonl":
         import json
@@ -160,7 +160,7 @@ def _candidates(args: argparse.Namespace):
 
     from uamt.core.errors import UamtError
     from uamt.decisions.annotation import read_table
-    from uamt.scoring.io import read_aligned
+    from uamt.serving.text_io import read_aligned
 
     if (args.input is None) == (args.src is None):
         raise UamtError("give the candidates either as --input FILE or as --src FILE with --hyp FILE ...")

@@ -296,7 +296,7 @@ def _check_common(args) -> None:
 
 
 def _read_limits(args) -> dict:
-    from uamt.scoring.io import MAX_FILE_BYTES, MAX_SEGMENT_CHARS
+    from uamt.serving.text_io import MAX_FILE_BYTES, MAX_SEGMENT_CHARS
 
     return {
         "max_file_bytes": args.max_file_bytes or MAX_FILE_BYTES,
@@ -342,7 +342,6 @@ def _language_pair(command: str, predictor, frame, texts: dict, lp: str | None):
 
 def run_score(args: argparse.Namespace) -> int:
     from uamt.core.errors import UamtError
-    from uamt.scoring.io import check_output_path, read_aligned, render_segments
     from uamt.scoring.score import (
         build_frame,
         load_scoring_predictor,
@@ -351,6 +350,7 @@ def run_score(args: argparse.Namespace) -> int:
         validate_settings,
     )
     from uamt.serving import scorer
+    from uamt.serving.text_io import check_output_path, read_aligned, render_segments
 
     _check_common(args)
     if args.max_risk is not None and args.flag_below is None:
@@ -427,7 +427,7 @@ def run_score(args: argparse.Namespace) -> int:
         records = [{**r, "scale": summary["scale"]} for r in records]
     text = render_segments(fmt, records, summary)
     if args.out:
-        from uamt.scoring.io import atomic_write_text
+        from uamt.serving.text_io import atomic_write_text
 
         atomic_write_text(args.out, text)
         print(_summary_line(summary, args.out) + lp_choice.note(), file=sys.stderr)
@@ -525,10 +525,10 @@ def _system_names(paths: list[Path]) -> list[str]:
 def run_compare(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from uamt.scoring.io import atomic_write_text, check_output_path, json_safe, read_aligned
     from uamt.scoring.score import build_frame, load_scoring_predictor
     from uamt.serving import scorer
     from uamt.serving.compare import compare_outputs, comparison_table
+    from uamt.serving.text_io import atomic_write_text, check_output_path, json_safe, read_aligned
 
     _check_common(args)
     if args.out:

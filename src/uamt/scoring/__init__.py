@@ -1,12 +1,11 @@
 """Scoring translations with a calibrated predictor: ``uamt score``, ``uamt compare`` and their I/O.
 
-:mod:`uamt.scoring.io` reads line-aligned text files and writes outputs atomically;
+:mod:`uamt.serving.text_io` reads line-aligned text files and writes outputs atomically;
 :mod:`uamt.scoring.score` builds the predictor's input frame, checks the model fits the inputs
 and computes segment records and the system score; :mod:`uamt.serving.compare` gives
 P(system A better than system B).
 """
 
-from uamt.scoring.io import atomic_write_text, check_output_path, read_aligned, read_lines, render_segments
 from uamt.scoring.score import (
     DEFAULT_MODEL_NAME,
     SystemScore,
@@ -25,6 +24,13 @@ from uamt.serving.compare import (
     comparison_table,
     paired_bootstrap_probability,
     probability_better,
+)
+from uamt.serving.text_io import (
+    atomic_write_text,
+    check_output_path,
+    read_aligned,
+    read_lines,
+    render_segments,
 )
 
 __all__ = [
