@@ -117,7 +117,7 @@ def test_factor_is_one_with_a_single_lp_and_never_below_one():
 
 
 def test_choose_language_pair_given_detected_unseen_and_undetermined():
-    from uamt.scoring.language_pair import choose_language_pair
+    from uamt.serving.language_pair import choose_language_pair
 
     known = ("en-de", "zh-en")
     given = choose_language_pair(ENGLISH, GERMAN, "en-de", known, sigma_factor=1.3)
@@ -258,7 +258,7 @@ KNOWN = ("en-de", "he-en", "zh-en")
     ],
 )
 def test_no_row_gets_a_calibration_its_text_does_not_support(case, src, mt, lp, calibration_lps):
-    from uamt.scoring.language_pair import UNDETERMINED_LP, choose_language_pair
+    from uamt.serving.language_pair import UNDETERMINED_LP, choose_language_pair
 
     choice = choose_language_pair(src, mt, lp, KNOWN, sigma_factor=1.4)
     frame = choice.assign(pd.DataFrame({"src": src, "mt": mt}))
@@ -275,7 +275,7 @@ def test_no_row_gets_a_calibration_its_text_does_not_support(case, src, mt, lp, 
 
 
 def test_lp_contradiction_warning_names_both_pairs_and_the_lines():
-    from uamt.scoring.language_pair import choose_language_pair
+    from uamt.serving.language_pair import choose_language_pair
 
     choice = choose_language_pair(GERMAN * 4, ENGLISH * 4, "en-de", KNOWN, sigma_factor=1.4)
     first = choice.messages()[0]
@@ -288,7 +288,7 @@ def test_lp_contradiction_warning_names_both_pairs_and_the_lines():
 def test_detection_never_widens_real_news_text():
     """On news text of the trained pairs a handful of lines at most are undetermined (punctuation-only
     lines take their file's language) and nothing contradicts the right --lp."""
-    from uamt.scoring.language_pair import choose_language_pair
+    from uamt.serving.language_pair import choose_language_pair
 
     for src, mt, lp in ((GERMAN * 5, ENGLISH * 5, "de-en"), (CHINESE * 3, ENGLISH[:2] * 9, "zh-en")):
         src = [*src, ".", "“", "GB 18030-2022"]
@@ -304,7 +304,7 @@ def test_detection_never_widens_real_news_text():
      ("../../etc/passwd", False), ("DE-EN", False), ("de_en", False), ("deu-engl", False), ("de-en ", False)],
 )
 def test_lp_must_be_two_iso_codes(text, ok):
-    from uamt.scoring.language_pair import parse_language_pair
+    from uamt.serving.language_pair import parse_language_pair
 
     if ok:
         assert parse_language_pair(text) == text

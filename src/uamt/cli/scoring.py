@@ -62,7 +62,7 @@ def positive_int(text: str) -> int:
 
 def language_pair(text: str) -> str:
     """``xx-yy``: two ISO 639 codes of 2-3 lowercase letters (checked before any model is loaded)."""
-    from uamt.scoring.language_pair import parse_language_pair
+    from uamt.serving.language_pair import parse_language_pair
 
     try:
         return parse_language_pair(text)
@@ -331,7 +331,7 @@ def _language_pair(command: str, predictor, frame, texts: dict, lp: str | None):
     the first source and translation files; rows that contradict a given LP or whose pair is
     undetermined are scored as unseen) with ``frame``'s ``lp`` column set; messages go to stderr.
     ``frame`` may hold the rows once per system (``uamt compare``)."""
-    from uamt.scoring.language_pair import predictor_language_pair
+    from uamt.serving.language_pair import predictor_language_pair
 
     choice = predictor_language_pair(predictor, texts["src"][0], texts["mt"][0], lp)
     frame = choice.assign(frame, repeat=len(frame) // max(len(texts["src"][0]), 1))

@@ -263,7 +263,7 @@ class Model:
     def _warnings(self, frame, scored, lp) -> list[list[str]]:
         """What each row's numbers need read with: an unseen, undetermined or contradicted language
         pair (wider interval), a text the encoder reads only the beginning of."""
-        from uamt.scoring.language_pair import UNDETERMINED_LP, predictor_language_pair
+        from uamt.serving.language_pair import UNDETERMINED_LP, predictor_language_pair
         from uamt.serving.scorer import LP_CONTRADICTED, LP_UNDETERMINED
 
         facts = predictor_language_pair(self.predictor, [], [], None)  # known pairs and widening
@@ -324,7 +324,7 @@ def _references(ref: Any, n: int) -> tuple[str, list]:
 
 def _language_pairs(lp: Any, n: int) -> str | list[str | None] | None:
     """``lp`` checked: None, one ``xx-yy`` for every row, or a list of ``xx-yy``/None per row."""
-    from uamt.scoring.language_pair import parse_language_pair
+    from uamt.serving.language_pair import parse_language_pair
 
     def check(value: Any, where: str) -> str:
         try:

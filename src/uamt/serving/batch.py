@@ -598,9 +598,9 @@ def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings)
         ``known_lps`` and ``unseen_lp_sigma_factor``.
     """
     from uamt.core.fileio import atomic_path, sha256_file
-    from uamt.scoring.language_pair import predictor_language_pair
     from uamt.scoring.score import check_signature
     from uamt.serving import scorer
+    from uamt.serving.language_pair import predictor_language_pair
 
     predictor = cached_predictor(settings.model, settings.tracking_uri)
     check_signature(predictor, has_references="ref" in frame.columns, model=settings.model)

@@ -204,9 +204,9 @@ class ScoringService:
         return lp
 
     def _lp_choices(self, frame: pd.DataFrame) -> dict[str, Any]:
-        """lp -> :class:`~uamt.scoring.language_pair.LanguagePairChoice` of each distinct ``lp`` of
+        """lp -> :class:`~uamt.serving.language_pair.LanguagePairChoice` of each distinct ``lp`` of
         ``frame`` (an unseen one is scored with the widened global calibration and warned about)."""
-        from uamt.scoring.language_pair import predictor_language_pair
+        from uamt.serving.language_pair import predictor_language_pair
 
         if "lp" not in frame.columns:
             return {}

@@ -225,7 +225,7 @@ class ScoredBatch:
         How each row's pair was chosen (``LP_*`` of this module; "" for no pair).
     contradicting : dict
         Pairs detected on rows that contradict the given ``lp`` -> rows.
-    lp_choice : uamt.scoring.language_pair.LanguagePairChoice or None
+    lp_choice : uamt.serving.language_pair.LanguagePairChoice or None
         The choice made on the rows' texts (given ``lp`` or detection), for messages and the
         summary; None when every row had its own ``lp`` or nothing was detected.
     settings : ScoringSettings
@@ -246,7 +246,7 @@ def row_language_pairs(
     predictor, frame, lp: str | None, *, detect: bool = True
 ) -> tuple[list[str | None], list[str], dict[str, int], Any]:
     """The calibration pair of each row of ``frame``, how it was chosen, what was detected on rows
-    that contradict ``lp``, and the :class:`~uamt.scoring.language_pair.LanguagePairChoice` made
+    that contradict ``lp``, and the :class:`~uamt.serving.language_pair.LanguagePairChoice` made
     on the texts (None where none was made).
 
     ``lp`` for all rows, except those whose text confidently contradicts it (the unseen pair
@@ -254,9 +254,9 @@ def row_language_pairs(
     ``src`` and ``mt``, the other rows without one as context for a line too short to tell (``und``
     where it stays undetermined: widened as unseen), and without ``detect`` None (the global
     calibration).  Detection runs only for a model calibrated per LP
-    (:func:`~uamt.scoring.language_pair.predictor_language_pair`).
+    (:func:`~uamt.serving.language_pair.predictor_language_pair`).
     """
-    from uamt.scoring.language_pair import UNDETERMINED_LP, predictor_language_pair
+    from uamt.serving.language_pair import UNDETERMINED_LP, predictor_language_pair
 
     n = len(frame)
     if lp is not None:
