@@ -97,8 +97,8 @@ def main(argv=None) -> int:
     import pandas as pd
 
     from uamt.registry.store import tracking_uri
-    from uamt.scoring.score import default_model_uri
     from uamt.serving.batch import BatchSettings
+    from uamt.serving.scores import default_model_uri
 
     repo = Path(__file__).resolve().parents[1]
     mirror = args.mirror or repo.parent / "shared" / "data" / "github"

@@ -202,7 +202,7 @@ def test_annotation_frame_is_accepted_by_incoming_once_scored(tmp_path):
 
 def test_score_flags_read_the_served_risk_never_a_gaussian_stand_in():
     from uamt.core.errors import UamtError
-    from uamt.scoring.score import segment_records
+    from uamt.serving.scores import segment_records
 
     out = pd.DataFrame({"mu": [-2.0, -8.0], "sigma": [1.0, 1.0], "lower": [-4.0, -10.0], "upper": [0.0, -6.0], "risk": [0.1, 0.9]})
     # Same threshold: the served risk column itself.

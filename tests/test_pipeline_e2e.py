@@ -141,7 +141,7 @@ def test_reference_free_model_is_registered_and_scores_without_references(pipeli
     import pandas as pd
 
     from uamt.core.errors import UamtError
-    from uamt.scoring.score import load_scoring_predictor
+    from uamt.serving.scores import load_scoring_predictor
 
     summary = json.loads((pipeline_run / SUMMARY_PATH).read_text())
     assert summary["qe"]["model_name"] == "uamt-comet-qe" and summary["qe"]["method"] == "hts_qe"

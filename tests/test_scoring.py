@@ -23,15 +23,15 @@ from test_scoring_support import (
 )
 
 from uamt.cli import main
-from uamt.scoring.score import (
+from uamt.serving import text_io as scoring_io
+from uamt.serving.compare import paired_bootstrap_probability, probability_better
+from uamt.serving.scores import (
     build_frame,
     default_model_uri,
     model_name_from_params,
     sample_reference_indices,
     system_score,
 )
-from uamt.serving import text_io as scoring_io
-from uamt.serving.compare import paired_bootstrap_probability, probability_better
 from uamt.uncertainty.metrics import translation_risk
 
 SRC = [

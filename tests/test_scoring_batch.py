@@ -61,7 +61,7 @@ def _settings(scoring_store, model=REF_MODEL) -> BatchSettings:
 
 def _single_process_reference(scoring_store) -> pd.DataFrame:
     """What `uamt score` computes for the whole table in one predict call."""
-    from uamt.scoring.score import load_scoring_predictor, predict
+    from uamt.serving.scores import load_scoring_predictor, predict
 
     predictor, _ = load_scoring_predictor(f"models:/{REF_MODEL}@champion", has_references=True)
     frame = pd.DataFrame({"src": SRC, "mt": MT, "ref": REF, "lp": "de-en"})

@@ -191,7 +191,7 @@ def run_rerank(args: argparse.Namespace) -> int:
 
     from uamt.core.errors import UamtError
     from uamt.decisions.rerank import MBR_RULES, RerankSettings, check_rule, pseudo_reference_lists, rerank
-    from uamt.scoring.score import load_scoring_predictor, predict
+    from uamt.serving.scores import load_scoring_predictor, predict
 
     try:
         check_rule(args.rule)
@@ -242,7 +242,7 @@ def run_select(args: argparse.Namespace) -> int:
     from uamt.core.errors import UamtError
     from uamt.data.datasets import DATASETS
     from uamt.decisions.annotation import annotation_frame, check_strategy, read_table, select_rows
-    from uamt.scoring.score import load_scoring_predictor, predict
+    from uamt.serving.scores import load_scoring_predictor, predict
 
     try:
         check_strategy(args.strategy)

@@ -63,7 +63,7 @@ def pipeline_models(params_path: str) -> tuple[list[str], str | None]:
     from uamt.core.config import read_params
     from uamt.core.naming import qe_registered_name
     from uamt.pipeline_config import load_pipeline
-    from uamt.scoring.score import model_name_from_params
+    from uamt.serving.scores import model_name_from_params
 
     name = model_name_from_params(params_path)
     names = [name]

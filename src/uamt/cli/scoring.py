@@ -288,7 +288,7 @@ def register(subparsers) -> None:
 
 
 def _check_common(args) -> None:
-    from uamt.scoring.score import validate_settings
+    from uamt.serving.scores import validate_settings
 
     validate_settings(
         confidence=args.confidence, batch_size=args.batch_size, bootstrap=getattr(args, "bootstrap", 0)
@@ -311,7 +311,7 @@ def _input_paths(args) -> list[Path]:
 
 def _warn_truncated(command: str, predictor, texts: dict[str, list[list[str]]], args) -> dict:
     """Print which input lines the encoder cuts (stderr); return {file: [lines]} for the summary."""
-    from uamt.scoring.score import truncated_lines, truncation_warning
+    from uamt.serving.scores import truncated_lines, truncation_warning
 
     by_file: dict[str, list[str]] = {}
     for role, paths in (("src", [args.src]), ("mt", args.mt if isinstance(args.mt, list) else [args.mt])):
@@ -342,14 +342,14 @@ def _language_pair(command: str, predictor, frame, texts: dict, lp: str | None):
 
 def run_score(args: argparse.Namespace) -> int:
     from uamt.core.errors import UamtError
-    from uamt.scoring.score import (
+    from uamt.serving import scorer
+    from uamt.serving.scores import (
         build_frame,
         load_scoring_predictor,
         score_summary,
         segment_records,
         validate_settings,
     )
-    from uamt.serving import scorer
     from uamt.serving.text_io import check_output_path, read_aligned, render_segments
 
     _check_common(args)
@@ -441,7 +441,6 @@ def run_score_batch(args: argparse.Namespace) -> int:
     """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.serving.batch`."""
     from uamt.core.errors import UamtError
     from uamt.registry.store import tracking_uri
-    from uamt.scoring.score import default_model_uri, validate_settings
     from uamt.serving.batch import (
         DEFAULT_PARTITION_ROWS,
         BatchSettings,
@@ -450,6 +449,7 @@ def run_score_batch(args: argparse.Namespace) -> int:
         score_file,
         summary_line,
     )
+    from uamt.serving.scores import default_model_uri, validate_settings
 
     line_options = {
         "-s/--src": args.src is not None,
@@ -525,9 +525,9 @@ def _system_names(paths: list[Path]) -> list[str]:
 def run_compare(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from uamt.scoring.score import build_frame, load_scoring_predictor
     from uamt.serving import scorer
     from uamt.serving.compare import compare_outputs, comparison_table
+    from uamt.serving.scores import build_frame, load_scoring_predictor
     from uamt.serving.text_io import atomic_write_text, check_output_path, json_safe, read_aligned
 
     _check_common(args)
@@ -599,9 +599,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from uamt.core.errors import UamtError
-    from uamt.scoring.score import default_model_uri
     from uamt.serving.predictor import load_predictor
     from uamt.serving.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
+    from uamt.serving.scores import default_model_uri
 
     try:
         from uamt.serving.server import make_server

@@ -1,12 +1,18 @@
 """Scoring translations with a calibrated predictor: ``uamt score``, ``uamt compare`` and their I/O.
 
 :mod:`uamt.serving.text_io` reads line-aligned text files and writes outputs atomically;
-:mod:`uamt.scoring.score` builds the predictor's input frame, checks the model fits the inputs
+:mod:`uamt.serving.scores` builds the predictor's input frame, checks the model fits the inputs
 and computes segment records and the system score; :mod:`uamt.serving.compare` gives
 P(system A better than system B).
 """
 
-from uamt.scoring.score import (
+from uamt.serving.compare import (
+    compare_outputs,
+    comparison_table,
+    paired_bootstrap_probability,
+    probability_better,
+)
+from uamt.serving.scores import (
     DEFAULT_MODEL_NAME,
     SystemScore,
     build_frame,
@@ -18,12 +24,6 @@ from uamt.scoring.score import (
     score_summary,
     segment_records,
     system_score,
-)
-from uamt.serving.compare import (
-    compare_outputs,
-    comparison_table,
-    paired_bootstrap_probability,
-    probability_better,
 )
 from uamt.serving.text_io import (
     atomic_write_text,

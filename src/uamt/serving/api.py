@@ -78,8 +78,8 @@ def load_model(
     >>> model = uamt.load_model("models:/uamt-comet@champion")  # doctest: +SKIP
     >>> model.score(src=["Das ist gut."], mt=["This is good."], ref=["That is good."])  # doctest: +SKIP
     """
-    from uamt.scoring.score import default_model_uri
     from uamt.serving.predictor import load_predictor
+    from uamt.serving.scores import default_model_uri
 
     if model is None:
         uri = default_model_uri(reference_free=reference_free, params_path=params_path)

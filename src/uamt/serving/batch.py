@@ -598,9 +598,9 @@ def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings)
         ``known_lps`` and ``unseen_lp_sigma_factor``.
     """
     from uamt.core.fileio import atomic_path, sha256_file
-    from uamt.scoring.score import check_signature
     from uamt.serving import scorer
     from uamt.serving.language_pair import predictor_language_pair
+    from uamt.serving.scores import check_signature
 
     predictor = cached_predictor(settings.model, settings.tracking_uri)
     check_signature(predictor, has_references="ref" in frame.columns, model=settings.model)
@@ -987,7 +987,7 @@ def score_file(
         # Scoring in this process: load the model now (it is cached for the partitions), so a model
         # that cannot be loaded or does not fit the columns is refused before the folder is made.
         # A Dask worker loads it there; the driver does not hold a copy it would not use.
-        from uamt.scoring.score import check_signature
+        from uamt.serving.scores import check_signature
 
         predictor = cached_predictor(pin.loaded_as, settings.tracking_uri)
         check_signature(predictor, has_references="ref" in columns, model=settings.model)
