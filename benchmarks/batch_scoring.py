@@ -2,7 +2,7 @@
 
 Builds ``--rows`` synthetic-but-realistic rows by resampling real (src, mt, ref) triples of the
 offline mirror (biomedical MQM, the LPs of ``--lps``) into a Parquet file, then scores it with
-:func:`uamt.scoring.batch.score_file` on a ``LocalCluster`` of N one-thread worker processes for
+:func:`uamt.serving.batch.score_file` on a ``LocalCluster`` of N one-thread worker processes for
 each N of ``--workers``.  Every worker loads the model before the clock starts (the load is timed
 on its own), so rows/s is the steady state.  Prints rows/s, the speed-up over one worker, the
 peak RSS of each worker process, whether the outputs are identical, and the projection to more
@@ -58,7 +58,7 @@ def worker_cpu_s() -> float:
 def run(n_workers: int, table: Path, out_dir: Path, settings) -> dict:
     from distributed import Client, LocalCluster
 
-    from uamt.scoring import batch
+    from uamt.serving import batch
 
     cluster = LocalCluster(
         n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
@@ -96,9 +96,9 @@ def main(argv=None) -> int:
 
     import pandas as pd
 
-    from uamt.registry import tracking_uri
-    from uamt.scoring.batch import BatchSettings
-    from uamt.scoring.score import default_model_uri
+    from uamt.registry.store import tracking_uri
+    from uamt.serving.batch import BatchSettings
+    from uamt.serving.scores import default_model_uri
 
     repo = Path(__file__).resolve().parents[1]
     mirror = args.mirror or repo.parent / "shared" / "data" / "github"

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.uncertainty import EvaluationSettings, evaluate_predictions
 
     settings = load_section(EvaluationSettings, "evaluate", args.params)

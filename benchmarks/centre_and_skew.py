@@ -1,10 +1,10 @@
 """Centre, skew and conditional coverage of the *served* calibration, per language pair, on test.
 
 For each model, the calibration is fitted on its dev predictions exactly as the calibrate stage does
-(:func:`uamt.calibrated.fit_calibration` with the ``evaluate:`` section of ``--params``) and applied
+(:func:`uamt.serving.model_calibration.fit_calibration` with the ``evaluate:`` section of ``--params``) and applied
 to its test predictions through what serving calls (:meth:`Calibration.interval`,
 :meth:`Calibration.risk`, :meth:`Calibration.apply`), with mu and the interval clipped to the MQM
-scale [-25, 0] as :func:`uamt.pyfunc.clip_to_scale` does.  Per LP and pooled it prints:
+scale [-25, 0] as :func:`uamt.serving.calibrated_predictor.clip_to_scale` does.  Per LP and pooled it prints:
 
 * ``cov`` coverage of the 90 % interval, ``lo``/``hi`` the shares of human scores below / above it
   (goal: 0.05 each), ``width`` the mean served (clipped) width in MQM points and ``raw w`` unclipped;
@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every number as JSON here")
     args = parser.parse_args(argv)
 
-    from uamt.calibrated import fit_calibration, is_fixed_variance
-    from uamt.config import load_section
+    from uamt.core.config import load_section
+    from uamt.serving.model_calibration import fit_calibration, is_fixed_variance
     from uamt.uncertainty import EvaluationSettings
 
     settings = load_section(EvaluationSettings, "evaluate", args.params)

@@ -58,10 +58,10 @@ def score_with_pyfunc(model_uri: str, frame: pd.DataFrame, chi: float, reference
 
 def score_with_model_dir(model_dir: Path, calibration_path: Path, frame: pd.DataFrame, chi: float) -> pd.DataFrame:
     """Raw mu/sigma of a local model folder on the rows, served through ``calibration_path``."""
-    from uamt.calibrated import Calibration
     from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
     from uamt.models import load as load_model
     from uamt.models.data import features_from_cache
+    from uamt.serving.model_calibration import Calibration
 
     model = load_model(model_dir)
     encoder = get_encoder(EncoderConfig(runtime="onnx", batch_size=16))

@@ -63,9 +63,9 @@ def ece_dev_quantiles(z_dev: np.ndarray, z_test: np.ndarray) -> float:
 
 def pooled_calibration(methods: list[str], pool: str, predictions: Path) -> None:
     """Test ECE and interval coverage with the calibration refitted on dev and on dev + ``pool``."""
-    from uamt.calibrated import is_fixed_variance, with_model_sigma
     from uamt.models.specs import model_spec
-    from uamt.pipeline import open_features, predict_split, read_split
+    from uamt.pipeline_config import open_features, predict_split, read_split
+    from uamt.serving.model_calibration import is_fixed_variance, with_model_sigma
     from uamt.stages.calibrate import load_config  # the settings the calibrate stage fitted with
     from uamt.uncertainty import evaluate_predictions
 
@@ -111,7 +111,7 @@ def conformal_scores(method: str, split: str, predictions: Path, rows: pd.DataFr
     """|human - mu| / sigma in the dev-standardised units the conformal calibrator uses (raw sigma),
     with each row's re-split unit: ``dataset`` + column ``unit`` of ``rows``, the prepared rows the
     predictions were made for (a ``seg_id`` is only unique within a dataset)."""
-    from uamt.calibrated import with_model_sigma
+    from uamt.serving.model_calibration import with_model_sigma
 
     pred = with_model_sigma(pd.read_parquet(predictions / split / f"{method}.parquet"), method)
     if len(pred) != len(rows) or not (pred["seg_id"].to_numpy() == rows["seg_id"].to_numpy()).all():
@@ -136,8 +136,8 @@ def conformal_resplits(
     methods: list[str], predictions: Path, calibrations: Path, n_resplits: int, unit: str = "doc"
 ) -> None:
     """Coverage spread of split-conformal intervals under random re-splits of dev + test by ``unit``."""
-    from uamt.calibrated import Calibration
-    from uamt.pipeline import read_split
+    from uamt.pipeline_config import read_split
+    from uamt.serving.model_calibration import Calibration
     from uamt.stages.calibrate import load_config
     from uamt.uncertainty.conformal import conformal_quantile
 
@@ -194,7 +194,7 @@ def conformal_resplits(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from uamt.calibrated import Calibration
+    from uamt.serving.model_calibration import Calibration
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(

@@ -23,7 +23,7 @@ import pandas as pd
 from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
 from uamt.models import load, load_train_config, train
 from uamt.models.data import FeatureSource, features_from_cache
-from uamt.pipeline import load_pipeline, read_split
+from uamt.pipeline_config import load_pipeline, read_split
 from uamt.quality import auroc_score
 
 

@@ -109,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.chdir(args.root)
 
-    from uamt.calibrated import load_calibrations, with_model_sigma
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.encoders import EmbeddingCache, get_encoder
     from uamt.encoders.precompute import EncodeConfig
-    from uamt.pipeline import CALIBRATION_DIR, load_pipeline, read_split
+    from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline, read_split
+    from uamt.serving.model_calibration import load_calibrations, with_model_sigma
 
     pipe = load_pipeline()
     encode = load_section(EncodeConfig, "encode", "params.yaml")

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worst", type=float, default=0.02, help="share of worst segments to retrieve")
     args = parser.parse_args(argv)
 
-    from uamt.references import distinct_references
+    from uamt.serving.multi_reference import distinct_references
 
     prepared = Path(args.prepared)
     test = pd.read_parquet(prepared / "test.parquet")

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from uamt.calibrated import Calibration, with_model_sigma
 from uamt.quality import ROW_KEYS, auroc_score, worst_recall_score
+from uamt.serving.model_calibration import Calibration, with_model_sigma
 from uamt.surface_features import FEATURES, surface_features
 
 

@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from uamt.calibrated import fit_calibration
 from uamt.challenge import MODES, challenge_set, with_synthetic_failures
-from uamt.config import load_section
+from uamt.core.config import load_section
 from uamt.data.datasets import scale_bounds
 from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
 from uamt.models import features_from_cache, load, load_train_config, train
-from uamt.pipeline import load_pipeline, read_split
+from uamt.pipeline_config import load_pipeline, read_split
 from uamt.quality import join_texts, quality_table
+from uamt.serving.model_calibration import fit_calibration
 from uamt.uncertainty import EvaluationSettings
 
 

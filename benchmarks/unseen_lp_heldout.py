@@ -11,7 +11,7 @@ model and to the calibration, and measures on that LP's **test** rows:
 * the widening the LP alone needed (model held out) next to the one the calibration-only fit gives
   (``metrics/dev.json``: ``<method>.unseen_lp.held_out``);
 * the factor the held-out models give when fitted as the calibrate stage does (equal-weight
-  coverage of ``level`` over the held-out LPs, :func:`uamt.calibrated.fit_unseen_lp_sigma_factor`).
+  coverage of ``level`` over the held-out LPs, :func:`uamt.serving.model_calibration.fit_unseen_lp_sigma_factor`).
 
     python benchmarks/unseen_lp_heldout.py [--method hts] [--params params.yaml] [--json out.json]
 
@@ -31,18 +31,18 @@ import numpy as np
 
 
 def main(argv: list[str] | None = None) -> int:
-    from uamt.calibrated import (
+    from uamt.core.config import load_section
+    from uamt.encoders import EncodeConfig
+    from uamt.models.config import load_train_config
+    from uamt.models.shared_training import train_methods
+    from uamt.pipeline_config import load_pipeline, open_features, predict_split, read_split
+    from uamt.serving.model_calibration import (
         Calibration,
         equal_weight_quantile,
         fit_calibration,
         needed_widening,
         with_model_sigma,
     )
-    from uamt.config import load_section
-    from uamt.encoders import EncodeConfig
-    from uamt.models.config import load_train_config
-    from uamt.models.shared_training import train_methods
-    from uamt.pipeline import load_pipeline, open_features, predict_split, read_split
     from uamt.uncertainty import EvaluationSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -25,7 +25,7 @@ from prefect import Task, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 from prefect.utilities.hashing import hash_objects
 
-from uamt.config import ConfigError
+from uamt.core.config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DVC_FILE = REPO_ROOT / "dvc.yaml"

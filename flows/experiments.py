@@ -26,7 +26,7 @@ from prefect.artifacts import create_markdown_artifact
 
 import uamt.experiments
 from flows.dvc_stages import Stage, read_stages, stage_task
-from uamt.config import DEFAULT_PARAMS
+from uamt.core.config import DEFAULT_PARAMS
 
 REPORT = "report"
 

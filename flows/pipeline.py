@@ -33,10 +33,10 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.dvc_stages import Stage, dvc_stage_names, read_stages, stage_task
-from uamt.config import DEFAULT_PARAMS
+from uamt.core.config import DEFAULT_PARAMS
 from uamt.data.prepare import data_version
-from uamt.pipeline import load_pipeline
-from uamt.registry import SUMMARY_PATH
+from uamt.pipeline_config import load_pipeline
+from uamt.registry.store import SUMMARY_PATH
 
 log = logging.getLogger(__name__)
 REPORTED_METRICS = ("pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
@@ -200,7 +200,7 @@ def task_runner_for(kind: str, address: str | None = None, n_workers: int = 2):
 
 def run_pipeline(params: str = str(DEFAULT_PARAMS), **kwargs) -> dict[str, Any]:
     """Run :func:`uamt_pipeline` on the task runner the ``incoming:`` section asks for."""
-    from uamt.incoming import load_config as load_incoming
+    from uamt.ingest import load_config as load_incoming
 
     cfg = load_incoming(params)
     runner = task_runner_for(cfg.task_runner, cfg.dask_address, cfg.dask_workers)

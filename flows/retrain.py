@@ -8,7 +8,7 @@ One tick (see docs/orchestration.md):
 2. take the ``fcntl`` lock ``incoming.lock_path`` (a second retrain waits ``lock_timeout_s`` and
    then returns ``status: busy``); remove the temp folders of killed trainings (``models/.<name>.tmp-<pid>-*``
    of processes that no longer run);
-3. task ``ingest`` = :func:`uamt.incoming.ingest_incoming`: validate, append good files to the
+3. task ``ingest`` = :func:`uamt.ingest.ingest_incoming`: validate, append good files to the
    pool atomically (after writing the pending-retrain marker ``incoming.pending_path``), move files
    to ``processed/`` or ``rejected/`` (+ ``.report.txt``);
 4. no marker (nothing added, now or by an unfinished earlier tick) -> return ``status: nothing
@@ -52,12 +52,12 @@ from typing import Any
 from prefect import flow, task
 
 from flows.pipeline import run_pipeline
-from uamt import incoming
-from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt import ingest as incoming
+from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.data.prepare import PrepareConfig
 from uamt.models.api import recover_stale
-from uamt.pipeline import load_pipeline
-from uamt.registry import SUMMARY_PATH
+from uamt.pipeline_config import load_pipeline
+from uamt.registry.store import SUMMARY_PATH
 
 ingest = task(name="ingest", persist_result=False)(incoming.ingest_incoming)
 

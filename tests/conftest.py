@@ -35,7 +35,7 @@ def _uamt_cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def _offline_env(monkeypatch, _uamt_cache_dir):
     # Tests must never reach a model hub, and must never write to the user's MLflow store or cache
-    # (the model-resolution cache of uamt.predictor).
+    # (the model-resolution cache of uamt.serving.predictor).
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.setenv("UAMT_CACHE_DIR", str(_uamt_cache_dir))
@@ -81,7 +81,7 @@ def project_store(tmp_path, monkeypatch) -> str:
     The test runs in ``tmp_path`` with ``MLFLOW_TRACKING_URI`` unset, so nothing reaches the
     user's own store.
     """
-    from uamt import registry
+    from uamt.registry import store as registry
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -95,7 +95,7 @@ def register_constant():
     import pandas as pd
 
     import mlflow
-    from uamt import registry
+    from uamt.registry import store as registry
 
     class ConstantModel(mlflow.pyfunc.PythonModel):
         def predict(self, context, model_input, params=None):
@@ -120,7 +120,7 @@ def register_constant():
 def incoming_config(tmp_path):
     """A function ``(**overrides) -> IncomingConfig`` with the incoming folder, pool, manifest, lock
     and pending marker all under ``tmp_path``."""
-    from uamt.incoming import IncomingConfig
+    from uamt.ingest import IncomingConfig
 
     def make(**overrides) -> IncomingConfig:
         return IncomingConfig(

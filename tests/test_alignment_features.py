@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from uamt.alignment_features import FEATURE_NAMES, alignment_features, pair_features
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 
 def unit(*rows):

@@ -16,7 +16,7 @@ from uamt.challenge import (
     synthetic_score_range,
     with_synthetic_failures,
 )
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 
 def _rows() -> pd.DataFrame:

@@ -18,9 +18,9 @@ import yaml
 from scipy.stats import norm
 
 from tests.test_models import CFG, FEATURES, make_table
-from uamt.calibrated import Calibration
 from uamt.cli import main
 from uamt.models import load, train
+from uamt.serving.model_calibration import Calibration
 from uamt.uncertainty import ConformalCalibrator
 
 DEV_LPS = ("en-de", "zh-en")
@@ -113,7 +113,7 @@ def test_point_model_gets_the_dev_fixed_variance(workspace, tmp_path, capsys):
 
 
 def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace, tmp_path):
-    from uamt.calibrated import fit_calibration, with_model_sigma
+    from uamt.serving.model_calibration import fit_calibration, with_model_sigma
     from uamt.uncertainty import EvaluationSettings
 
     out = tmp_path / "hts.csv"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from uamt.core.errors import DataError
 from uamt.data import loaders
 from uamt.data.prepare import PrepareConfig, prepare
-from uamt.errors import DataError
 
 WMT = "wmt-conference/wmt21-news-systems"
 SCORES = "SYS SID RAW.SCR Z.SCR N \nSysA.1 1 80 0.5 1 \nSysA.1 2 60 -0.5 2 \n"

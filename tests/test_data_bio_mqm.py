@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
+from uamt.core.errors import DataError
 from uamt.data.schema import COLUMNS
 from uamt.data.sources import bio_mqm
 from uamt.data.sources.bio_mqm import bio_doc_key, bio_doc_splits, load_bio_mqm
-from uamt.errors import DataError
 
 REFS = bio_mqm.BIO_REFERENCE_ENGINES
 

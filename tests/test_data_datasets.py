@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from uamt.config import ConfigError
+from uamt.core.config import ConfigError
 from uamt.data.datasets import DATASET_SPECS, DATASETS, dataset_spec, default_forced_splits
 from uamt.data.prepare import PrepareConfig, limit_rows
 
@@ -18,7 +18,8 @@ def test_unknown_dataset_is_refused_with_the_choices():
 
 
 def test_consumers_read_the_declarations():
-    from uamt import incoming, pyfunc
+    from uamt.ingest import config as incoming
+    from uamt.serving import calibrated_predictor as pyfunc
 
     for name, spec in DATASET_SPECS.items():
         assert incoming.DEFAULT_BOUNDS[name] == spec.score_range

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from uamt.config import ConfigError
+from uamt.core.config import ConfigError
+from uamt.core.errors import ChecksumError, DataError
 from uamt.data.fetch import FetchConfig, SourceFiles, fetch_all, load_data_sources, load_fetch_config
-from uamt.errors import ChecksumError, DataError
 from uamt.stages import fetch as fetch_stage
 
 REPO = "deep-spin/UA_COMET"

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from uamt.core.errors import DataError
 from uamt.data import loaders
 from uamt.data.guard import GuardConfig, check_signal, chrf_signal, format_signal
 from uamt.data.prepare import PrepareConfig, prepare
-from uamt.errors import DataError
 
 
 def _table(dataset: str, n: int, *, shuffle: bool, seed: int = 0) -> pd.DataFrame:

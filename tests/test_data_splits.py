@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from uamt.core.errors import DataError
 from uamt.data.prepare import PrepareConfig, prepare, read_summary
 from uamt.data.schema import normalise_source
 from uamt.data.splits import assign_splits, check_disjoint
-from uamt.errors import DataError
 
 
 def synthetic_table(seed: int = 0) -> pd.DataFrame:
@@ -106,7 +106,7 @@ def test_full_prepare_on_mirror(tmp_path, mirror_root):
     from dataclasses import replace
 
     from tests.conftest import REPO_ROOT
-    from uamt.config import load_section
+    from uamt.core.config import load_section
 
     # the project's own settings (drop lists, guard exemptions), on the mirror, into tmp_path
     cfg = replace(

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from uamt.core.errors import DataError
 from uamt.data import loaders
 from uamt.data.schema import read_lines
 from uamt.data.sources import wmt21_qe
-from uamt.errors import DataError
 
 WMT = "wmt-conference/wmt21-news-systems"
 QE_TRAIN = Path(wmt21_qe.QE_REPO) / wmt21_qe.QE_DIR

@@ -10,9 +10,9 @@ import pytest
 import sacrebleu
 from scipy.stats import pearsonr
 
+from uamt.core.errors import DataError
 from uamt.data.schema import COLUMNS, read_lines
 from uamt.data.sources import wmt23
-from uamt.errors import DataError
 
 WMT23 = wmt23.WMT23_DIR
 

@@ -9,10 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from uamt.core.errors import DataError
 from uamt.decisions.annotation import ANNOTATION_COLUMNS, annotation_frame, select_rows
 from uamt.decisions.flagging import crc_bound, crc_threshold, flag_quality, flags
-from uamt.decisions.rerank import RULES, RerankSettings, pseudo_reference_lists, rerank, served_columns
-from uamt.errors import DataError
+from uamt.decisions.rerank import RULES, RerankSettings, pseudo_reference_lists, rerank
+from uamt.uncertainty.served import served_columns
 
 # One group of four candidates where every rule picks another one:
 #   a: highest mu, wide (low lower bound, high risk)   b: highest lower bound
@@ -87,7 +88,7 @@ def test_pseudo_references_are_the_other_candidates_capped():
 
 
 def test_served_columns_are_the_calibrations_answers_clipped():
-    from uamt.calibrated import Calibration
+    from uamt.serving.model_calibration import Calibration
 
     rng = np.random.default_rng(0)
     n = 400
@@ -174,7 +175,7 @@ def test_uncertainty_takes_the_highest_sigma_diversity_spreads_over_documents_an
 
 
 def test_annotation_frame_is_accepted_by_incoming_once_scored(tmp_path):
-    from uamt.incoming import IncomingConfig, validate_file
+    from uamt.ingest import IncomingConfig, validate_file
 
     pool = pd.DataFrame(
         {
@@ -200,8 +201,8 @@ def test_annotation_frame_is_accepted_by_incoming_once_scored(tmp_path):
 
 
 def test_score_flags_read_the_served_risk_never_a_gaussian_stand_in():
-    from uamt.errors import UamtError
-    from uamt.scoring.score import segment_records
+    from uamt.core.errors import UamtError
+    from uamt.serving.scores import segment_records
 
     out = pd.DataFrame({"mu": [-2.0, -8.0], "sigma": [1.0, 1.0], "lower": [-4.0, -10.0], "upper": [0.0, -6.0], "risk": [0.1, 0.9]})
     # Same threshold: the served risk column itself.
@@ -400,7 +401,7 @@ def test_new_domain_simulation_measures_each_budget_and_the_plateau():
 def test_new_domain_settings_refuse_bad_values_and_unknown_keys(tmp_path):
     import yaml
 
-    from uamt.config import ConfigError, load_section
+    from uamt.core.config import ConfigError, load_section
     from uamt.experiments.annotation import AnnotationSettings, NewDomainSettings
 
     with pytest.raises(ValueError, match=r"domain\.budgets=\[50, 50\] must be positive and strictly increasing"):

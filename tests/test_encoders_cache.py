@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import torch
 
+from uamt.core.errors import DataError, UamtError
 from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
-from uamt.errors import DataError, UamtError
 
 LAYERS, DIM = 3, 8
 

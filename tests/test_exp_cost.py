@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from tests.conftest import REPO_ROOT
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import cost
 from uamt.models import FeatureSource, TrainConfig
 

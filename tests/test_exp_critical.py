@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import critical
 from uamt.experiments.common import is_human_system, pseudo_reference_rows
 
@@ -296,7 +296,7 @@ def test_stage_config_refuses_a_dataset_the_models_were_not_trained_on(tmp_path)
 
     import yaml
 
-    from uamt.config import ConfigError, read_params
+    from uamt.core.config import ConfigError, read_params
     from uamt.stages import exp_critical
 
     params = read_params(Path(__file__).resolve().parents[1] / "params.yaml")

@@ -19,7 +19,7 @@ import yaml
 
 from tests.conftest import REPO_ROOT
 from tests.fakes import FEATURES, WEIGHTS, embed
-from uamt.config import ConfigError
+from uamt.core.config import ConfigError
 from uamt.experiments import methods as M
 from uamt.experiments.common import INDICATORS, read_result, write_result
 from uamt.models import TrainConfig, load, train
@@ -94,7 +94,7 @@ def settings(tmp: Path, **changes) -> M.MethodsSettings:
 def analysis(prepared, tmp_path_factory):
     """The analysis with a 'pipeline' that trained point (on MQM d_q, with stored dev predictions and
     stale test predictions) and hts on fewer rows (so it must not be reused)."""
-    from uamt.pipeline import read_split
+    from uamt.pipeline_config import read_split
 
     tmp = tmp_path_factory.mktemp("run")
     d_q = read_split(prepared, "d_q", ("syn_mqm",))

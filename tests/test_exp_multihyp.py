@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from uamt import lexical
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import multihyp
 from uamt.experiments.common import pseudo_reference_rows
 

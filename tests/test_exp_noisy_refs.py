@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tests.test_exp_references import CFG, FEATURES, NAMES, make_frame, system_rows
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import noisy_refs as N
 from uamt.models import TrainConfig, load, train
 
@@ -131,8 +131,8 @@ def models(tmp_path_factory):
 
 
 def test_whole_analysis_with_tiny_models(models, tmp_path):
-    from uamt.calibrated import Calibration
     from uamt.experiments.common import save_figure
+    from uamt.serving.model_calibration import Calibration
     from uamt.uncertainty import evaluate_predictions
 
     frame = make_frame(16, 31, n_systems=3)

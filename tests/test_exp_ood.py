@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import ood
 
 LPS = ("en-de", "zh-en")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tests.fakes import FEATURES, WEIGHTS, embed
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import references as R
 from uamt.experiments.common import share_verdict
 from uamt.models import TrainConfig, load, train
@@ -247,7 +247,7 @@ def test_same_seed_same_result_different_seed_different_draws(models):
 
 
 def test_reference_free_model_is_refused(tmp_path):
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
 
     train_df, dev_df = system_rows(make_frame(30, 1)), system_rows(make_frame(8, 2))
     qe = load(train("hts", CFG.replace(reference_free=True), train_df, dev_df, FEATURES, tmp_path / "qe"))

@@ -62,7 +62,7 @@ def test_template_whitespace_and_missing_keys(tmp_path, monkeypatch):
 
 
 def test_paper_numbers_name_a_source_and_refuse_unknown_groups():
-    from uamt.errors import DataError
+    from uamt.core.errors import DataError
     from uamt.experiments import noisy_refs, paper_numbers, references
 
     groups = paper_numbers._all()

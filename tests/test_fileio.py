@@ -1,4 +1,4 @@
-"""The one atomic writer every output goes through (uamt.fileio)."""
+"""The one atomic writer every output goes through (uamt.core.fileio)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from uamt.errors import DataError
-from uamt.fileio import atomic_path, atomic_write_bytes, atomic_write_text
+from uamt.core.errors import DataError
+from uamt.core.fileio import atomic_path, atomic_write_bytes, atomic_write_text
 
 
 def _mode(path) -> int:
@@ -57,7 +57,7 @@ def test_json_and_parquet_writers_write_the_bytes_of_the_plain_calls(tmp_path):
 
     import pandas as pd
 
-    from uamt.fileio import atomic_write_json, atomic_write_parquet
+    from uamt.core.fileio import atomic_write_json, atomic_write_parquet
 
     data = {"b": [1.5, None], "a": "ü"}
     atomic_write_json(tmp_path / "m.json", data, indent=2, sort_keys=True)
@@ -85,7 +85,7 @@ def test_figure_keeps_its_format_and_leaves_no_temp(tmp_path):
 
 
 def test_atomic_dir_replaces_the_folder_or_leaves_the_old_one(tmp_path):
-    from uamt.fileio import atomic_dir
+    from uamt.core.fileio import atomic_dir
 
     out = tmp_path / "prepared"
     old = os.umask(0o022)
@@ -106,7 +106,7 @@ def test_atomic_dir_replaces_the_folder_or_leaves_the_old_one(tmp_path):
 
 
 def test_sha256_helpers_agree_and_the_cache_sees_a_changed_file(tmp_path):
-    from uamt.fileio import sha256_bytes, sha256_file, sha256_file_cached, sha256_text
+    from uamt.core.fileio import sha256_bytes, sha256_file, sha256_file_cached, sha256_text
 
     empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
     assert sha256_bytes(b"") == sha256_text("") == empty

@@ -17,8 +17,8 @@ from test_flows_harness import REPO_ROOT, cache_key, read_flow_run
 
 from flows import dvc_stages
 from flows import pipeline as fp
-from uamt.config import ConfigError
-from uamt.registry import SUMMARY_PATH
+from uamt.core.config import ConfigError
+from uamt.registry.store import SUMMARY_PATH
 
 prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
 
@@ -296,7 +296,7 @@ def test_retrain_without_new_files_returns_at_once(prefect_api, tmp_path, monkey
 
 def test_retrain_refuses_a_pool_prepare_does_not_read(prefect_api, tmp_path, monkeypatch):
     from flows.retrain import check_pool_wiring
-    from uamt.config import ConfigError
+    from uamt.core.config import ConfigError
 
     monkeypatch.chdir(tmp_path)
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))

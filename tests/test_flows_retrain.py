@@ -17,7 +17,7 @@ import test_flows_harness as harness
 import yaml
 from test_flows_harness import REPO_ROOT
 
-from uamt.config import load_section
+from uamt.core.config import load_section
 from uamt.data.prepare import PrepareConfig, load_dataset
 from uamt.data.schema import normalise_source
 
@@ -71,7 +71,7 @@ def new_annotations(prepared: Path, n_sources: int = 2) -> tuple[pd.DataFrame, p
 
 
 def registry_versions(uri: str) -> list[dict]:
-    from uamt.registry import describe
+    from uamt.registry.store import describe
 
     return describe(uri, "uamt-comet")
 
@@ -146,7 +146,7 @@ def test_retrain_tick_ingests_new_annotations_and_registers_a_new_version(
 
 def test_second_retrain_exits_while_the_first_holds_the_lock(prefect_api, tmp_path, monkeypatch):
     from flows.retrain import retrain_on_new_annotations
-    from uamt.incoming import retrain_lock
+    from uamt.ingest import retrain_lock
 
     monkeypatch.chdir(tmp_path)
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))

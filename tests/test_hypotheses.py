@@ -21,7 +21,7 @@ spm = pytest.importorskip("sentencepiece")
 
 from uamt import hypotheses, lexical  # noqa: E402
 from uamt.cli import main  # noqa: E402
-from uamt.errors import DataError, UamtError  # noqa: E402
+from uamt.core.errors import DataError, UamtError  # noqa: E402
 
 # The tiny model's ops are microseconds long; thread hand-off would cost more than the work.
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -108,8 +108,8 @@ def test_library_imports_and_the_private_stage_helper_are_allowed(tmp_path):
     root = _package(
         tmp_path,
         {
-            "lib.py": "from uamt.pipeline import read_split\nimport uamt.stagesque\n",
-            "stages/_cli.py": "from uamt.config import DEFAULT_PARAMS\n",
+            "lib.py": "from uamt.pipeline_config import read_split\nimport uamt.stagesque\n",
+            "stages/_cli.py": "from uamt.core.config import DEFAULT_PARAMS\n",
             "stages/fetch.py": "from uamt.data.fetch import fetch_all\nfrom uamt.stages._cli import stage_main\n",
         },
     )

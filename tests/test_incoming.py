@@ -1,4 +1,4 @@
-"""uamt.incoming: validation reports, all-or-nothing ingestion, the lock; prepare's pool placement."""
+"""uamt.ingest: validation reports, all-or-nothing ingestion, the lock; prepare's pool placement."""
 
 from __future__ import annotations
 
@@ -13,13 +13,7 @@ import pytest
 
 from uamt.data.prepare import place_pool_rows
 from uamt.data.schema import normalise_source
-from uamt.incoming import (
-    RetrainBusy,
-    ingest_incoming,
-    read_pool,
-    retrain_lock,
-    validate_file,
-)
+from uamt.ingest import RetrainBusy, ingest_incoming, read_pool, retrain_lock, validate_file
 
 GOOD = [
     {
@@ -178,7 +172,7 @@ def test_lock_of_a_killed_holder_is_free_at_once(tmp_path):
 
     lock = tmp_path / ".retrain.lock"
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from uamt.incoming import retrain_lock\nimport time\nwith retrain_lock({str(lock)!r}):\n"
+        [sys.executable, "-c", f"from uamt.ingest import retrain_lock\nimport time\nwith retrain_lock({str(lock)!r}):\n"
          "    print('held', flush=True)\n    time.sleep(60)"],
         stdout=subprocess.PIPE,
         text=True,

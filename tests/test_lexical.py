@@ -11,7 +11,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 
 from uamt import lexical
 from uamt.cli import main
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 MT = ["the cat sat on the mat", "a quick brown fox jumps", "hello world again today"]
 REF = ["the cat is sitting on the mat", "the quick brown fox jumped", "hello world again today"]

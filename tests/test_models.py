@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.fakes import DIM, FEATURES, N_LAYERS, embed, signal
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.models import METHODS, FeatureSource, NonFiniteLossError, TrainConfig, get_loss, load, train
 from uamt.models.api import MANIFEST, TABLE_COLUMNS
 from uamt.models.mcd import head_mc_outputs
@@ -170,7 +170,7 @@ def test_loading_and_predicting_never_imports_lightning(tmp_path):
     path = train("hts", CFG.replace(max_epochs=1), TRAIN, DEV, FEATURES, tmp_path / "m")
     code = (
         "import sys; from tests.fakes import FEATURES; from tests.test_models import TEST;"
-        "from uamt.models import load; import uamt.pyfunc;"
+        "from uamt.models import load; import uamt.serving.calibrated_predictor;"
         f"load({str(path)!r}).predict(TEST, FEATURES);"
         "print(sorted(m for m in ('pytorch_lightning', 'torchmetrics', 'transformers', 'comet') if m in sys.modules))"
     )
@@ -236,8 +236,8 @@ def test_method_specs_are_the_one_table(capsys):
     ],
 )
 def test_model_names_resolve_to_their_spec(model, method, fixed_variance):
-    from uamt.calibrated import is_fixed_variance
     from uamt.models.specs import model_spec
+    from uamt.serving.model_calibration import is_fixed_variance
 
     assert model_spec(model) is METHODS[method]
     assert is_fixed_variance(model) is fixed_variance
@@ -245,7 +245,7 @@ def test_model_names_resolve_to_their_spec(model, method, fixed_variance):
 
 @pytest.mark.parametrize("model", ["nope", "nope_qe", "hts_l1"])
 def test_unknown_model_names_are_refused(model):
-    from uamt.calibrated import is_fixed_variance
+    from uamt.serving.model_calibration import is_fixed_variance
 
     with pytest.raises(ValueError, match="not supported; choose"):
         is_fixed_variance(model)
@@ -257,7 +257,7 @@ def test_method_lists_are_derived_from_the_specs_in_the_analyses_order():
     from uamt.experiments.cost import method_plan
     from uamt.experiments.methods import supported_methods
     from uamt.models.specs import ENSEMBLE_MEMBERS, baseline_method, methods_where, per_loss_rows
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
 
     assert supported_methods() == ("point", "mcd_head", "ensemble", "hts", "hts_mcd", "kl", "dup")
     assert [info["method"] for info in method_plan(10, 2, ("hts",)).values()] == [

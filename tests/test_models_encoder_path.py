@@ -21,9 +21,9 @@ import torch
 import yaml
 
 from tests.test_encoders import make_tiny_bert, make_tiny_xlmr
+from uamt.core.errors import DataError, UamtError
 from uamt.data import loaders
 from uamt.encoders import EncoderConfig, get_encoder
-from uamt.errors import DataError, UamtError
 from uamt.models import FeatureSource, TrainConfig, load, train
 from uamt.models.data import features_from_encoder
 from uamt.models.mcd import full_mc_outputs
@@ -356,8 +356,8 @@ def write_cli_inputs(root: Path, splits: dict, encoder_dir: Path, **train_base) 
     ids=["mcd_full", "hts_mcd-full", "mcd_head"],
 )
 def test_cli_train_and_predict_mc_dropout(tiny_dirs, splits, tmp_path, capsys, method, train_base):
-    from uamt.calibrated import Calibration
     from uamt.cli import main
+    from uamt.serving.model_calibration import Calibration
 
     params = write_cli_inputs(tmp_path, splits, tiny_dirs["bert"], **train_base)
     assert main(["train", "--method", method, "--params", str(params)]) == 0

@@ -12,8 +12,8 @@ import torch
 
 from tests.fakes import FEATURES
 from tests.test_models import CFG, DEV, TRAIN
-from uamt.config import ConfigError
-from uamt.errors import DataError
+from uamt.core.config import ConfigError
+from uamt.core.errors import DataError
 from uamt.models import TrainConfig, load, train
 from uamt.models.data import TargetScaler
 from uamt.models.kl import (

@@ -59,7 +59,7 @@ def test_a_method_defined_here_trains_calibrates_and_evaluates(tmp_path, laplace
     from uamt.encoders import EncodeConfig
     from uamt.models import TrainConfig, load, train
     from uamt.models.shared_training import train_methods
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
     from uamt.uncertainty import EvaluationSettings
 
     prepared = tmp_path / "prepared"

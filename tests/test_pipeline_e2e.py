@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
-from uamt.registry import SUMMARY_PATH
+from uamt.registry.store import SUMMARY_PATH
 
 STAGES = ("fetch", "prepare", "encode", "train_base", "train_dup", "calibrate", "evaluate", "register")
 
@@ -103,8 +103,8 @@ def assert_valid_intervals(out) -> None:
 
 @pytest.mark.slow
 def test_registered_champion_scores_new_text(pipeline_run):
-    from uamt.predictor import load_predictor
-    from uamt.registry import tracking_uri
+    from uamt.registry.store import tracking_uri
+    from uamt.serving.predictor import load_predictor
 
     summary = json.loads((pipeline_run / SUMMARY_PATH).read_text())
     assert summary["version"] == "1" and summary["promoted"], summary
@@ -141,8 +141,8 @@ def test_reference_free_model_is_registered_and_scores_without_references(pipeli
 
     import pandas as pd
 
-    from uamt.errors import UamtError
-    from uamt.scoring.score import load_scoring_predictor
+    from uamt.core.errors import UamtError
+    from uamt.serving.scores import load_scoring_predictor
 
     summary = json.loads((pipeline_run / SUMMARY_PATH).read_text())
     assert summary["qe"]["model_name"] == "uamt-comet-qe" and summary["qe"]["method"] == "hts_qe"

@@ -1,4 +1,4 @@
-"""The :class:`uamt.predictor.Predictor` protocol declares what its implementation takes."""
+"""The :class:`uamt.serving.predictor.Predictor` protocol declares what its implementation takes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ def _parameters(function) -> list[tuple[str, object, object]]:
 
 
 def test_protocol_predict_frame_matches_the_calibrated_predictor():
-    from uamt.predictor import Predictor
-    from uamt.pyfunc import CalibratedPredictor
+    from uamt.serving.calibrated_predictor import CalibratedPredictor
+    from uamt.serving.predictor import Predictor
 
     declared = _parameters(Predictor.predict_frame)
     assert ("interval", inspect.Parameter.KEYWORD_ONLY, "gaussian") in declared

@@ -16,10 +16,10 @@ from test_scoring_support import FakePredictor, write_lines
 
 import uamt
 from uamt.cli import main
-from uamt.errors import DataError, UamtError
-from uamt.predictor import ScoreScale
-from uamt.pyfunc import clip_to_scale
+from uamt.core.errors import DataError, UamtError
 from uamt.serving import scorer
+from uamt.serving.calibrated_predictor import clip_to_scale
+from uamt.serving.predictor import ScoreScale
 from uamt.uncertainty.metrics import gaussian_interval, translation_risk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def fake_models(monkeypatch):
         loaded.append(uri)
         return LanguagePairFakePredictor(uses_references="-qe" not in str(uri))
 
-    monkeypatch.setattr("uamt.predictor.load_predictor", load_predictor)
+    monkeypatch.setattr("uamt.serving.predictor.load_predictor", load_predictor)
     return loaded
 
 
@@ -228,8 +228,8 @@ def test_import_uamt_stays_light():
 
 # ----------------------------------------------------------------------------- one use case
 def test_cli_rest_batch_python_api_and_compare_all_score_through_score_texts(fake_models, files, tmp_path, monkeypatch, capsys):
-    from uamt.rest import ScoringService
-    from uamt.scoring import batch
+    from uamt.serving import batch
+    from uamt.serving.rest import ScoringService
 
     calls = []
     real = scorer.score_texts
@@ -299,7 +299,7 @@ def test_a_model_without_the_output_columns_is_refused(fake_models):
 
 # ----------------------------------------------------------------------------- installs without extras
 def test_dask_batch_scoring_without_dask_installed_says_what_to_install(monkeypatch, tmp_path):
-    from uamt.scoring import batch
+    from uamt.serving import batch
 
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if not installed
     with pytest.raises(UamtError, match=r"--dask='local:1' needs Dask .*pip install 'uamt\[pipeline\]'"):
@@ -307,7 +307,7 @@ def test_dask_batch_scoring_without_dask_installed_says_what_to_install(monkeypa
 
 
 def test_serve_without_fastapi_installed_says_what_to_install(fake_models, monkeypatch, capsys):
-    monkeypatch.delitem(sys.modules, "uamt.serve", raising=False)
+    monkeypatch.delitem(sys.modules, "uamt.serving.server", raising=False)
     monkeypatch.setitem(sys.modules, "fastapi", None)
     assert main(["serve", "--model", MODEL, "--port", "0"]) == 2
     assert "uamt serve needs the REST server's libraries (fastapi is not installed): pip install 'uamt[serve]'" in (

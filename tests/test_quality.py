@@ -8,7 +8,7 @@ import pytest
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.quality import (
     QualityGoals,
     auroc_score,

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from uamt import registry
-from uamt.registry import Gates, promotion_decision
+from uamt.registry import store as registry
+from uamt.registry.store import Gates, promotion_decision
 
-# Candidate metrics as the register stage builds them (uamt.registration.gate_metrics): test-split
+# Candidate metrics as the register stage builds them (uamt.registry.register.gate_metrics): test-split
 # ECE, CRPS, PPS, bad-segment coverage, and the dev-split ECE.
 BASE = {"ece": 0.01, "crps": 1.0, "pps": 0.3, "low_score_coverage": 0.8, "dev_ece": 0.01}
 
@@ -245,7 +245,7 @@ def test_gate_metrics_read_test_for_comparisons_and_dev_for_the_ceiling(tmp_path
     """The register stage's candidate: test numbers (compared with other models' test numbers only)
     and the dev ECE (the one number under an absolute ceiling); a missing file leaves None, which
     the gate refuses."""
-    from uamt.registration import gate_metrics
+    from uamt.registry.register import gate_metrics
 
     (tmp_path / "test.json").write_text(
         json.dumps({"hts": {"avg": {"ece": 0.065, "crps": 1.47, "pps": 0.366, "n": 100}}}), encoding="utf-8"

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
-from uamt import registry
 from uamt.cli import main
-from uamt.registry import SUMMARY_PATH, Gates
+from uamt.registry import store as registry
+from uamt.registry.store import SUMMARY_PATH, Gates
 
 GOOD = {"ece": 0.01, "crps": 1.0, "pps": 0.3, "low_score_coverage": 0.8, "dev_ece": 0.01}
 BAD_ECE = {**GOOD, "dev_ece": 0.2}  # over Gates().max_dev_ece: a first version is rejected

@@ -32,8 +32,8 @@ import yaml
 from test_reliability_scoring import FakeEncoder, _synthetic
 from test_scoring_support import write_lines
 
-from uamt import registry
 from uamt.cli import main
+from uamt.registry import store as registry
 
 MODEL = "uamt-store-test"
 REPO = Path(__file__).resolve().parents[1]
@@ -49,8 +49,8 @@ def project_template(tmp_path_factory, one_torch_thread) -> Path:
     ``calibration/hts.json``, ``metrics/{test,ood}.json``, ``data/prepared/*.parquet``, a
     ``params.yaml`` for the register stage (fake encoder, torch runtime) and three input files."""
     from tests.fakes import FEATURES
-    from uamt.calibrated import Calibration
     from uamt.models import TrainConfig, load, train
+    from uamt.serving.model_calibration import Calibration
     from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 
     root = tmp_path_factory.mktemp("template")

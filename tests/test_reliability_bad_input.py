@@ -31,10 +31,10 @@ import pandas as pd
 import pytest
 from test_scoring_support import REF_MODEL, running_server, write_lines
 
+from uamt.core.errors import DataError
 from uamt.data import loaders
-from uamt.errors import DataError
-from uamt.predictor import load_predictor
-from uamt.rest import ScoringService, ServeSettings
+from uamt.serving.predictor import load_predictor
+from uamt.serving.rest import ScoringService, ServeSettings
 
 TEN_MB = 10_000_000
 PREVIOUS = b"previous output: must survive a failed run byte for byte\n"
@@ -644,7 +644,7 @@ def cheap_features(monkeypatch):
     from types import SimpleNamespace
 
     from uamt.cli import models as cli_models
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.encoders import EncodeConfig
     from uamt.models import FeatureSource
 
@@ -690,7 +690,7 @@ def _run(case: Case, tmp_path: Path, capsys, request) -> None:
         with pytest.raises(case.expect, match=case.match):
             call()
     elif case.kind == "validate":
-        from uamt.incoming import validate_file
+        from uamt.ingest import validate_file
 
         check = validate_file(case.setup(tmp_path))
         assert not check.ok
@@ -773,7 +773,7 @@ def test_bom_is_stripped_by_evaluate_predictions(tmp_path, capsys):
 
 
 def test_bom_is_stripped_by_incoming_validator(tmp_path):
-    from uamt.incoming import validate_file
+    from uamt.ingest import validate_file
 
     path = incoming_file(tmp_path, "")
     path.write_bytes(BOM + (INCOMING_HEADER + "mlqe,en-de,Hallo.,Hello.,,0.1,s\n").encode())

@@ -33,8 +33,8 @@ from test_scoring_support import QE_MODEL, REF_MODEL, FakePredictor, FakePyfunc
 
 import mlflow
 from uamt.cli import main
-from uamt.errors import DataError
-from uamt.scoring.batch import BatchSettings, score_file
+from uamt.core.errors import DataError
+from uamt.serving.batch import BatchSettings, score_file
 
 SRC = [f"Satz Nummer {i} über das Wetter in Stadt {i % 7}." for i in range(23)]
 MT = [f"Sentence number {i} about the weather in town {i % 7}." for i in range(23)]
@@ -136,7 +136,7 @@ def test_resume_after_the_champion_moved_is_refused(scoring_store, table, tmp_pa
 
 def test_workers_load_the_pinned_version_not_the_alias(scoring_store, table, tmp_path, moving_champion, monkeypatch):
     """The alias is resolved once, at the start: moving it during the run changes nothing."""
-    from uamt.scoring import batch
+    from uamt.serving import batch
 
     name, move_to = moving_champion
     loaded = []
@@ -159,7 +159,7 @@ def model_copy(uamt_model, tmp_path) -> Path:  # noqa: F811
 
 def test_resume_after_the_calibration_changed_is_refused(model_copy, fake_encoder, table, tmp_path):  # noqa: F811
     """A model folder (``--model DIR``) recalibrated in place between the kill and the restart."""
-    from uamt.fileio import sha256_file
+    from uamt.core.fileio import sha256_file
 
     settings = BatchSettings(model=str(model_copy), partition_rows=PARTITION_ROWS)
     out = tmp_path / "out"
@@ -253,7 +253,7 @@ def test_resume_scores_again_a_part_that_fails_verification(scoring_store, table
 
 
 def test_part_records_hold_checksum_and_row_range(scoring_store, table, tmp_path):
-    from uamt.fileio import sha256_file
+    from uamt.core.fileio import sha256_file
 
     out = tmp_path / "out"
     score_file(table, out, _settings(scoring_store))
@@ -329,7 +329,7 @@ def _out_under_a_file(tmp: Path, store: str) -> list[str]:
 
 
 def _out_in_artifacts(tmp: Path, store: str) -> list[str]:
-    from uamt.registry import sqlite_path
+    from uamt.registry.store import sqlite_path
 
     return _batch_argv(tmp, "--out", str(sqlite_path(store).parent / "artifacts" / "scores"))
 

@@ -34,11 +34,11 @@ import pytest
 
 import mlflow
 from tests import fakes
-from uamt import registry
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 from uamt.models import FeatureSource, TrainConfig, load, train
 from uamt.models.api import MANIFEST
-from uamt.registry import Gates
+from uamt.registry import store as registry
+from uamt.registry.store import Gates
 
 TESTS = Path(__file__).resolve().parent
 
@@ -144,7 +144,7 @@ CHILD_REGISTER = """
 import os, signal, functools
 import pandas as pd
 import mlflow
-from uamt import registry
+from uamt.registry import store as registry
 
 class ConstantModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):
@@ -182,7 +182,7 @@ def test_registration_killed_before_gate_keeps_champion_and_marks_orphan(store, 
     v1 = _register(store, GOOD)
     assert registry.gate_and_alias(client, "uamt-faults", v1, GOOD, Gates()).promote
 
-    # The child imports only mlflow and uamt.registry (not torch): it logs, registers, then dies.
+    # The child imports only mlflow and uamt.registry.store (not torch): it logs, registers, then dies.
     code = CHILD_REGISTER.format(uri=store, metrics=BETTER)
     proc = subprocess.run(
         [sys.executable, "-c", code], env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=180

@@ -39,19 +39,18 @@ import test_flows_harness as harness
 import yaml
 from test_flows_harness import REPO_ROOT
 
-from uamt.config import ConfigError, load_section
-from uamt.incoming import (
-    DERIVED,
+from uamt.core.config import ConfigError, load_section
+from uamt.ingest import (
     IncomingConfig,
     ingest_incoming,
-    journal_file,
     load_config,
     read_pending,
     read_pool,
     validate_file,
     withdraw,
 )
-from uamt.registry import SUMMARY_PATH
+from uamt.ingest.config import DERIVED, journal_file
+from uamt.registry.store import SUMMARY_PATH
 
 prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
 
@@ -280,7 +279,7 @@ def test_one_bad_file_is_rejected_with_a_report_and_the_good_one_is_ingested(cas
 
 def test_a_validator_crash_rejects_that_file_only(tmp_path, monkeypatch, incoming_config):
     """An error the validator does not foresee refuses the one file, named, and the tick goes on."""
-    import uamt.incoming as inc
+    import uamt.ingest.validation as inc  # validate_file (the ingestion's check of a file) calls it
 
     cfg = incoming_config()
     write(tmp_path / "incoming/a-odd.csv", good_csv(3, first=10))
@@ -381,7 +380,7 @@ def test_partial_files_are_left_alone_until_complete(tmp_path, incoming_config):
 
 
 def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys, incoming_config):
-    from uamt.incoming import main
+    from uamt.cli import main
 
     cfg = incoming_config()
     write(tmp_path / "incoming/one.csv", good_csv(3))
@@ -411,8 +410,39 @@ def test_withdraw_takes_a_files_rows_out_and_owes_a_retrain(tmp_path, capsys, in
         ),
     )
     sha = manifest["files"][1]["sha256"][:10]
-    assert main(["withdraw", sha, "--params", str(params)]) == 0
+    assert main(["incoming", "withdraw", sha, "--params", str(params)]) == 0
     assert json.loads(capsys.readouterr().out)["file"] == "two.csv"
+
+
+
+def _incoming_params(tmp_path: Path, cfg) -> Path:
+    """A params file whose ``incoming`` section is ``cfg``'s folders and files."""
+    section = {k: v for k, v in dataclasses.asdict(cfg).items() if k.endswith(("dir", "path")) and k not in DERIVED}
+    return write(tmp_path / "params.yaml", yaml.safe_dump({"incoming": section}))
+
+
+def test_uamt_incoming_commands_create_the_pool_validate_and_ingest(tmp_path, capsys, incoming_config):
+    """``uamt incoming`` (was ``python -m uamt.incoming``): ``make run`` calls ``init-pool``."""
+    from uamt.cli import main
+
+    cfg = incoming_config()
+    params = _incoming_params(tmp_path, cfg)
+    Path(cfg.pool_path).unlink(missing_ok=True)
+    assert main(["incoming", "init-pool", "--params", str(params)]) == 0
+    assert capsys.readouterr().out == f"{cfg.pool_path}: created (empty)\n"
+    assert len(read_pool(cfg.pool_path)) == 0
+    assert main(["incoming", "init-pool", "--params", str(params)]) == 0
+    assert capsys.readouterr().out == f"{cfg.pool_path}: exists\n"
+    good = write(tmp_path / "incoming/good.csv", good_csv(3))
+    bad = write(tmp_path / "bad.csv", good_csv(2).replace(",-1,sysA", ",high,sysA"))
+    assert main(["incoming", "validate", str(good), "--params", str(params)]) == 0
+    assert main(["incoming", "validate", str(good), str(bad), "--params", str(params)]) == 1
+    assert "bad.csv" in capsys.readouterr().out
+    assert main(["incoming", "ingest", "--params", str(params)]) == 0
+    assert json.loads(capsys.readouterr().out)["ingested"] == ["good.csv"]
+    assert len(read_pool(cfg.pool_path)) == 3
+    assert main(["incoming", "withdraw", "nothing-like-it", "--params", str(params)]) == 2
+    assert "uamt incoming: error: " in capsys.readouterr().err
 
 
 # ============================================================================ item 2: crash after ingestion
@@ -481,7 +511,7 @@ def test_a_retrain_killed_after_ingestion_is_finished_by_the_next_tick(prefect_a
 
 
 def test_ingest_from_the_command_line_owes_a_retrain(tmp_path, incoming_config):
-    """``python -m uamt.incoming ingest`` alone: the next tick retrains (it used to say 'no new annotations')."""
+    """``uamt incoming ingest`` alone: the next tick retrains (it used to say 'no new annotations')."""
     cfg = incoming_config()
     write(tmp_path / "incoming/new.csv", good_csv())
     assert read_pending(cfg) is None
@@ -644,8 +674,8 @@ def test_repo_params_have_the_new_keys():
 
 
 def test_utf16_text_input_to_uamt_score_is_named(tmp_path):
-    from uamt.errors import DataError
-    from uamt.scoring.io import read_lines
+    from uamt.core.errors import DataError
+    from uamt.serving.text_io import read_lines
 
     path = write(tmp_path / "src.txt", "Hallo.\nWelt.\n".encode("utf-16"))
     with pytest.raises(
@@ -672,7 +702,7 @@ def _die_after(real):
     return run
 
 
-# (step that dies, how: the function patched in uamt.incoming, and what the next tick must do)
+# (step that dies, how: the function patched in uamt.ingest.pool, and what the next tick must do)
 INTERRUPTED = [
     ("before-the-pool", "write_pool", _die, "rolled back"),
     ("after-the-pool", "write_pool", _die_after, "rolled forward"),  # the case found: rows orphaned
@@ -688,7 +718,7 @@ def test_an_ingestion_interrupted_at_any_step_is_finished_or_undone_by_the_next_
     """Killed between the pool write and the manifest write, the rows stayed in the pool, the next
     tick called the file "already ingested (same sha256)" (rows_rejected 3) and withdraw could not
     find it.  Now a write-ahead record makes the next tick roll the change forward or back."""
-    import uamt.incoming as inc
+    import uamt.ingest.pool as inc
 
     cfg = incoming_config()
     write(tmp_path / "incoming/a.csv", good_csv(3))
@@ -711,7 +741,7 @@ def test_an_ingestion_interrupted_at_any_step_is_finished_or_undone_by_the_next_
 
 
 def test_a_withdrawal_interrupted_after_the_pool_is_finished_by_the_next_tick(tmp_path, monkeypatch, incoming_config):
-    import uamt.incoming as inc
+    import uamt.ingest.pool as inc
 
     cfg = incoming_config()
     write(tmp_path / "incoming/a.csv", good_csv(3))
@@ -728,7 +758,7 @@ def test_a_withdrawal_interrupted_after_the_pool_is_finished_by_the_next_tick(tm
 KILL_AFTER_POOL = textwrap.dedent(
     """
     import json, os, signal, sys
-    import uamt.incoming as inc
+    import uamt.ingest.pool as inc
     real = inc.write_pool
     def write_then_die(*args, **kwargs):
         real(*args, **kwargs)

@@ -37,10 +37,10 @@ from test_scoring_support import REF_MODEL, FakePredictor, FakePyfunc, write_lin
 
 import mlflow
 from tests.fakes import FEATURES, embed, synthetic_table
-from uamt import registry
 from uamt.cli import main
-from uamt.errors import DataError, UamtError
-from uamt.registry import SUMMARY_PATH, Gates
+from uamt.core.errors import DataError, UamtError
+from uamt.registry import store as registry
+from uamt.registry.store import SUMMARY_PATH, Gates
 
 SRC = [f"Der Satz Nummer {i} ist kurz." for i in range(20)]
 MT = [f"Sentence number {i} is short." for i in range(20)]
@@ -186,12 +186,12 @@ def test_refusal_table_covers_each_item():
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[c.id for c in REFUSALS])
 def test_scoring_refusal_before_loading_leaves_everything_as_it_was(case, tmp_path, capsys, monkeypatch, scoring_tracking):
-    import uamt.predictor
+    import uamt.serving.predictor
 
     def no_loading(model):
         raise AssertionError("the model was loaded before the input was refused")
 
-    monkeypatch.setattr(uamt.predictor, "load_predictor", no_loading)
+    monkeypatch.setattr(uamt.serving.predictor, "load_predictor", no_loading)
     argv = case.setup(tmp_path)
     previous = tmp_path / "out" / "scores.jsonl"
     if previous.parent.is_dir():
@@ -216,7 +216,7 @@ def test_raised_segment_limit_accepts_a_long_line(tmp_path, capsys, scoring_trac
 
 
 def test_serve_settings_refuse_a_non_finite_threshold():
-    from uamt.rest import ScoringService, ServeSettings
+    from uamt.serving.rest import ScoringService, ServeSettings
 
     for bad in (math.nan, math.inf):
         with pytest.raises(UamtError, match="risk threshold must be a finite number"):
@@ -229,7 +229,7 @@ INVISIBLE = ["\x00", "\ufeff", "\u200b", "\u2060", "\u200b\ufeff \u2060"]
 
 @pytest.mark.parametrize("text", INVISIBLE, ids=["nul", "bom", "zwsp", "word-joiner", "mixed"])
 def test_rest_refuses_invisible_only_text_with_400(text):
-    from uamt.rest import RequestError, ScoringService
+    from uamt.serving.rest import RequestError, ScoringService
 
     service = ScoringService(FakePredictor(), "fake")
     record = {"src": "Der Hund schläft.", "mt": text, "ref": "The dog is sleeping."}
@@ -464,11 +464,11 @@ def _synthetic(n: int, seed: int) -> pd.DataFrame:
 def uamt_model(tmp_path_factory, one_torch_thread):
     """A pyfunc folder of UamtPyfunc: a 2-epoch hts on fake embeddings, calibrated onto MQM so that
     the raw Gaussian often goes above 0 (the best MQM score), as the issue measured."""
-    from uamt.calibrated import Calibration
     from uamt.encoders import EncoderConfig
     from uamt.models import TrainConfig, load, train
-    from uamt.pyfunc import scale_for, write_spec
-    from uamt.pyfunc_model import UamtPyfunc
+    from uamt.serving.calibrated_predictor import scale_for, write_spec
+    from uamt.serving.mlflow_pyfunc import UamtPyfunc
+    from uamt.serving.model_calibration import Calibration
     from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 
     root = tmp_path_factory.mktemp("uamt-model")
@@ -564,7 +564,7 @@ def _jsonl(text: str):
 
 
 def test_scores_respect_the_scale_bounds(uamt_model, fake_encoder, tmp_path, capsys, scoring_tracking):
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     mt = [*MT[:19], REF[19]]  # the last translation is the reference itself
     argv = _score_argv(tmp_path, "--risk-threshold", "-5", mt=mt, out=None)
@@ -596,7 +596,7 @@ def test_scores_respect_the_scale_bounds(uamt_model, fake_encoder, tmp_path, cap
 
 def test_a_spec_without_bounds_takes_them_from_its_datasets(uamt_model, fake_encoder, tmp_path):
     """Models registered before scales carried bounds are clipped too (their spec lists the datasets)."""
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     folder = Path(shutil.copytree(uamt_model, tmp_path / "model"))
     spec_path = folder / "artifacts" / "spec.json"
@@ -607,7 +607,7 @@ def test_a_spec_without_bounds_takes_them_from_its_datasets(uamt_model, fake_enc
 
 
 def test_pyfunc_refuses_invisible_only_text(uamt_model, fake_encoder):
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     predictor = load_predictor(str(uamt_model))
     frame = pd.DataFrame({"src": SRC[:2], "mt": [MT[0], "\u200b\u2060"], "ref": REF[:2]})
@@ -634,7 +634,7 @@ def test_lines_the_encoder_truncates_are_named(uamt_model, fake_encoder, tmp_pat
 # ============================================================================ F. docs
 def test_docs_rest_example_uses_a_language_pair_the_model_knows():
     from uamt.data.datasets import DATASET_SPECS
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "scoring.md").read_text(encoding="utf-8")
     body = re.search(r"curl .*?-d '(\{.*?\})'", docs, re.S).group(1)
@@ -647,7 +647,7 @@ def test_progress_bar_counts_segments(uamt_model, fake_encoder, monkeypatch):
     """The bar counts segments and moves every encoder batch (it used to jump once per 1,024)."""
     import tqdm
 
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     updates: list[int] = []
 
@@ -670,8 +670,8 @@ def test_metadata_says_what_the_model_was_trained_and_calibrated_on(uamt_model, 
     """/metadata is read from the pyfunc's artefacts: datasets, domains, LPs with their calibration,
     the scale and its range, the calibration in force."""
     from uamt.data.loaders import WMT21_MQM_LPS
-    from uamt.predictor import load_predictor
-    from uamt.rest import ScoringService
+    from uamt.serving.predictor import load_predictor
+    from uamt.serving.rest import ScoringService
 
     predictor = load_predictor(str(uamt_model))
     metadata = ScoringService(predictor, str(uamt_model)).metadata()
@@ -710,8 +710,8 @@ def lp_model(uamt_model, tmp_path_factory):
 def test_unseen_language_pair_is_widened_and_warned_over_rest(lp_model, fake_encoder):
     """An lp the model has no calibration for used to be refused (400), and before that silently got
     the global calibration: now it gets the global calibration widened x1.30, and a warning."""
-    from uamt.predictor import load_predictor
-    from uamt.rest import ScoringService
+    from uamt.serving.predictor import load_predictor
+    from uamt.serving.rest import ScoringService
 
     predictor = load_predictor(str(lp_model))
     assert predictor.known_lps == ["en-de", "zh-en"] and predictor.unseen_lp_sigma_factor == 1.3

@@ -15,7 +15,7 @@ import yaml
 import uamt.experiments
 from tests.conftest import REPO_ROOT
 from tests.test_exp_ood import _inputs as ood_inputs
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import cost, ood, report
 from uamt.experiments.common import write_result
 

@@ -23,9 +23,9 @@ from test_scoring_support import (
 )
 
 from uamt.cli import main
-from uamt.scoring import io as scoring_io
-from uamt.scoring.compare import paired_bootstrap_probability, probability_better
-from uamt.scoring.score import (
+from uamt.serving import text_io as scoring_io
+from uamt.serving.compare import paired_bootstrap_probability, probability_better
+from uamt.serving.scores import (
     build_frame,
     default_model_uri,
     model_name_from_params,
@@ -326,12 +326,12 @@ def test_bad_input_exits_2_without_output(files, capsys, case, previous):
 
 
 def test_output_folder_missing_is_checked_before_scoring(files, capsys, monkeypatch):
-    import uamt.predictor
+    import uamt.serving.predictor
 
     def fail(_):  # the model must not even be loaded
         raise AssertionError("model loaded before the output path was checked")
 
-    monkeypatch.setattr(uamt.predictor, "load_predictor", fail)
+    monkeypatch.setattr(uamt.serving.predictor, "load_predictor", fail)
     out = files["dir"] / "missing" / "out.jsonl"
     assert main([*_score(files, "-r", str(files["ref_a"]), "--out", str(out))]) == 2
     assert "output folder" in capsys.readouterr().err and not out.parent.exists()

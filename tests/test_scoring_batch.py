@@ -16,9 +16,9 @@ from test_scoring_support import QE_MODEL, REF_MODEL, write_lines
 
 import mlflow
 from uamt.cli import main
-from uamt.errors import DataError, UamtError
-from uamt.scoring import batch
-from uamt.scoring.batch import BatchSettings, iter_partitions, score_file
+from uamt.core.errors import DataError, UamtError
+from uamt.serving import batch
+from uamt.serving.batch import BatchSettings, iter_partitions, score_file
 
 SRC = [f"Satz Nummer {i} über das Wetter in Stadt {i % 7}." for i in range(23)]
 MT = [f"Sentence number {i} about the weather in town {i % 7}." for i in range(23)]
@@ -61,7 +61,7 @@ def _settings(scoring_store, model=REF_MODEL) -> BatchSettings:
 
 def _single_process_reference(scoring_store) -> pd.DataFrame:
     """What `uamt score` computes for the whole table in one predict call."""
-    from uamt.scoring.score import load_scoring_predictor, predict
+    from uamt.serving.scores import load_scoring_predictor, predict
 
     predictor, _ = load_scoring_predictor(f"models:/{REF_MODEL}@champion", has_references=True)
     frame = pd.DataFrame({"src": SRC, "mt": MT, "ref": REF, "lp": "de-en"})
@@ -281,8 +281,8 @@ class _ConstantModel(mlflow.pyfunc.PythonModel):
 def test_registered_model_lists_installed_requirements(tmp_path, monkeypatch):
     from importlib.metadata import version
 
-    from uamt import registry
-    from uamt.predictor import warn_requirement_mismatches
+    from uamt.registry import store as registry
+    from uamt.serving.predictor import warn_requirement_mismatches
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.chdir(tmp_path)
@@ -308,17 +308,17 @@ def test_registered_model_lists_installed_requirements(tmp_path, monkeypatch):
 def test_loading_checks_requirements_itself_and_names_an_unmet_one(scoring_store, tmp_path, monkeypatch, caplog):
     import mlflow.pyfunc as mlflow_pyfunc
 
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     calls = []
     monkeypatch.setattr(mlflow_pyfunc, "warn_dependency_requirement_mismatches", calls.append)
     folder = Path(mlflow.artifacts.download_artifacts(f"models:/{REF_MODEL}@champion", dst_path=str(tmp_path)))
-    with caplog.at_level("WARNING", logger="uamt.predictor"):
+    with caplog.at_level("WARNING", logger="uamt.serving.predictor"):
         load_predictor(str(folder))
     assert calls == [] and "does not meet" not in caplog.text  # MLflow's slow scan is not run
     requirements = folder / "requirements.txt"
     requirements.write_text(requirements.read_text() + "\nuamt-no-such-distribution==1.0\nnumpy<1.0\n")
-    with caplog.at_level("WARNING", logger="uamt.predictor"):
+    with caplog.at_level("WARNING", logger="uamt.serving.predictor"):
         load_predictor(str(folder))
     assert "uamt-no-such-distribution (current: uninstalled, required: uamt-no-such-distribution==1.0)" in caplog.text
     assert "numpy (current: " in caplog.text and "required: numpy<1.0)" in caplog.text

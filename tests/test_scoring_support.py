@@ -1,7 +1,7 @@
 """A deterministic fake calibrated predictor, wrapped as a real MLflow pyfunc in a tmp SQLite registry.
 
 Used by test_scoring*.py and test_serve*.py so that ``load_predictor`` and the whole CLI / REST
-path run for real; the lead's ``uamt.pyfunc`` model plugs into the same path unchanged.
+path run for real; the lead's ``uamt.serving.calibrated_predictor`` model plugs into the same path unchanged.
 The fake: mu = mean over references of sentence chrF(mt, ref) / 100 (reference-based) or the
 character-length ratio of mt and src (reference-free); sigma = 0.05 + 1 / (10 + len(mt)).
 """
@@ -18,7 +18,7 @@ import pandas as pd
 from sacrebleu.metrics import CHRF
 
 import mlflow
-from uamt.predictor import ScoreScale
+from uamt.serving.predictor import ScoreScale
 from uamt.uncertainty.metrics import gaussian_interval, translation_risk
 
 REF_MODEL = "uamt-test"
@@ -42,7 +42,7 @@ def fake_sigma(mt: str) -> float:
 
 
 class FakePredictor:
-    """Implements :class:`uamt.predictor.Predictor` cheaply and deterministically."""
+    """Implements :class:`uamt.serving.predictor.Predictor` cheaply and deterministically."""
 
     def __init__(self, uses_references: bool = True):
         self.uses_references = uses_references
@@ -118,10 +118,10 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 @contextmanager
 def running_server(service):
-    """``uamt.serve`` of ``service`` on a free port of 127.0.0.1 in a thread, shut down on exit.
+    """``uamt.serving.server`` of ``service`` on a free port of 127.0.0.1 in a thread, shut down on exit.
 
     Yields the uvicorn server with ``server_address`` (host, port) and ``service`` set."""
-    from uamt.serve import make_server
+    from uamt.serving.server import make_server
 
     server, sock = make_server(service, "127.0.0.1", 0)
     server.server_address, server.service = sock.getsockname()[:2], service

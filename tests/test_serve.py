@@ -27,8 +27,8 @@ from test_scoring_support import (
     running_server,
 )
 
-from uamt.predictor import load_predictor
-from uamt.rest import ScoringService, ServeSettings
+from uamt.serving.predictor import load_predictor
+from uamt.serving.rest import ScoringService, ServeSettings
 
 # Short deadlines, so that the slow-client cases take a second, not the production 10 s / 30 s.
 SETTINGS = ServeSettings(
@@ -163,7 +163,7 @@ def test_params_flag_predictions_from_the_served_risk(ref_server, case):
 def test_flag_at_another_threshold_counts_its_second_pass_as_work(flag_below, status):
     from dataclasses import replace
 
-    from uamt.rest import RequestError, scoring_work
+    from uamt.serving.rest import RequestError, scoring_work
 
     work = scoring_work([r["src"] for r in RECORDS], [r["mt"] for r in RECORDS], [[r["ref"]] for r in RECORDS])
     service = ScoringService(FakePredictor(), "fake", replace(SETTINGS, max_work_chars=work))  # threshold 0.3
@@ -235,7 +235,7 @@ def test_health_ping_version_metadata(ref_server):
 
 
 def test_registered_version_names_version_and_alias():
-    from uamt.rest import registered_version
+    from uamt.serving.rest import registered_version
 
     assert registered_version(f"models:/{REF_MODEL}@champion") == {
         "name": REF_MODEL,
@@ -639,7 +639,7 @@ def test_uamt_serve_on_a_busy_port_is_a_clear_error(tmp_path, capsys):
 
 # ============================================================================ admission control
 class SlowPredictor(FakePredictor):
-    """The fake, taking ``work / chars_per_s`` seconds per call as the encoder would (uamt.rest's work
+    """The fake, taking ``work / chars_per_s`` seconds per call as the encoder would (uamt.serving.rest's work
     measure), and counting its calls and the most that ran at once."""
 
     def __init__(self, chars_per_s: float, uses_references: bool = True):
@@ -648,7 +648,7 @@ class SlowPredictor(FakePredictor):
         self._guard = threading.Lock()
 
     def predict_frame(self, frame, **kwargs):
-        from uamt.rest import frame_work
+        from uamt.serving.rest import frame_work
 
         with self._guard:
             self.calls += 1
@@ -761,7 +761,7 @@ def test_a_small_request_is_not_stalled_by_large_ones():
     limits): they held the model 137 s and a 1-record request behind them waited 130.5 s.  Now such
     a request is over the work budget (413 at once), and two requests at the budget (5 s each at the
     assumed rate; 1.2 s at this fake's) delay a small one by at most their budgeted time."""
-    from uamt.rest import MAX_WORK_CHARS
+    from uamt.serving.rest import MAX_WORK_CHARS
 
     predictor = SlowPredictor(chars_per_s=50_000)
     with running_server(ScoringService(predictor, "slow-fake", ServeSettings())) as server:
@@ -809,8 +809,8 @@ def test_uamt_serve_refuses_bad_admission_settings(tmp_path, capsys, option, val
     ],
 )
 def test_admission_settings_are_checked_when_the_app_is_built(overrides, needle):
-    from uamt.errors import UamtError
-    from uamt.serve import make_app
+    from uamt.core.errors import UamtError
+    from uamt.serving.server import make_app
 
     service = ScoringService(FakePredictor(), "fake", ServeSettings(**overrides))
     with pytest.raises(UamtError, match=re.escape(needle)):
@@ -855,7 +855,7 @@ def test_health_and_metadata_never_show_a_path_on_the_server(model_uri, shown):
 )
 def test_a_host_other_machines_can_reach_is_warned_about(host, warning):
     """Before: `uamt serve --host 0.0.0.0` said nothing; it serves anyone who can reach the machine."""
-    from uamt.serve import exposure_warning
+    from uamt.serving.server import exposure_warning
 
     said = exposure_warning(host)
     if warning is None:
@@ -865,7 +865,7 @@ def test_a_host_other_machines_can_reach_is_warned_about(host, warning):
 
 
 def test_serving_on_every_interface_prints_the_warning(capsys):
-    from uamt.serve import make_server
+    from uamt.serving.server import make_server
 
     _, sock = make_server(ScoringService(FakePredictor(), "fake", SETTINGS), "0.0.0.0", 0)
     sock.close()

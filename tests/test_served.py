@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from scipy.stats import norm
 
-from uamt.calibrated import Calibration, fit_calibration
 from uamt.model_evaluation import ask, compact, cross_fitted_rows, measure
+from uamt.serving.model_calibration import Calibration, fit_calibration
 from uamt.uncertainty import EvaluationSettings, expected_calibration_error, gaussian_crps
 from uamt.uncertainty.served import ServedRows, ServedSettings, quantile_crps, served_metrics, served_rows
 
@@ -224,7 +224,7 @@ def test_global_fallback_is_fitted_in_the_units_an_unseen_lp_gets():
 )
 def test_refit_served_equals_the_pinned_full_fit(data, settings, method):
     """The light refit (cross-fitting, leave-one-LP-out) serves what the full pinned fit serves."""
-    from uamt.calibrated import refit_served
+    from uamt.serving.model_calibration import refit_served
 
     dev, test = data
     table = dev.assign(sigma=np.nan) if method == "point" else dev

@@ -20,7 +20,7 @@ from tests.fakes import FEATURES
 from tests.test_models import make_table
 from uamt.encoders import EncoderConfig, get_encoder
 from uamt.models import TrainConfig, features_from_encoder, train
-from uamt.registration import RegisterSettings, export_serving_encoder, serving_runtime
+from uamt.registry.register import RegisterSettings, export_serving_encoder, serving_runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CFG = TrainConfig(hidden_sizes=(16,), max_epochs=1, batch_size=16, patience=1)
@@ -61,9 +61,9 @@ def test_models_that_need_the_torch_encoder_are_served_with_torch(tmp_path, capl
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, one_torch_thread):
     """One hts model on real MiniLM embeddings, saved as a pyfunc twice: torch and with its ONNX export."""
-    from uamt.calibrated import Calibration
-    from uamt.pyfunc import ENCODER_ARTIFACT, scale_for, write_spec
-    from uamt.pyfunc_model import UamtPyfunc
+    from uamt.serving.calibrated_predictor import ENCODER_ARTIFACT, scale_for, write_spec
+    from uamt.serving.mlflow_pyfunc import UamtPyfunc
+    from uamt.serving.model_calibration import Calibration
     from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 
     root = tmp_path_factory.mktemp("served")
@@ -99,7 +99,7 @@ def served(tmp_path_factory, one_torch_thread):
 
 
 def test_onnx_served_model_scores_like_torch(served):
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     frame = sentence_table(24, 3)[["src", "mt", "ref"]]
     long_text = "a very long sentence " * 200
@@ -117,7 +117,7 @@ def test_onnx_served_model_scores_like_torch(served):
 def test_onnx_served_model_loads_without_transformers_comet_or_lightning(served, tmp_path):
     code = (
         "import sys, json, pandas as pd;"
-        "from uamt.predictor import load_predictor;"
+        "from uamt.serving.predictor import load_predictor;"
         f"p = load_predictor({str(served['onnx'])!r});"
         "out = p.predict_frame(pd.DataFrame({'src': ['Ein Test.'], 'mt': ['A test.'], 'ref': ['A test.']}),"
         " confidence=0.9, risk_threshold=-5.0);"
@@ -132,7 +132,7 @@ def test_onnx_served_model_loads_without_transformers_comet_or_lightning(served,
 
 def _load_in_subprocess(model: str, env: dict, cwd: Path) -> dict:
     code = (
-        "import sys, json; from uamt.predictor import load_predictor;"
+        "import sys, json; from uamt.serving.predictor import load_predictor;"
         f"p = load_predictor({model!r});"
         "print(json.dumps({'mlflow': 'mlflow' in sys.modules, 'onnx': p.encoder.encoder_id.endswith('+ort')}))"
     )

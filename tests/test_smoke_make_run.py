@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.smoke import harness
-from uamt.registry import SUMMARY_PATH
+from uamt.registry.store import SUMMARY_PATH
 
 pytestmark = pytest.mark.slow
 

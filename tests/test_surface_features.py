@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.surface_features import FEATURES, copy_rate, length_ratio, surface_features
 
 

@@ -432,7 +432,7 @@ def test_signed_mondrian_is_invariant_to_row_order_and_round_trips():
 
 
 def test_evaluation_counts_the_signed_interval_and_serves_it(tmp_path):
-    from uamt.calibrated import Calibration
+    from uamt.serving.model_calibration import Calibration
     from uamt.uncertainty.candidates import inside_interval
 
     rng = np.random.default_rng(25)
@@ -467,7 +467,7 @@ def test_served_signed_calibration_with_unbounded_levels_loads(tmp_path):
     """Cells too small for the 0.99 level give -inf / +inf bounds: the file (JSON null) passes the
     loader's checks, reads back unbounded at 0.99 and finite at 0.9; a file without the candidate
     (written before it existed) loads as before."""
-    from uamt.calibrated import Calibration
+    from uamt.serving.model_calibration import Calibration
 
     rng = np.random.default_rng(26)
     dev = table(*skewed(rng, 300), doc=np.array([f"d{i % 30}" for i in range(300)]))

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from uamt.cli import main
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.uncertainty import (
     EvaluationSettings,
     evaluate_prediction_files,

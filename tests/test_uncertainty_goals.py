@@ -155,8 +155,8 @@ def test_headline_metrics_are_flat_and_count_goals_met():
 
 def test_served_summary_from_measured_metrics(tables):
     """The conditional.json block of a model, from its served metrics on test and ood."""
-    from uamt.calibrated import fit_calibration
     from uamt.model_evaluation import ask, measure
+    from uamt.serving.model_calibration import fit_calibration
 
     dev, test, ood = tables
     settings = EvaluationSettings(min_lp_rows=20, calibration="mondrian_conformal", calibration_candidates=("mondrian_conformal",))

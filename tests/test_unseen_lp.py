@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uamt.calibrated import Calibration, fit_unseen_lp_sigma_factor
-from uamt.errors import UamtError
-from uamt.langid import detect_language, detect_pair
+from uamt.core.errors import UamtError
+from uamt.core.langid import detect_language, detect_pair
+from uamt.serving.model_calibration import Calibration, fit_unseen_lp_sigma_factor
 from uamt.uncertainty import (
     AffineVarianceCalibrator,
     FixedVarianceCalibrator,
@@ -87,7 +87,7 @@ def _fit(table: pd.DataFrame) -> Calibration:
 def test_leave_one_lp_out_factor_covers_held_out_lps_on_average():
     """The factor is what held-out LPs need *on average* (each LP weighing the same), not the worst
     of a few noisy LPs: an unseen pair is then covered at the nominal level in expectation."""
-    from uamt.calibrated import needed_widening
+    from uamt.serving.model_calibration import needed_widening
 
     rng = np.random.default_rng(0)
     table = _dev_table(rng, {"aa-bb": 1.0, "cc-dd": 1.0, "ee-ff": 3.0})
@@ -117,7 +117,7 @@ def test_factor_is_one_with_a_single_lp_and_never_below_one():
 
 
 def test_choose_language_pair_given_detected_unseen_and_undetermined():
-    from uamt.scoring.language_pair import choose_language_pair
+    from uamt.serving.language_pair import choose_language_pair
 
     known = ("en-de", "zh-en")
     given = choose_language_pair(ENGLISH, GERMAN, "en-de", known, sigma_factor=1.3)
@@ -140,7 +140,7 @@ def test_choose_language_pair_given_detected_unseen_and_undetermined():
 
 def test_served_conformal_risk_is_widened_like_its_interval():
     """The conformal branch of ``risk`` used to skip the unseen-LP factor its interval applies."""
-    from uamt.calibrated import fit_calibration
+    from uamt.serving.model_calibration import fit_calibration
     from uamt.uncertainty import EvaluationSettings
 
     rng = np.random.default_rng(3)
@@ -162,7 +162,7 @@ def test_calibrate_stage_fits_and_writes_the_unseen_lp_factor(tmp_path, monkeypa
     import json
 
     from uamt import model_evaluation
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
     from uamt.uncertainty import EvaluationSettings
 
     rng = np.random.default_rng(4)
@@ -258,7 +258,7 @@ KNOWN = ("en-de", "he-en", "zh-en")
     ],
 )
 def test_no_row_gets_a_calibration_its_text_does_not_support(case, src, mt, lp, calibration_lps):
-    from uamt.scoring.language_pair import UNDETERMINED_LP, choose_language_pair
+    from uamt.serving.language_pair import UNDETERMINED_LP, choose_language_pair
 
     choice = choose_language_pair(src, mt, lp, KNOWN, sigma_factor=1.4)
     frame = choice.assign(pd.DataFrame({"src": src, "mt": mt}))
@@ -275,7 +275,7 @@ def test_no_row_gets_a_calibration_its_text_does_not_support(case, src, mt, lp, 
 
 
 def test_lp_contradiction_warning_names_both_pairs_and_the_lines():
-    from uamt.scoring.language_pair import choose_language_pair
+    from uamt.serving.language_pair import choose_language_pair
 
     choice = choose_language_pair(GERMAN * 4, ENGLISH * 4, "en-de", KNOWN, sigma_factor=1.4)
     first = choice.messages()[0]
@@ -288,7 +288,7 @@ def test_lp_contradiction_warning_names_both_pairs_and_the_lines():
 def test_detection_never_widens_real_news_text():
     """On news text of the trained pairs a handful of lines at most are undetermined (punctuation-only
     lines take their file's language) and nothing contradicts the right --lp."""
-    from uamt.scoring.language_pair import choose_language_pair
+    from uamt.serving.language_pair import choose_language_pair
 
     for src, mt, lp in ((GERMAN * 5, ENGLISH * 5, "de-en"), (CHINESE * 3, ENGLISH[:2] * 9, "zh-en")):
         src = [*src, ".", "“", "GB 18030-2022"]
@@ -304,7 +304,7 @@ def test_detection_never_widens_real_news_text():
      ("../../etc/passwd", False), ("DE-EN", False), ("de_en", False), ("deu-engl", False), ("de-en ", False)],
 )
 def test_lp_must_be_two_iso_codes(text, ok):
-    from uamt.scoring.language_pair import parse_language_pair
+    from uamt.serving.language_pair import parse_language_pair
 
     if ok:
         assert parse_language_pair(text) == text

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 FEATURE_NAMES = ("precision", "recall", "f", "unaligned_ref", "unaligned_mt")
 

@@ -36,8 +36,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from uamt.errors import DataError, UamtError
-from uamt.fileio import atomic_write_json, atomic_write_text
+from uamt.core.errors import DataError, UamtError
+from uamt.core.fileio import atomic_write_json, atomic_write_text
 
 METHODS = ("mc-dropout", "beam", "diverse-beam", "sample")
 DEVICES = ("cpu", "cuda")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 #: Supported similarity functions and whether a higher score means a better translation.
 HIGHER_IS_BETTER: dict[str, bool] = {"bleu": True, "chrf": True, "ter": False}

@@ -3,8 +3,8 @@
 
 One artifact per model: :func:`calibrate_models` fits the model's calibration on dev (never on
 test) and writes it to ``calibration/<model>.json`` -- standardisation, the served candidate the
-dev rule picked, the reference factors (k references: :func:`uamt.references.fit_reference_factors`)
-and the unseen-LP widening (:func:`uamt.calibrated.fit_model_unseen_lp_sigma_factor`).  That file is
+dev rule picked, the reference factors (k references: :func:`uamt.serving.multi_reference.fit_reference_factors`)
+and the unseen-LP widening (:func:`uamt.serving.model_calibration.fit_model_unseen_lp_sigma_factor`).  That file is
 what :func:`evaluate_models` loads and measures, what the register stage gates and ships in the
 pyfunc, and what ``uamt score`` serves.  Every metric comes from the served distribution itself
 (:mod:`uamt.uncertainty.served`: its mu, its intervals at every level, its CDF), clipped to the
@@ -36,7 +36,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.calibrated import (
+from uamt.core.errors import DataError
+from uamt.core.naming import is_reference_free, qe_model_name
+from uamt.encoders import EncodeConfig
+from uamt.pipeline_config import (
+    PipelineConfig,
+    open_features,
+    predict_split,
+    read_split,
+)
+from uamt.plots import pyplot, save_figure
+from uamt.serving.model_calibration import (
     Calibration,
     fit_calibration,
     fit_model_unseen_lp_sigma_factor,
@@ -44,17 +54,7 @@ from uamt.calibrated import (
     refit_served,
     with_model_sigma,
 )
-from uamt.encoders import EncodeConfig
-from uamt.errors import DataError
-from uamt.naming import is_reference_free, qe_model_name
-from uamt.pipeline import (
-    PipelineConfig,
-    open_features,
-    predict_split,
-    read_split,
-)
-from uamt.plots import pyplot, save_figure
-from uamt.references import fit_reference_factors
+from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
 from uamt.uncertainty.candidates import document_folds
 from uamt.uncertainty.goals import served_summary

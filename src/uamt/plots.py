@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from uamt.fileio import atomic_save_figure
+from uamt.core.fileio import atomic_save_figure
 
 
 def pyplot():
@@ -18,7 +18,7 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Save a matplotlib figure as PNG atomically (:func:`uamt.fileio.atomic_save_figure`) and close it."""
+    """Save a matplotlib figure as PNG atomically (:func:`uamt.core.fileio.atomic_save_figure`) and close it."""
     import matplotlib.pyplot as plt
 
     path = Path(path)

@@ -1,37 +1,11 @@
-"""The MLflow face of a uamt model: ``mlflow.pyfunc.PythonModel`` around :func:`uamt.pyfunc.load_from_artifacts`.
+"""Where registered models find their MLflow wrapper: kept for models already in users' registries.
 
-Its own module so that :mod:`uamt.pyfunc` (the predictor) imports no MLflow: ``uamt score`` loads a
-local uamt model straight from its artifacts (:func:`uamt.predictor.load_predictor`), about two
-seconds of start-up less.
+MLflow pickles the model's ``python_model`` (:class:`uamt.serving.mlflow_pyfunc.UamtPyfunc`) by its
+module path, so every version registered while the class lived here loads ``uamt.pyfunc_model.UamtPyfunc``.
+The class itself lives in :mod:`uamt.serving.mlflow_pyfunc`; do not remove this module while such
+versions may still be loaded.
 """
 
-from __future__ import annotations
+from uamt.serving.mlflow_pyfunc import UamtPyfunc
 
-from typing import Any
-
-import mlflow.pyfunc
-import pandas as pd
-
-from uamt.pyfunc import load_from_artifacts
-
-
-class UamtPyfunc(mlflow.pyfunc.PythonModel):
-    """MLflow wrapper; ``self.predictor`` is the :class:`~uamt.pyfunc.CalibratedPredictor`."""
-
-    def load_context(self, context) -> None:
-        """Load spec, calibration, model and encoder from the model's artifacts."""
-        self.predictor = load_from_artifacts(dict(context.artifacts))
-
-    def predict(
-        self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None
-    ) -> pd.DataFrame:
-        params = params or {}
-        frame = pd.DataFrame(model_input)
-        if "lp" in frame.columns:
-            self.predictor.check_lps(frame["lp"].tolist())
-        return self.predictor.predict_frame(
-            frame,
-            confidence=float(params.get("confidence", 0.9)),
-            risk_threshold=params.get("risk_threshold"),
-            interval=str(params.get("interval", "gaussian")),
-        )
+__all__ = ["UamtPyfunc"]

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 #: Columns that identify a test row in both the predictions and the prepared table.
 ROW_KEYS = ("dataset", "lp", "seg_id", "system")
@@ -137,7 +137,7 @@ def served_quantities(calibration, table: pd.DataFrame, bounds, chi: float, gamm
     mu = table["mu"].to_numpy(dtype=float)
     sigma = table["sigma"].to_numpy(dtype=float)
     sigma = np.where(np.isfinite(sigma), sigma, 1.0)  # the point estimate's placeholder sigma
-    from uamt.decisions.rerank import served_columns
+    from uamt.uncertainty.served import served_columns
 
     lp = table["lp"].astype(str).to_numpy(dtype=object)
     served = served_columns(calibration, mu, sigma, lp, confidence=gamma, chi=chi, bounds=bounds)
@@ -231,7 +231,7 @@ def read_model(
     predictions_dir: str | Path, calibration_dir: str | Path, model: str, split: str = "test"
 ) -> tuple[pd.DataFrame, Any]:
     """``(predictions, calibration)`` of ``model`` as the pipeline wrote them."""
-    from uamt.calibrated import Calibration, with_model_sigma
+    from uamt.serving.model_calibration import Calibration, with_model_sigma
 
     path = Path(predictions_dir) / split / f"{model}.parquet"
     if not path.is_file():

@@ -12,7 +12,7 @@ Per row (columns of :func:`surface_features`):
     share of the translation's word tokens that occur verbatim in the source (an untranslated
     copy scores ~1; names and numbers keep it above 0 for good translations).
 ``target_language_prob``
-    the language identifier's probability (:mod:`uamt.langid`) that the translation is in the
+    the language identifier's probability (:mod:`uamt.core.langid`) that the translation is in the
     language pair's target language (wrong-language output scores ~0).
 
 ``benchmarks/surface_features.py`` measures what they add to the served mu (a per-LP linear stack
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 FEATURES = ("chrf", "ter", "len_ratio_ref", "len_ratio_src", "copy_rate", "target_language_prob")
 
@@ -52,7 +52,7 @@ def length_ratio(a: str, b: str) -> float:
 
 def target_language_probability(mt: Sequence[str], lp: Sequence[str]) -> np.ndarray:
     """Per row, the language identifier's probability that ``mt[i]`` is in the target of ``lp[i]``."""
-    from uamt.langid import canonical_code, detect_row_languages
+    from uamt.core.langid import canonical_code, detect_row_languages
 
     rows = detect_row_languages(list(mt))
     out = np.empty(len(rows))

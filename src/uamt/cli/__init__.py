@@ -2,8 +2,8 @@
 
 Each command family lives in its own module of this package and exposes
 ``register(subparsers)``; handlers import heavy libraries lazily so ``uamt --help`` stays fast.
-A handler returns an exit code (or None for 0).  :class:`uamt.errors.UamtError` and
-:class:`uamt.config.ConfigError` are printed as one line on stderr with exit code 2; so is an
+A handler returns an exit code (or None for 0).  :class:`uamt.core.errors.UamtError` and
+:class:`uamt.core.config.ConfigError` are printed as one line on stderr with exit code 2; so is an
 option argparse refuses (``uamt score: error: argument --seed: must be >= 0, got -1``), before
 any handler runs.
 
@@ -22,7 +22,17 @@ from pathlib import Path
 from uamt import __version__
 
 #: Modules of ``uamt.cli`` that add sub-commands, in the order they appear in ``--help``.
-COMMAND_MODULES = ("data", "metrics", "lexical", "models", "pipeline", "scoring", "hypotheses", "decisions")
+COMMAND_MODULES = (
+    "data",
+    "incoming",
+    "metrics",
+    "lexical",
+    "models",
+    "registry",
+    "scoring",
+    "hypotheses",
+    "decisions",
+)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -69,8 +79,8 @@ def foreign_code_warning(folder: Path | None = None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from uamt.config import ConfigError
-    from uamt.errors import UamtError
+    from uamt.core.config import ConfigError
+    from uamt.core.errors import UamtError
 
     parser = build_parser()
     try:

@@ -22,7 +22,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.data.prepare import PrepareConfig, format_summary, prepare, read_summary
 
     _setup_logging()
@@ -36,7 +36,7 @@ def _summary(args: argparse.Namespace) -> int:
 
     prepared = args.prepared
     if prepared is None:
-        from uamt.config import load_section
+        from uamt.core.config import load_section
         from uamt.data.prepare import PrepareConfig
 
         prepared = Path(load_section(PrepareConfig, "prepare", args.params).out_dir)

@@ -101,7 +101,7 @@ def register(subparsers) -> None:
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
-    from uamt.config import DEFAULT_PARAMS
+    from uamt.core.config import DEFAULT_PARAMS
 
     p.add_argument("--model", help="MLflow model URI or local pyfunc folder (default: the registered champion)")
     p.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="params file for register.model_name")
@@ -109,8 +109,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 
 
 def _write_table(frame, path: Path) -> None:
-    from uamt.fileio import atomic_write_text
-    from uamt.scoring.io import json_safe
+    from uamt.core.fileio import atomic_write_text
+    from uamt.serving.text_io import json_safe
 
     if path.suffix == ".jsonl":
         import json
@@ -122,7 +122,7 @@ def _write_table(frame, path: Path) -> None:
 
 
 def _check_out(path: Path, suffixes: tuple[str, ...], source: Path) -> None:
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
 
     if path.suffix not in suffixes:
         raise UamtError(f"--out {path}: suffix must be one of {list(suffixes)}")
@@ -135,7 +135,7 @@ def _check_out(path: Path, suffixes: tuple[str, ...], source: Path) -> None:
 def _frame_for_model(table, lp: str | None, with_ref: bool):
     import pandas as pd
 
-    from uamt.errors import DataError
+    from uamt.core.errors import DataError
 
     for column in ("src", "mt") + (("ref",) if with_ref else ()):
         if column not in table.columns:
@@ -158,9 +158,9 @@ def _candidates(args: argparse.Namespace):
     line number, ``hyp_rank`` = which file), the output path checked first."""
     import pandas as pd
 
+    from uamt.core.errors import UamtError
     from uamt.decisions.annotation import read_table
-    from uamt.errors import UamtError
-    from uamt.scoring.io import read_aligned
+    from uamt.serving.text_io import read_aligned
 
     if (args.input is None) == (args.src is None):
         raise UamtError("give the candidates either as --input FILE or as --src FILE with --hyp FILE ...")
@@ -189,9 +189,9 @@ def _candidates(args: argparse.Namespace):
 def run_rerank(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from uamt.core.errors import UamtError
     from uamt.decisions.rerank import MBR_RULES, RerankSettings, check_rule, pseudo_reference_lists, rerank
-    from uamt.errors import UamtError
-    from uamt.scoring.score import load_scoring_predictor, predict
+    from uamt.serving.scores import load_scoring_predictor, predict
 
     try:
         check_rule(args.rule)
@@ -239,10 +239,10 @@ def run_rerank(args: argparse.Namespace) -> int:
 def run_select(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from uamt.core.errors import UamtError
     from uamt.data.datasets import DATASETS
     from uamt.decisions.annotation import annotation_frame, check_strategy, read_table, select_rows
-    from uamt.errors import UamtError
-    from uamt.scoring.score import load_scoring_predictor, predict
+    from uamt.serving.scores import load_scoring_predictor, predict
 
     try:
         check_strategy(args.strategy)

@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:
-    from uamt.fileio import atomic_write_json
+    from uamt.core.fileio import atomic_write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, payload, indent=2, allow_nan=True)
@@ -60,7 +60,7 @@ def _write_json_atomic(path: Path, payload: dict) -> None:
 
 def run_multihyp(args: argparse.Namespace) -> int:
     from uamt import lexical
-    from uamt.errors import DataError
+    from uamt.core.errors import DataError
 
     lexical._check_metric(args.metric)
     if args.hyp_refs not in lexical.HYP_REFS:

@@ -6,7 +6,7 @@ import argparse
 
 
 def _gamma(text: str) -> float:
-    from uamt.errors import DataError
+    from uamt.core.errors import DataError
     from uamt.serving.scorer import check_confidence
 
     try:
@@ -69,7 +69,7 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.uncertainty.evaluate import (
         EvaluationSettings,
         candidates_table,

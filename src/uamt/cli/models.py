@@ -14,7 +14,7 @@ from pathlib import Path
 
 def _features(params: Path):
     """(EncodeConfig, features callable over the embedding cache)."""
-    from uamt.config import load_section
+    from uamt.core.config import load_section
     from uamt.encoders import EmbeddingCache, EncodeConfig, get_encoder
     from uamt.models.data import features_from_cache
 
@@ -27,7 +27,7 @@ def _features(params: Path):
 def _read_split(prepared_dir: str, split: str):
     import pandas as pd
 
-    from uamt.errors import DataError
+    from uamt.core.errors import DataError
 
     path = Path(prepared_dir) / f"{split}.parquet"
     if not path.is_file():
@@ -39,7 +39,7 @@ def _read_split(prepared_dir: str, split: str):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.models import get_method, load_train_config, train
 
     try:
@@ -64,7 +64,7 @@ HELD_OUT_SPLIT = "test"
 
 def _evaluation_settings(params: Path):
     """The ``evaluate:`` section of ``params`` (the calibrate stage's settings), defaults if absent."""
-    from uamt.config import load_section, read_params
+    from uamt.core.config import load_section, read_params
     from uamt.uncertainty import EvaluationSettings
 
     if "evaluate" not in read_params(params):
@@ -84,7 +84,7 @@ def with_calibration(table, calibration, confidence: float):
 
 
 def _write_table(table, out: Path) -> None:
-    from uamt.fileio import atomic_path
+    from uamt.core.fileio import atomic_path
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp:
@@ -95,9 +95,9 @@ def _write_table(table, out: Path) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from uamt.calibrated import fit_calibration
-    from uamt.errors import UamtError
+    from uamt.core.errors import UamtError
     from uamt.models import load
+    from uamt.serving.model_calibration import fit_calibration
 
     if args.calibrate_on == HELD_OUT_SPLIT:
         raise UamtError(
@@ -128,7 +128,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from uamt.config import DEFAULT_PARAMS
+    from uamt.core.config import DEFAULT_PARAMS
 
     p = subparsers.add_parser("train", help="train an uncertainty-aware estimator on the prepared splits")
     # Not enumerated here: the names live in uamt.models.specs.METHODS, which imports torch.

@@ -62,7 +62,7 @@ def positive_int(text: str) -> int:
 
 def language_pair(text: str) -> str:
     """``xx-yy``: two ISO 639 codes of 2-3 lowercase letters (checked before any model is loaded)."""
-    from uamt.scoring.language_pair import parse_language_pair
+    from uamt.serving.language_pair import parse_language_pair
 
     try:
         return parse_language_pair(text)
@@ -71,7 +71,7 @@ def language_pair(text: str) -> str:
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    from uamt.config import DEFAULT_PARAMS
+    from uamt.core.config import DEFAULT_PARAMS
 
     p.add_argument(
         "--model",
@@ -288,7 +288,7 @@ def register(subparsers) -> None:
 
 
 def _check_common(args) -> None:
-    from uamt.scoring.score import validate_settings
+    from uamt.serving.scores import validate_settings
 
     validate_settings(
         confidence=args.confidence, batch_size=args.batch_size, bootstrap=getattr(args, "bootstrap", 0)
@@ -296,7 +296,7 @@ def _check_common(args) -> None:
 
 
 def _read_limits(args) -> dict:
-    from uamt.scoring.io import MAX_FILE_BYTES, MAX_SEGMENT_CHARS
+    from uamt.serving.text_io import MAX_FILE_BYTES, MAX_SEGMENT_CHARS
 
     return {
         "max_file_bytes": args.max_file_bytes or MAX_FILE_BYTES,
@@ -311,7 +311,7 @@ def _input_paths(args) -> list[Path]:
 
 def _warn_truncated(command: str, predictor, texts: dict[str, list[list[str]]], args) -> dict:
     """Print which input lines the encoder cuts (stderr); return {file: [lines]} for the summary."""
-    from uamt.scoring.score import truncated_lines, truncation_warning
+    from uamt.serving.scores import truncated_lines, truncation_warning
 
     by_file: dict[str, list[str]] = {}
     for role, paths in (("src", [args.src]), ("mt", args.mt if isinstance(args.mt, list) else [args.mt])):
@@ -331,7 +331,7 @@ def _language_pair(command: str, predictor, frame, texts: dict, lp: str | None):
     the first source and translation files; rows that contradict a given LP or whose pair is
     undetermined are scored as unseen) with ``frame``'s ``lp`` column set; messages go to stderr.
     ``frame`` may hold the rows once per system (``uamt compare``)."""
-    from uamt.scoring.language_pair import predictor_language_pair
+    from uamt.serving.language_pair import predictor_language_pair
 
     choice = predictor_language_pair(predictor, texts["src"][0], texts["mt"][0], lp)
     frame = choice.assign(frame, repeat=len(frame) // max(len(texts["src"][0]), 1))
@@ -341,16 +341,16 @@ def _language_pair(command: str, predictor, frame, texts: dict, lp: str | None):
 
 
 def run_score(args: argparse.Namespace) -> int:
-    from uamt.errors import UamtError
-    from uamt.scoring.io import check_output_path, read_aligned, render_segments
-    from uamt.scoring.score import (
+    from uamt.core.errors import UamtError
+    from uamt.serving import scorer
+    from uamt.serving.scores import (
         build_frame,
         load_scoring_predictor,
         score_summary,
         segment_records,
         validate_settings,
     )
-    from uamt.serving import scorer
+    from uamt.serving.text_io import check_output_path, read_aligned, render_segments
 
     _check_common(args)
     if args.max_risk is not None and args.flag_below is None:
@@ -427,7 +427,7 @@ def run_score(args: argparse.Namespace) -> int:
         records = [{**r, "scale": summary["scale"]} for r in records]
     text = render_segments(fmt, records, summary)
     if args.out:
-        from uamt.scoring.io import atomic_write_text
+        from uamt.serving.text_io import atomic_write_text
 
         atomic_write_text(args.out, text)
         print(_summary_line(summary, args.out) + lp_choice.note(), file=sys.stderr)
@@ -438,10 +438,10 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def run_score_batch(args: argparse.Namespace) -> int:
-    """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.scoring.batch`."""
-    from uamt.errors import UamtError
-    from uamt.registry import tracking_uri
-    from uamt.scoring.batch import (
+    """``uamt score --input FILE --out DIR [--dask ...]``: see :mod:`uamt.serving.batch`."""
+    from uamt.core.errors import UamtError
+    from uamt.registry.store import tracking_uri
+    from uamt.serving.batch import (
         DEFAULT_PARTITION_ROWS,
         BatchSettings,
         input_columns,
@@ -449,7 +449,7 @@ def run_score_batch(args: argparse.Namespace) -> int:
         score_file,
         summary_line,
     )
-    from uamt.scoring.score import default_model_uri, validate_settings
+    from uamt.serving.scores import default_model_uri, validate_settings
 
     line_options = {
         "-s/--src": args.src is not None,
@@ -525,10 +525,10 @@ def _system_names(paths: list[Path]) -> list[str]:
 def run_compare(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from uamt.scoring.compare import compare_outputs, comparison_table
-    from uamt.scoring.io import atomic_write_text, check_output_path, json_safe, read_aligned
-    from uamt.scoring.score import build_frame, load_scoring_predictor
     from uamt.serving import scorer
+    from uamt.serving.compare import compare_outputs, comparison_table
+    from uamt.serving.scores import build_frame, load_scoring_predictor
+    from uamt.serving.text_io import atomic_write_text, check_output_path, json_safe, read_aligned
 
     _check_common(args)
     if args.out:
@@ -598,13 +598,13 @@ def run_serve(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
-    from uamt.errors import UamtError
-    from uamt.predictor import load_predictor
-    from uamt.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
-    from uamt.scoring.score import default_model_uri
+    from uamt.core.errors import UamtError
+    from uamt.serving.predictor import load_predictor
+    from uamt.serving.rest import MAX_WORK_CHARS, ScoringService, ServeSettings, registered_version
+    from uamt.serving.scores import default_model_uri
 
     try:
-        from uamt.serve import make_server
+        from uamt.serving.server import make_server
     except ImportError as exc:  # fastapi / uvicorn: the serve extra
         raise UamtError(
             f"uamt serve needs the REST server's libraries ({exc.name} is not installed): pip install 'uamt[serve]'"

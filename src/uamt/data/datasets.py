@@ -4,7 +4,7 @@ A :class:`DatasetSpec` says how to load a source (its loader), which language pa
 human score scale (name, range, direction, the default "bad translation" threshold), its domain,
 whether its model input has references, whether it publishes per-annotator scores, and whether
 the whole dataset is forced into one split.  ``uamt data prepare`` (loading, the chrF guard),
-:mod:`uamt.incoming` (bounds, LPs, domains of new annotations) and :mod:`uamt.pyfunc` (the scale a
+:mod:`uamt.ingest` (bounds, LPs, domains of new annotations) and :mod:`uamt.serving.calibrated_predictor` (the scale a
 registered model predicts on) all read :data:`DATASET_SPECS`; nothing else lists datasets.
 
 Adding a source: a loader module in :mod:`uamt.data.sources` and one entry below, plus its files'
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from uamt.core.scale import ScoreScale
 from uamt.data import loaders
 from uamt.data.schema import DA_Z_RANGE, HTER_RANGE, MQM_RANGE
 from uamt.data.sources import bio_mqm, wmt23
-from uamt.scale import ScoreScale
 
 
 @dataclass(frozen=True)

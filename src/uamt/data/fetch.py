@@ -20,9 +20,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, ConfigError, from_dict, load_section, read_params
-from uamt.errors import ChecksumError, DataError
-from uamt.fileio import atomic_path, sha256_file
+from uamt.core.config import DEFAULT_PARAMS, ConfigError, from_dict, load_section, read_params
+from uamt.core.errors import ChecksumError, DataError
+from uamt.core.fileio import atomic_path, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def load_fetch_config(path: str | Path = DEFAULT_PARAMS) -> FetchConfig:
     Raises
     ------
     ConfigError
-        As :func:`uamt.config.load_section` and :func:`load_data_sources`; also when the params file
+        As :func:`uamt.core.config.load_section` and :func:`load_data_sources`; also when the params file
         lists ``fetch.sources`` itself (the pins have one home, the sources file).
     """
     section = read_params(path).get("fetch")

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from uamt.core.errors import DataError
 from uamt.data.schema import (
     DA_Z_RANGE,
     HTER_RANGE,
@@ -46,7 +47,6 @@ from uamt.data.schema import (
     sample_std,
 )
 from uamt.data.sources import wmt21_qe
-from uamt.errors import DataError
 
 log = logging.getLogger(__name__)
 

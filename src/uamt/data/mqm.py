@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 MINOR, MAJOR, NON_TRANSLATION, PUNCTUATION = 1.0, 5.0, 25.0, 0.1
 _ZERO_SEVERITIES = {"neutral", "no-error", "no error", "none", ""}

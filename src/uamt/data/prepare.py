@@ -22,13 +22,13 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from uamt.config import ConfigError
+from uamt.core.config import ConfigError
+from uamt.core.fileio import atomic_dir, sha256_file, sha256_text
 from uamt.data import loaders
 from uamt.data.datasets import DATASET_SPECS, DATASETS, LoadOptions, dataset_spec, default_forced_splits
 from uamt.data.guard import GuardConfig, check_signal, chrf_signal, format_signal
 from uamt.data.schema import COLUMNS, SPLITS, to_arrow
 from uamt.data.splits import DEFAULT_FRACTIONS, assign_splits, check_disjoint, check_fractions
-from uamt.fileio import atomic_dir, sha256_file, sha256_text
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class PrepareConfig:
     human_reference: WMT21 DA LP -> reference letter that the ``HUMAN`` system is.
     drop_empty_mt: drop rated rows whose published system output line is empty (else error).
     annotations_pool: parquet file of newly ingested human annotations (written by
-        :mod:`uamt.incoming`); null or a missing file = none.  Pool rows only ever join the
+        :mod:`uamt.ingest`); null or a missing file = none.  Pool rows only ever join the
         training pools (see :func:`place_pool_rows`), so dev/test/ood stay fixed.
     chrf_guard: the join guard (:mod:`uamt.data.guard`): sentence chrF vs human score per
         dataset x LP must reach ``floor``, else prepare fails naming them.
@@ -143,7 +143,7 @@ def build_table_with_stats(cfg: PrepareConfig) -> tuple[pd.DataFrame, dict[str, 
     """:func:`build_table` plus what ``summary.json`` reports about it.
 
     The join guard (:mod:`uamt.data.guard`) runs on the loaded rows before anything is split
-    and raises :class:`~uamt.errors.DataError` naming every dataset x LP below its floor.  The
+    and raises :class:`~uamt.core.errors.DataError` naming every dataset x LP below its floor.  The
     published data is split first, on its own, so the annotation pool never changes which split
     a published row lands in (the test set stays fixed as annotations arrive).
 
@@ -187,8 +187,8 @@ POOL_SPLITS = ("d_q", "d_e")
 
 def read_pool_as_canonical(path: str | Path) -> pd.DataFrame:
     """The annotation pool (canonical columns, ``split``/``group`` ignored); empty if the file is absent."""
+    from uamt.core.errors import DataError
     from uamt.data.schema import empty_table, finish_table, require_columns
-    from uamt.errors import DataError
 
     path = Path(path)
     if not path.is_file():
@@ -320,7 +320,7 @@ def read_summary(prepared_dir: str | Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     files = sorted(prepared_dir.glob("*.parquet"))
     if not files:
-        from uamt.errors import DataError
+        from uamt.core.errors import DataError
 
         raise DataError(f"{prepared_dir}: no summary.json and no *.parquet (run `uamt data prepare`)")
     df = pd.concat([pd.read_parquet(f, columns=["dataset", "lp", "split"]) for f in files])

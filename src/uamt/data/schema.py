@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 SPLITS = ("d_q", "d_e", "dev", "test", "ood")
 

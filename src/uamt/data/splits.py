@@ -24,9 +24,9 @@ import pandas as pd
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from uamt.core.errors import DataError
+from uamt.core.fileio import sha256_text
 from uamt.data.schema import SPLITS, normalise_source
-from uamt.errors import DataError
-from uamt.fileio import sha256_text
 
 log = logging.getLogger(__name__)
 

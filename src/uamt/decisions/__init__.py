@@ -2,7 +2,7 @@
 to annotate.
 
 Every number a decision reads comes from the served calibration of a model (its centre mu, its
-central interval at a level, its CDF P(Q <= chi): :class:`uamt.calibrated.Calibration`), clipped
+central interval at a level, its CDF P(Q <= chi): :class:`uamt.serving.model_calibration.Calibration`), clipped
 to the scale's bounds as ``uamt score`` serves it; never from a Gaussian stand-in.
 
 * :mod:`uamt.decisions.rerank` -- per group of candidate translations of one source, the chosen

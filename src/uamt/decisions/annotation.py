@@ -13,7 +13,7 @@ Selection strategies (:data:`STRATEGIES`; an unknown name is refused):
 ``random``
     a uniform sample (seeded): the baseline.
 
-The output is the incoming-annotations format of :mod:`uamt.incoming` with an empty ``score``
+The output is the incoming-annotations format of :mod:`uamt.ingest` with an empty ``score``
 column for the annotators to fill; the scored file dropped into ``data/incoming/`` is ingested by
 the next retrain tick.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 STRATEGIES = ("uncertainty", "diversity", "random")
 #: Columns written for the annotators, in the incoming format (``score`` left empty).

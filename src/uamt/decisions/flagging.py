@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 
 def flags(risk, max_risk: float) -> np.ndarray:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 #: rule -> (column of the candidate table it ranks by, True when higher is better).
 RULES: dict[str, tuple[str, bool]] = {
@@ -197,22 +197,3 @@ def pseudo_reference_lists(
                 others = np.sort(rng.choice(others, size=max_refs, replace=False))
             out[position] = [str(t) for t in texts[others]]
     return out
-
-
-def served_columns(
-    calibration, mu, sigma, lp, *, confidence: float, chi: float, bounds=None, n_refs=None
-) -> pd.DataFrame:
-    """The served ``mu, lower, upper, risk`` of raw model output (shape [n] each), clipped to the
-    scale's ``bounds`` as :func:`uamt.pyfunc.clip_to_scale` serves them (risk 1 for chi at or above
-    the top of the scale, 0 below its bottom)."""
-    mu = np.asarray(mu, dtype=float)
-    sigma = np.asarray(sigma, dtype=float)
-    mode = "gaussian" if calibration.is_gaussian else "conformal"
-    center = calibration.center(mu, sigma, lp, n_refs=n_refs)
-    lower, upper = calibration.interval(mu, sigma, confidence, lp, mode, n_refs=n_refs)
-    risk = np.asarray(calibration.risk(mu, sigma, float(chi), lp, n_refs=n_refs), dtype=float)
-    if bounds is not None:
-        low, high = bounds
-        center, lower, upper = (np.clip(v, low, high) for v in (center, lower, upper))
-        risk = np.full(mu.size, 1.0) if chi >= high else np.zeros(mu.size) if chi < low else risk
-    return pd.DataFrame({"mu": center, "lower": lower, "upper": upper, "risk": risk})

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from uamt.fileio import atomic_write_text
+from uamt.core.fileio import atomic_write_text
 
 PACKAGE = "uamt"
 SRC = "src"

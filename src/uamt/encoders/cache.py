@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from uamt.errors import UamtError
-from uamt.fileio import atomic_path, atomic_write_bytes, sha256_text
+from uamt.core.errors import UamtError
+from uamt.core.fileio import atomic_path, atomic_write_bytes, sha256_text
 
 log = logging.getLogger(__name__)
 

@@ -53,9 +53,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from uamt.core.errors import UamtError
+from uamt.core.fileio import sha256_file_cached
 from uamt.encoders.cache import check_texts
-from uamt.errors import UamtError
-from uamt.fileio import sha256_file_cached
 
 #: Files whose bytes decide the weights, in the order transformers prefers them.
 _WEIGHT_FILES = (

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 
 MAGIC = b"E5S1"
 QK = 32
@@ -279,7 +279,7 @@ def converted_folder(path: str | Path | None) -> Path:
     import shutil
     import tempfile
 
-    from uamt.fileio import sha256_file_cached
+    from uamt.core.fileio import sha256_file_cached
 
     if path is not None:
         given = Path(path).expanduser()

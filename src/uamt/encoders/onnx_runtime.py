@@ -41,6 +41,8 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
+from uamt.core.errors import UamtError
+from uamt.core.fileio import atomic_dir, atomic_write_json, sha256_file_cached
 from uamt.encoders.cache import check_texts
 from uamt.encoders.catalog import (
     ENCODERS,
@@ -56,8 +58,6 @@ from uamt.encoders.catalog import (
     runtime_encoder_id,
     weights_id,
 )
-from uamt.errors import UamtError
-from uamt.fileio import atomic_dir, atomic_write_json, sha256_file_cached
 
 __all__ = [
     "META_FILE",

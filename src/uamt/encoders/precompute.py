@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from uamt.core.errors import DataError
+from uamt.core.fileio import atomic_write_bytes, sha256_text
 from uamt.encoders.cache import EmbeddingCache, text_key
 from uamt.encoders.catalog import EncoderConfig, get_encoder
-from uamt.errors import DataError
-from uamt.fileio import atomic_write_bytes, sha256_text
 
 #: Counters and timings of the last encode run (not a pipeline dependency; see run()).
 RUN_STATS = "encode_run.json"

@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uamt.core.errors import DataError
 from uamt.decisions.annotation import STRATEGIES, select_rows
-from uamt.errors import DataError
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, save_figure, write_result
 from uamt.experiments.rendering import section_number
@@ -624,7 +624,7 @@ def usable(frame: pd.DataFrame) -> pd.DataFrame:
 def write_findings(settings: AnnotationSettings, pipeline, encode) -> dict[str, Path]:
     """The stage ``exp_annotation``: simulate (``d_e`` pool, then the new domains of ``settings.domain``),
     write ``annotation.json``, the learning curves and the new-domain curves."""
-    from uamt.pipeline import open_features, read_split
+    from uamt.pipeline_config import open_features, read_split
 
     started = time.perf_counter()
     features = open_features(encode)

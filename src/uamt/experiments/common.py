@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from uamt.errors import DataError
-from uamt.fileio import atomic_write_text
+from uamt.core.errors import DataError
+from uamt.core.fileio import atomic_write_text
 from uamt.plots import pyplot, save_figure  # noqa: F401 - re-exported for the analyses
 
 #: Where each analysis writes ``<name>.json`` (DVC metrics) and its figures (DVC plots).

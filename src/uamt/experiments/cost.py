@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, pyplot, save_figure, write_result
 from uamt.experiments.rendering import section_number
@@ -38,7 +38,7 @@ from uamt.experiments.rendering import section_number
 if TYPE_CHECKING:
     from uamt.encoders import EncodeConfig
     from uamt.models.config import TrainConfig
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
 
 NAME = "cost"
 FIGURE = "cost.png"
@@ -464,7 +464,7 @@ def write_findings(
     """The stage ``exp_cost``: sample the rows of ``pipeline.datasets``, train and time every method in
     a temporary folder, write ``cost.json`` and ``cost.png``; returns their paths."""
     from uamt.encoders import get_encoder
-    from uamt.pipeline import open_features, read_split
+    from uamt.pipeline_config import open_features, read_split
 
     splits = {
         "train": (train_cfg.train_split, settings.rows),

@@ -14,7 +14,7 @@ its pseudo-references come from an MT system outside the evaluated ones (PRISM).
 pseudo-references of a segment are the other WMT21 systems' outputs for the same source
 (:func:`uamt.experiments.common.pseudo_reference_rows`), scored by the pipeline's reference-based
 models and combined over pseudo-references by averaging the per-reference ``mu`` and ``sigma`` as
-:meth:`uamt.pyfunc.CalibratedPredictor.raw_predict` does.  The standard setting with the real human
+:meth:`uamt.serving.calibrated_predictor.CalibratedPredictor.raw_predict` does.  The standard setting with the real human
 reference is reported beside it.
 
 Ranking by risk uses the monotone equivalent ``(q_err - mu) / sigma`` of ``Phi(.)``: the same order,
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from uamt.config import ConfigError
-from uamt.errors import DataError
+from uamt.core.config import ConfigError
+from uamt.core.errors import DataError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     FIGURES_DIR,
@@ -46,7 +46,7 @@ from uamt.experiments.common import (
     save_figure,
     write_result,
 )
-from uamt.pipeline import CALIBRATION_DIR, PipelineConfig
+from uamt.pipeline_config import CALIBRATION_DIR, PipelineConfig
 
 if TYPE_CHECKING:
     from uamt.encoders import EncodeConfig
@@ -282,7 +282,7 @@ def predict_over_references(
     """``mu, sigma`` per row on the model's score scale, averaged over the row's references.
 
     Each (row, reference) pair is scored once; the per-reference means and standard deviations are
-    averaged, as :meth:`uamt.pyfunc.CalibratedPredictor.raw_predict` combines several references.
+    averaged, as :meth:`uamt.serving.calibrated_predictor.CalibratedPredictor.raw_predict` combines several references.
     ``sigma`` is NaN for a point estimate.
     """
     if len(references) != len(rows):
@@ -302,9 +302,9 @@ def predict_over_references(
 
 
 def fit_calibration(rows: pd.DataFrame, raw: pd.DataFrame, evaluation_settings=None):
-    """Dev-fitted :class:`uamt.calibrated.Calibration` of one model in one reference setting, fitted
+    """Dev-fitted :class:`uamt.serving.model_calibration.Calibration` of one model in one reference setting, fitted
     exactly as the ``calibrate`` stage does (standardisation + affine sigma^2, per LP)."""
-    from uamt.calibrated import fit_calibration as fit_on_dev
+    from uamt.serving.model_calibration import fit_calibration as fit_on_dev
 
     table = pd.DataFrame(
         {
@@ -567,6 +567,8 @@ def analyse(
             "seed": seed,
             "target": "MQM score / MT words (whitespace tokens); worst n % per LP, ties by row order",
             "excluded_systems": "human translations (ref-A .. ref-D) are neither evaluated nor pseudo-references",
+            # The text is part of the recorded results (metrics/experiments/critical.json): it keeps
+            # the module's old name, uamt.pyfunc, so that the results stay identical.
             "reference_combination": "mean of per-reference mu and sigma (as uamt.pyfunc raw_predict)",
             "q_err": "tuned per setting x model x LP x n% on dev: max mean Recall@N over N = 1..n_max(dev), "
             f"grid = dev-mu quantiles {THRESHOLD_QUANTILES[0]}..{THRESHOLD_QUANTILES[-1]} "
@@ -633,8 +635,8 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_critical``: rank the dev and test rows of ``settings.dataset`` with the
     pipeline's models, write ``critical.json`` and the recall / precision figures; returns their paths."""
-    from uamt.calibrated import load_calibrations
-    from uamt.pipeline import load_models, open_features, read_split
+    from uamt.pipeline_config import load_models, open_features, read_split
+    from uamt.serving.model_calibration import load_calibrations
 
     models = load_models(pipeline, (settings.point_method, *settings.uncertainty_methods))
     calibrations = load_calibrations(settings.calibration_dir, settings.uncertainty_methods)

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uamt.core.errors import DataError
 from uamt.decisions.flagging import crc_bound, crc_threshold, flag_quality
-from uamt.decisions.rerank import served_columns
-from uamt.errors import DataError
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, save_figure, write_result
 from uamt.experiments.rendering import section_number
+from uamt.uncertainty.served import served_columns
 
 NAME = "flagging"
 FIGURE = "flagging_tradeoff.png"
@@ -124,8 +124,8 @@ def analyse(
 def served_table(model: str, split: str, settings: FlaggingSettings, evaluation, bounds) -> pd.DataFrame:
     """``subset, human, mu, risk`` of a model's predictions on ``split``: test from the served
     calibration, dev cross-fitted over documents."""
-    from uamt.calibrated import Calibration, with_model_sigma
     from uamt.model_evaluation import cross_fitted_rows
+    from uamt.serving.model_calibration import Calibration, with_model_sigma
 
     calibration = Calibration.load(Path(settings.calibration_dir) / f"{model}.json")
     path = Path(settings.predictions_dir) / split / f"{model}.parquet"

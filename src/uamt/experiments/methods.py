@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from uamt.config import ConfigError
-from uamt.errors import DataError, UamtError
+from uamt.core.config import ConfigError
+from uamt.core.errors import DataError, UamtError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     FIGURES_DIR,
@@ -682,7 +682,7 @@ def compare_benchmark(
 
 
 def da_frames(prepared_dir: str | Path, settings: MethodsSettings) -> dict[str, pd.DataFrame]:
-    from uamt.pipeline import read_split
+    from uamt.pipeline_config import read_split
 
     return {
         split: sample_per_lp(
@@ -695,7 +695,7 @@ def da_frames(prepared_dir: str | Path, settings: MethodsSettings) -> dict[str, 
 
 
 def mqm_frames(prepared_dir: str | Path, settings: MethodsSettings) -> dict[str, pd.DataFrame]:
-    from uamt.pipeline import read_split
+    from uamt.pipeline_config import read_split
 
     return {split: read_split(prepared_dir, split, (settings.mqm_dataset,)) for split in SPLITS}
 
@@ -802,7 +802,7 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_methods``: :func:`run_analysis` on the embedding cache of ``encode``, then
     ``methods.json`` and the figures; returns ``{"metrics": json path, <figure stem>: path, ...}``."""
-    from uamt.pipeline import open_features
+    from uamt.pipeline_config import open_features
 
     result = run_analysis(
         settings,

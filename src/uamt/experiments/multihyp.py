@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from uamt import lexical
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     FIGURES_DIR,
@@ -52,7 +52,7 @@ from uamt.experiments.common import (
 )
 
 if TYPE_CHECKING:
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
 
 NAME = "multihyp"
 FIGURE = "multihyp.png"
@@ -145,7 +145,7 @@ ALL_SPLITS = ("d_q", "d_e", "dev", "test")
 
 def read_inputs(prepared_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(wmt21_da rows of every split, multihyp_eten rows of the test split)``."""
-    from uamt.pipeline import read_split
+    from uamt.pipeline_config import read_split
 
     da = pd.concat(
         [read_split(prepared_dir, split, (DA_DATASET,)) for split in ALL_SPLITS], ignore_index=True

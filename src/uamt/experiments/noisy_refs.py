@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from uamt.config import ConfigError
-from uamt.errors import DataError
+from uamt.core.config import ConfigError
+from uamt.core.errors import DataError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, fmt, save_figure, write_result
 from uamt.experiments.references import (
@@ -51,7 +51,7 @@ from uamt.experiments.references import (
     score_references,
 )
 from uamt.experiments.rendering import percent, percent_interval
-from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, check_methods
+from uamt.pipeline_config import CALIBRATION_DIR, PipelineConfig, check_methods
 
 if TYPE_CHECKING:
     from uamt.encoders import EncodeConfig
@@ -275,7 +275,7 @@ def run_noisy_refs(
         Canonical rows of one dataset x LP (MQM), system rows and the rated ``ref-X`` rows of the same
         segments, from splits the models were not trained on.
     calibrations : dict, optional
-        method -> :class:`uamt.calibrated.Calibration` for the calibrated-sigma pick.
+        method -> :class:`uamt.serving.model_calibration.Calibration` for the calibrated-sigma pick.
     names : sequence of str
         Reference names in the order of the system rows' ``refs``.
     thresholds : sequence of float
@@ -388,8 +388,8 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_noisy_refs``: score the held-out rows of ``settings.dataset`` x ``lp`` with the
     pipeline's models, write ``noisy_refs.json`` and ``noisy_refs.png``; returns their paths."""
-    from uamt.calibrated import load_calibrations
-    from uamt.pipeline import load_models, open_features
+    from uamt.pipeline_config import load_models, open_features
+    from uamt.serving.model_calibration import load_calibrations
 
     frame = pd.concat(
         [read_rows(pipeline.prepared_dir, split, settings.dataset, settings.lp) for split in settings.splits],

@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, pyplot, read_json, save_figure, write_result
 from uamt.experiments.rendering import maybe, section_number
 
 if TYPE_CHECKING:
-    from uamt.pipeline import PipelineConfig
+    from uamt.pipeline_config import PipelineConfig
 
 NAME = "ood"
 FIGURE = "ood_sharpness.png"
@@ -373,7 +373,7 @@ def read_inputs(
 def write_findings(settings: OodSettings, pipeline: PipelineConfig) -> dict[str, Path]:
     """The stage ``exp_ood``: compare the pipeline's test and OOD metrics and predictions, write
     ``ood.json`` and ``ood_sharpness.png``; returns their paths."""
-    from uamt.pipeline import CALIBRATION_DIR
+    from uamt.pipeline_config import CALIBRATION_DIR
 
     test_metrics, ood_metrics, test_tables, ood_tables, calibrations = read_inputs(
         pipeline.metrics_dir, pipeline.predictions_dir, CALIBRATION_DIR

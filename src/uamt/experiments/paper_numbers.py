@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 FILE = "paper_numbers.yaml"
 

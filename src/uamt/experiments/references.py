@@ -23,7 +23,7 @@ A reference set ``R_j`` (one per row, :func:`select_references`) is then combine
 :func:`uamt.uncertainty.samples_to_mu_sigma` (heteroscedastic samples: Eq. 4 of Zerva et al. on the
 reference-averaged means and variances), or -- without samples -- the average of the per-reference
 means and of the per-reference standard deviations, which is what the deployed model does with several
-references (:meth:`uamt.pyfunc.CalibratedPredictor.raw_predict`).
+references (:meth:`uamt.serving.calibrated_predictor.CalibratedPredictor.raw_predict`).
 
 Configurations of Tables 5-6: for every subset ``R`` of the references, ``single`` (|R| = 1),
 ``S-N`` (N < |R| references sampled per row without replacement, seeded, and combined) and ``Mul``
@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from uamt.config import ConfigError
-from uamt.errors import DataError, UamtError
+from uamt.core.config import ConfigError
+from uamt.core.errors import DataError, UamtError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     FIGURES_DIR,
@@ -59,7 +59,7 @@ from uamt.experiments.common import (
     share_verdict,
     write_result,
 )
-from uamt.pipeline import PipelineConfig, check_methods
+from uamt.pipeline_config import PipelineConfig, check_methods
 
 if TYPE_CHECKING:
     from uamt.encoders import EncodeConfig
@@ -126,7 +126,7 @@ class ReferencesSettings:
 # --------------------------------------------------------------------------- references of a frame
 def read_rows(prepared_dir: str, split: str, dataset: str, lp: str) -> pd.DataFrame:
     """Rows of one dataset x LP of a prepared split (system rows and rated-reference rows)."""
-    from uamt.pipeline import read_split
+    from uamt.pipeline_config import read_split
 
     frame = read_split(prepared_dir, split, (dataset,))
     frame = frame[frame["lp"] == lp].reset_index(drop=True)
@@ -266,7 +266,7 @@ def score_references(
     references : DataFrame
         One column of reference texts per name (:func:`reference_table`).
     features : callable
-        The model's embedding source (``uamt.pipeline.open_features``).
+        The model's embedding source (``uamt.pipeline_config.open_features``).
     n_samples : int, optional
         MC-dropout passes (default: the model's ``mc_samples``).
 
@@ -598,7 +598,7 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_references``: score the test and dev rows of ``settings.dataset`` x ``lp`` per
     reference with the pipeline's models, write ``references.json`` and its figure; returns their paths."""
-    from uamt.pipeline import load_models, open_features
+    from uamt.pipeline_config import load_models, open_features
 
     models = load_models(pipeline, settings.methods)
     timings: dict[str, float] = {}

@@ -25,7 +25,7 @@ import importlib
 import re
 from pathlib import Path
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, read_json, read_result
 

@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.decisions.rerank import RerankSettings, pseudo_reference_lists, rerank, served_columns
-from uamt.errors import DataError
+from uamt.core.errors import DataError
+from uamt.decisions.rerank import RerankSettings, pseudo_reference_lists, rerank
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, is_human_system, save_figure, write_result
 from uamt.experiments.rendering import section_number
+from uamt.uncertainty.served import served_columns
 
 NAME = "rerank"
 FIGURE = "rerank_selective.png"
@@ -297,7 +298,7 @@ def served_for(
     rows: pd.DataFrame, model: str, settings: RerankExperimentSettings, bounds
 ) -> pd.DataFrame:
     """The served columns of ``model``'s test predictions for ``rows``."""
-    from uamt.calibrated import Calibration, with_model_sigma
+    from uamt.serving.model_calibration import Calibration, with_model_sigma
 
     calibration = Calibration.load(Path(settings.calibration_dir) / f"{model}.json")
     predictions = pd.read_parquet(Path(settings.predictions_dir) / "test" / f"{model}.parquet")
@@ -321,9 +322,9 @@ def _served(calibration, raw: pd.DataFrame, rows: pd.DataFrame, settings: Rerank
 def mbr_columns(rows: pd.DataFrame, model_dir: Path, features, settings: RerankExperimentSettings, bounds) -> pd.DataFrame:
     """``mbr_mu``, ``mbr_lower`` (and ``mbr_risk``) of each candidate scored against the other
     candidates of its group with the reference-based model, served by its calibration."""
-    from uamt.calibrated import Calibration
     from uamt.experiments.critical import predict_over_references
     from uamt.models.api import load
+    from uamt.serving.model_calibration import Calibration
 
     references = pseudo_reference_lists(
         rows["group"], rows["mt"].astype(str), max_refs=settings.max_pseudo_refs, seed=settings.seed
@@ -337,7 +338,7 @@ def mbr_columns(rows: pd.DataFrame, model_dir: Path, features, settings: RerankE
 def write_findings(settings: RerankExperimentSettings, pipeline, encode) -> dict[str, Path]:
     """The stage ``exp_rerank``: write ``rerank.json`` and the selective-prediction figure."""
     from uamt.data.datasets import scale_bounds
-    from uamt.pipeline import open_features, read_split
+    from uamt.pipeline_config import open_features, read_split
 
     started = time.perf_counter()
     rows = candidate_rows(read_split(pipeline.prepared_dir, "test", tuple(settings.datasets)), settings.datasets)

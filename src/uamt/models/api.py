@@ -28,11 +28,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from uamt.config import from_dict
+from uamt.core.config import from_dict
+from uamt.core.errors import DataError, UamtError
+from uamt.core.fileio import atomic_dir as fileio_atomic_dir
+from uamt.core.fileio import atomic_write_text
 from uamt.encoders.catalog import weights_id
-from uamt.errors import DataError, UamtError
-from uamt.fileio import atomic_dir as fileio_atomic_dir
-from uamt.fileio import atomic_write_text
 from uamt.models.base import Estimator, save_weights
 from uamt.models.config import TrainConfig
 from uamt.models.data import (

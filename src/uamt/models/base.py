@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from uamt.errors import UamtError
-from uamt.fileio import atomic_write_bytes
+from uamt.core.errors import UamtError
+from uamt.core.fileio import atomic_write_bytes
 from uamt.models.comet_parts import (
     FeedForward,
     LayerwiseAttention,

@@ -18,7 +18,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 
 
 def _comet_module(name: str) -> ModuleType:

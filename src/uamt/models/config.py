@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 
 #: params.yaml sections this package reads.
 BASE_SECTION = "train_base"
@@ -111,7 +111,7 @@ class TrainConfig:
         """A copy with ``changes`` applied (validated like the YAML)."""
         import dataclasses
 
-        from uamt.config import from_dict
+        from uamt.core.config import from_dict
 
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values.update(changes)
@@ -122,7 +122,7 @@ class TrainConfig:
 def load_train_config(method: str, path: str | Path = DEFAULT_PARAMS) -> TrainConfig:
     """The config for ``method``: ``train_dup`` over ``train_base`` for a second-stage method (DUP),
     ``train_base`` otherwise; unknown methods raise ValueError listing the choices."""
-    from uamt.config import from_dict, read_params
+    from uamt.core.config import from_dict, read_params
     from uamt.models.specs import get_spec
 
     base = load_section(TrainConfig, BASE_SECTION, path)

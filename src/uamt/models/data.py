@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 FeatureFn = Callable[[list[str]], np.ndarray]
 

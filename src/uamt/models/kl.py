@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.models.data import targets_of
 from uamt.models.hts import HTSEstimator
 from uamt.models.losses import kl_hts_loss

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 from uamt.models.base import Estimator
 from uamt.models.data import make_loader
 from uamt.models.hts import LOG_VAR_RANGE

@@ -59,7 +59,7 @@ def train_methods(
     train_df, dev_df : DataFrame
         Training rows and early-stopping rows.
     features : callable
-        The cached-feature source (``uamt.pipeline.open_features``).
+        The cached-feature source (``uamt.pipeline_config.open_features``).
     model_dir : callable
         Model name -> folder.
     suffix : str

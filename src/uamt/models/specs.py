@@ -201,7 +201,7 @@ def row_spec(row: str) -> tuple[MethodSpec, str | None]:
 def model_spec(model: str) -> MethodSpec:
     """The spec of a model name: a method (``hts``), its reference-free model (``hts_qe``) or an
     analysis row of a ``per_loss`` method (``dup_hts``); unknown names raise ValueError."""
-    from uamt.naming import base_method
+    from uamt.core.naming import base_method
 
     return row_spec(base_method(model))[0]
 

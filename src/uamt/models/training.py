@@ -19,7 +19,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 from uamt.models.base import Estimator, NonFiniteLossError
 from uamt.models.data import EncodedRows, make_loader
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 
 #: Columns of :meth:`Model.score`'s frame besides the variances some methods add.
 RESULT_COLUMNS = ("mu", "sigma", "lower", "upper", "risk", "clipped", "lp", "warnings")
@@ -69,7 +69,7 @@ def load_model(
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The store, model, version or alias does not exist, or a model file is corrupt (named).
 
     Examples
@@ -78,8 +78,8 @@ def load_model(
     >>> model = uamt.load_model("models:/uamt-comet@champion")  # doctest: +SKIP
     >>> model.score(src=["Das ist gut."], mt=["This is good."], ref=["That is good."])  # doctest: +SKIP
     """
-    from uamt.predictor import load_predictor
-    from uamt.scoring.score import default_model_uri
+    from uamt.serving.predictor import load_predictor
+    from uamt.serving.scores import default_model_uri
 
     if model is None:
         uri = default_model_uri(reference_free=reference_free, params_path=params_path)
@@ -99,7 +99,7 @@ def load_model(
 
 def _texts(name: str, values: Any, n: int | None = None) -> list[str]:
     """``values`` as a list of non-blank strings (``n`` of them where given), else DataError."""
-    from uamt.textcheck import text_problem
+    from uamt.core.textcheck import text_problem
 
     if isinstance(values, str) or not isinstance(values, Sequence | Iterator) and not hasattr(values, "tolist"):
         raise DataError(f"{name} must be a list of strings (one per segment), got {type(values).__name__}")
@@ -119,7 +119,7 @@ class Model:
     ----------
     uri : str
         The model as loaded (URI or folder).
-    predictor : uamt.predictor.Predictor
+    predictor : uamt.serving.predictor.Predictor
         The calibrated predictor inside.
     """
 
@@ -198,10 +198,10 @@ class Model:
 
         Raises
         ------
-        uamt.errors.DataError
+        uamt.core.errors.DataError
             A text is not a string or is empty, the lists are not aligned, ``lp`` is not ``xx-yy``,
             ``confidence`` is outside (0, 1) (the argument and index named).
-        uamt.errors.UamtError
+        uamt.core.errors.UamtError
             References given to a reference-free model, or none to a reference-based one.
 
         Examples
@@ -263,7 +263,7 @@ class Model:
     def _warnings(self, frame, scored, lp) -> list[list[str]]:
         """What each row's numbers need read with: an unseen, undetermined or contradicted language
         pair (wider interval), a text the encoder reads only the beginning of."""
-        from uamt.scoring.language_pair import UNDETERMINED_LP, predictor_language_pair
+        from uamt.serving.language_pair import UNDETERMINED_LP, predictor_language_pair
         from uamt.serving.scorer import LP_CONTRADICTED, LP_UNDETERMINED
 
         facts = predictor_language_pair(self.predictor, [], [], None)  # known pairs and widening
@@ -324,7 +324,7 @@ def _references(ref: Any, n: int) -> tuple[str, list]:
 
 def _language_pairs(lp: Any, n: int) -> str | list[str | None] | None:
     """``lp`` checked: None, one ``xx-yy`` for every row, or a list of ``xx-yy``/None per row."""
-    from uamt.scoring.language_pair import parse_language_pair
+    from uamt.serving.language_pair import parse_language_pair
 
     def check(value: Any, where: str) -> str:
         try:

@@ -1,7 +1,7 @@
 """The one scoring use case: texts -> a scored batch.
 
-``uamt score`` and ``uamt compare`` (:mod:`uamt.cli.scoring`), the REST server (:class:`uamt.rest.ScoringService`),
-batch scoring (:func:`uamt.scoring.batch.score_partition`) and the Python API
+``uamt score`` and ``uamt compare`` (:mod:`uamt.cli.scoring`), the REST server (:class:`uamt.serving.rest.ScoringService`),
+batch scoring (:func:`uamt.serving.batch.score_partition`) and the Python API
 (:meth:`uamt.serving.api.Model.score`) all score through :func:`score_texts`:
 
 1. the calibration language pair of every row (:func:`row_language_pairs`): ``lp`` given for all
@@ -9,7 +9,7 @@ batch scoring (:func:`uamt.scoring.batch.score_partition`) and the Python API
    ``lp`` value, else detected from the row's ``src`` and ``mt``;
 2. the predictor's calibrated predictions, clipped to the scale's range (``predict_frame``);
 3. the output checked once (:func:`check_output`: every column of
-   :data:`uamt.predictor.OUTPUT_COLUMNS`, one row per input row) and returned with how each row's
+   :data:`uamt.serving.predictor.OUTPUT_COLUMNS`, one row per input row) and returned with how each row's
    pair was chosen (:class:`ScoredBatch`).
 
 The settings every path shares are validated once, here (:class:`ScoringSettings`,
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 
-#: Per-segment variances some methods add to :data:`uamt.predictor.OUTPUT_COLUMNS`.
+#: Per-segment variances some methods add to :data:`uamt.serving.predictor.OUTPUT_COLUMNS`.
 VARIANCE_COLUMNS = ("epistemic_var", "aleatoric_var")
 #: How the pair of a row was chosen: ``lp`` given, the row's ``lp`` value, detected from the row's
 #: texts, not detectable (scored as the unseen pair ``und``), nothing to choose (a model calibrated
@@ -171,7 +171,7 @@ def score_flags(predictor, frame, scored: ScoredBatch, flag: FlagSettings, **sco
 
 
 class ModelOutputError(UamtError):
-    """The model's output lacks a column of :data:`uamt.predictor.OUTPUT_COLUMNS` or has another
+    """The model's output lacks a column of :data:`uamt.serving.predictor.OUTPUT_COLUMNS` or has another
     number of rows than its input: not a uamt model, or a broken one."""
 
 
@@ -186,7 +186,7 @@ class ScoringTimeout(UamtError):
 
 def output_columns(out) -> list[str]:
     """The prediction columns of ``out`` in their order: the required ones, then the variances it has."""
-    from uamt.predictor import OUTPUT_COLUMNS
+    from uamt.serving.predictor import OUTPUT_COLUMNS
 
     return [*OUTPUT_COLUMNS, *[c for c in VARIANCE_COLUMNS if c in out.columns]]
 
@@ -196,7 +196,7 @@ def check_output(out, n_rows: int):
 
     The one check of a model's output (:class:`ModelOutputError` otherwise).
     """
-    from uamt.predictor import OUTPUT_COLUMNS
+    from uamt.serving.predictor import OUTPUT_COLUMNS
 
     missing = [c for c in OUTPUT_COLUMNS if c not in out.columns]
     if missing:
@@ -225,7 +225,7 @@ class ScoredBatch:
         How each row's pair was chosen (``LP_*`` of this module; "" for no pair).
     contradicting : dict
         Pairs detected on rows that contradict the given ``lp`` -> rows.
-    lp_choice : uamt.scoring.language_pair.LanguagePairChoice or None
+    lp_choice : uamt.serving.language_pair.LanguagePairChoice or None
         The choice made on the rows' texts (given ``lp`` or detection), for messages and the
         summary; None when every row had its own ``lp`` or nothing was detected.
     settings : ScoringSettings
@@ -246,7 +246,7 @@ def row_language_pairs(
     predictor, frame, lp: str | None, *, detect: bool = True
 ) -> tuple[list[str | None], list[str], dict[str, int], Any]:
     """The calibration pair of each row of ``frame``, how it was chosen, what was detected on rows
-    that contradict ``lp``, and the :class:`~uamt.scoring.language_pair.LanguagePairChoice` made
+    that contradict ``lp``, and the :class:`~uamt.serving.language_pair.LanguagePairChoice` made
     on the texts (None where none was made).
 
     ``lp`` for all rows, except those whose text confidently contradicts it (the unseen pair
@@ -254,9 +254,9 @@ def row_language_pairs(
     ``src`` and ``mt``, the other rows without one as context for a line too short to tell (``und``
     where it stays undetermined: widened as unseen), and without ``detect`` None (the global
     calibration).  Detection runs only for a model calibrated per LP
-    (:func:`~uamt.scoring.language_pair.predictor_language_pair`).
+    (:func:`~uamt.serving.language_pair.predictor_language_pair`).
     """
-    from uamt.scoring.language_pair import UNDETERMINED_LP, predictor_language_pair
+    from uamt.serving.language_pair import UNDETERMINED_LP, predictor_language_pair
 
     n = len(frame)
     if lp is not None:
@@ -317,7 +317,7 @@ def score_texts(
 
     Parameters
     ----------
-    predictor : uamt.predictor.Predictor
+    predictor : uamt.serving.predictor.Predictor
     frame : pandas.DataFrame
         ``src``, ``mt`` (str); ``ref`` (str) or ``refs`` (list of str) for a reference-based model;
         optionally ``lp`` (each row's pair, None to have it detected).
@@ -343,7 +343,7 @@ def score_texts(
         The model's output lacks a column or a row.
     ScoringTimeout
         ``deadline`` passed with rows left.
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The model refused the inputs (message names the row and field).
     """
     lps, hows, contradicting, choice = row_language_pairs(predictor, frame, lp, detect=detect_lp)

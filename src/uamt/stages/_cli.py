@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, ConfigError
-from uamt.errors import UamtError
+from uamt.core.config import DEFAULT_PARAMS, ConfigError
+from uamt.core.errors import UamtError
 
 
 def stage_main(

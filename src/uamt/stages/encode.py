@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.core.errors import UamtError
 from uamt.encoders.precompute import EncodeConfig, precompute_embeddings
-from uamt.errors import UamtError
 
 NAME = "encode"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.experiments.annotation import AnnotationSettings, write_findings
-from uamt.pipeline import PipelineConfig, load_pipeline
+from uamt.pipeline_config import PipelineConfig, load_pipeline
 from uamt.stages._cli import stage_main
 
 NAME = "exp_annotation"

@@ -11,11 +11,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.experiments.cost import CostStageSettings, write_findings
 from uamt.models.config import TrainConfig, load_train_config
-from uamt.pipeline import PipelineConfig, load_pipeline
+from uamt.pipeline_config import PipelineConfig, load_pipeline
 from uamt.stages._cli import stage_main
 
 NAME = "exp_cost"

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.experiments.methods import MethodsSettings, write_findings
 from uamt.models.config import TrainConfig, load_train_config
-from uamt.pipeline import load_pipeline
+from uamt.pipeline_config import load_pipeline
 from uamt.stages._cli import stage_main
 from uamt.uncertainty import EvaluationSettings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS
+from uamt.core.config import DEFAULT_PARAMS
 from uamt.data.fetch import FetchConfig, fetch_all, load_fetch_config
 from uamt.stages._cli import stage_main
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.data.prepare import PrepareConfig, prepare
 from uamt.stages._cli import stage_main
 

@@ -2,7 +2,7 @@
 
 The model of ``pipeline.register_method`` (and the QE model of ``pipeline.register_qe_method``, as
 ``<model_name>-qe``) is registered, gated against the champion and aliased only if the gate passes
-(:mod:`uamt.registration`); writes ``mlflow/registration.json``, beside the registry and not in
+(:mod:`uamt.registry.register`); writes ``mlflow/registration.json``, beside the registry and not in
 git, so that a fresh clone always registers.  A registry that existed and is gone is an error; a
 new one is only created with ``register.allow_new_registry: true``.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
-from uamt.pipeline import CALIBRATION_DIR, PipelineConfig, load_pipeline
-from uamt.registration import RegisterSettings, register_pipeline_models
+from uamt.pipeline_config import CALIBRATION_DIR, PipelineConfig, load_pipeline
+from uamt.registry.register import RegisterSettings, register_pipeline_models
 from uamt.stages._cli import stage_main
 
 NAME = "register"

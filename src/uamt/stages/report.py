@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
+from uamt.core.fileio import atomic_write_text
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, REPORT_PATH
-from uamt.fileio import atomic_write_text
-from uamt.pipeline import PipelineConfig, load_pipeline
+from uamt.pipeline_config import PipelineConfig, load_pipeline
 from uamt.stages._cli import stage_main
 
 NAME = "report"

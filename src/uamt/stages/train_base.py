@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from uamt.challenge import with_synthetic_failures
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
+from uamt.core.naming import QE_MODEL_SUFFIX
 from uamt.encoders import EncodeConfig
 from uamt.models.config import TrainConfig, load_train_config
 from uamt.models.shared_training import train_methods
-from uamt.naming import QE_MODEL_SUFFIX
-from uamt.pipeline import PipelineConfig, load_pipeline, open_features, read_split
+from uamt.pipeline_config import PipelineConfig, load_pipeline, open_features, read_split
 from uamt.stages._cli import stage_main
 
 NAME = "train_base"

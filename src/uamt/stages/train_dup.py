@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from uamt.config import DEFAULT_PARAMS, load_section
+from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.models.config import TrainConfig, load_train_config
-from uamt.pipeline import PipelineConfig, load_pipeline, open_features, read_split
+from uamt.pipeline_config import PipelineConfig, load_pipeline, open_features, read_split
 from uamt.stages._cli import stage_main
 
 NAME = "train_dup"

@@ -5,7 +5,7 @@
 better, ``*_loss`` / ``*_error`` lower is better.
 """
 
-from uamt.uncertainty.calibration import (
+from uamt.uncertainty.calibrators import (
     GLOBAL,
     AffineVarianceCalibrator,
     FixedVarianceCalibrator,

@@ -6,7 +6,7 @@ gets the same interval (the fixed-variance baseline with extra steps).  The cand
 marginal calibration but differ in how much of the model's per-segment sigma they keep:
 
 ``affine_ece``
-    :class:`~uamt.uncertainty.calibration.AffineVarianceCalibrator` (the papers', kept for comparison).
+    :class:`~uamt.uncertainty.calibrators.AffineVarianceCalibrator` (the papers', kept for comparison).
 ``affine_nll`` / ``affine_crps``
     :class:`ScoreVarianceCalibrator`: the same affine map fitted by a proper scoring rule (mean
     Gaussian NLL or CRPS) among the grid points whose dev ECE is within ``ece_bound`` of the best.
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr
 
-from uamt.uncertainty.calibration import (
+from uamt.uncertainty.calibrators import (
     GLOBAL,
     AffineVarianceCalibrator,
     Standardizer,
@@ -112,7 +112,7 @@ def fit_variance_by_score(
               \\min_G \\mathrm{ECE} + \\epsilon} \\; \\frac1n \\sum_j S\\left(\\mathcal N(\\hat\\mu_j,
               \\alpha\\hat\\sigma_j^2 + \\beta), q^*_j\\right)
 
-    with S the Gaussian NLL or CRPS and G the grid of :func:`~uamt.uncertainty.calibration.fit_affine_variance`
+    with S the Gaussian NLL or CRPS and G the grid of :func:`~uamt.uncertainty.calibrators.fit_affine_variance`
     (``grid_size`` log-spaced alphas around :math:`\\sigma^2_{fixed}/\\overline{\\sigma^2}` over
     :math:`\\pm` ``alpha_decades``; per alpha, 6 betas from :math:`-(1-10^{-3})\\min_j\\alpha\\sigma_j^2`
     to 0 and ``grid_size`` log-spaced ones from :math:`3 \\cdot 10^{-4}\\sigma^2_{fixed}` to

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from uamt.uncertainty.calibration import DEFAULT_MIN_LP_ROWS, GLOBAL, _as_lp, _PerLanguagePair
+from uamt.uncertainty.calibrators import DEFAULT_MIN_LP_ROWS, GLOBAL, _as_lp, _PerLanguagePair
 from uamt.uncertainty.metrics import (
     _as_1d,
     _check_gamma,

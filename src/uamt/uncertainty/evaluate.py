@@ -10,7 +10,7 @@ Library entry points:
   ``lp, human, mu, sigma`` or ``lp, human, samples`` layouts.
 
 Procedure with a dev set (Glushkova et al., 2021, §5.2): human scores and predictions are
-standardised with dev statistics (:class:`~uamt.uncertainty.calibration.Standardizer`); the model's
+standardised with dev statistics (:class:`~uamt.uncertainty.calibrators.Standardizer`); the model's
 variance is affine-calibrated on dev to minimise the ECE; the fixed-variance baseline gets the dev
 NLL-optimal constant variance; split-conformal thresholds are fitted on dev too.  Everything is then
 applied to the predictions file and evaluated per LP, macro-averaged over LPs (the papers' "AVG")
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
-from uamt.fileio import atomic_write_json
-from uamt.uncertainty.calibration import MU_SCALINGS, AffineVarianceCalibrator, FixedVarianceCalibrator
+from uamt.core.errors import DataError
+from uamt.core.fileio import atomic_write_json
+from uamt.uncertainty.calibrators import MU_SCALINGS, AffineVarianceCalibrator, FixedVarianceCalibrator
 from uamt.uncertainty.candidates import (
     DEFAULT_CANDIDATES,
     RULES,
@@ -102,7 +102,7 @@ class EvaluationSettings:
         interval in the ``min_goal_ratio`` rule; None leaves the miss balance out of the rule.
     mu_scaling : str
         How the standardiser puts mu on the human z scale
-        (:data:`~uamt.uncertainty.calibration.MU_SCALINGS`): ``spread`` (slope 1, the papers') or
+        (:data:`~uamt.uncertainty.calibrators.MU_SCALINGS`): ``spread`` (slope 1, the papers') or
         ``regression`` (mu's least-squares line on dev per LP, refitted in every cross-fitting fold).
     ece_bound : float
         Slack on the dev ECE of the proper-score fits.
@@ -220,7 +220,7 @@ def prediction_arrays(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Naming ``source``, the row and the column: missing column, unknown layout, empty table,
         empty / non-numeric / NaN / inf value, negative sigma, empty lp, fewer than 2 samples.
     """
@@ -344,7 +344,7 @@ def read_predictions(path: str | Path, sigma_source: str = "auto") -> Prediction
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         File missing, empty, not CSV, or any validation error (file, row, line and column named).
     """
     path = Path(path)
@@ -489,7 +489,7 @@ def evaluate_predictions(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Invalid tables, or dev data on which nothing can be fitted (e.g. constant scores).
     """
     if scope not in SCOPES:
@@ -783,7 +783,7 @@ def write_json_atomic(data: Any, path: str | Path) -> None:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         If the folder of ``path`` does not exist or is not writable; nothing is left behind.
     """
     path = Path(path)

@@ -3,7 +3,7 @@
 What a user receives for a segment is the served calibration's distribution of the human score:
 its centre (mu), its central intervals at any level and its CDF (the risk P(Q <= chi)), on the
 human scale and clipped to the scale's bounds.  Every number here is computed from those three
-calls of a :class:`PredictiveDistribution` (the model's :class:`uamt.calibrated.Calibration`
+calls of a :class:`PredictiveDistribution` (the model's :class:`uamt.serving.model_calibration.Calibration`
 loaded from its artifact), so a non-Gaussian served distribution (Mondrian or signed conformal) is
 scored as it is served, never through a "Gaussian-equivalent" sigma.
 
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import pandas as pd
 
 from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
@@ -234,6 +235,26 @@ def served_rows(
         raw_sigma_human=np.asarray(dist.raw_sigma_on_human_scale(mu, sigma, lp), dtype=float),
         gaussian_sigma=np.asarray(dist.apply(mu, sigma, lp, n_refs=n_refs)[1], dtype=float) if gaussian else None,
     )
+
+
+def served_columns(
+    calibration, mu, sigma, lp, *, confidence: float, chi: float, bounds=None, n_refs=None
+) -> pd.DataFrame:
+    """The served ``mu, lower, upper, risk`` of raw model output (shape [n] each) under a model's
+    calibration (:class:`uamt.serving.model_calibration.Calibration`), clipped to the scale's
+    ``bounds`` as :func:`uamt.serving.calibrated_predictor.clip_to_scale` serves them (risk 1 for chi at or above
+    the top of the scale, 0 below its bottom)."""
+    mu = np.asarray(mu, dtype=float)
+    sigma = np.asarray(sigma, dtype=float)
+    mode = "gaussian" if calibration.is_gaussian else "conformal"
+    center = calibration.center(mu, sigma, lp, n_refs=n_refs)
+    lower, upper = calibration.interval(mu, sigma, confidence, lp, mode, n_refs=n_refs)
+    risk = np.asarray(calibration.risk(mu, sigma, float(chi), lp, n_refs=n_refs), dtype=float)
+    if bounds is not None:
+        low, high = bounds
+        center, lower, upper = (np.clip(v, low, high) for v in (center, lower, upper))
+        risk = np.full(mu.size, 1.0) if chi >= high else np.zeros(mu.size) if chi < low else risk
+    return pd.DataFrame({"mu": center, "lower": lower, "upper": upper, "risk": risk})
 
 
 def quantile_crps(human, probs, quantiles) -> np.ndarray:

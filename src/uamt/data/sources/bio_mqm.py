@@ -86,6 +86,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from uamt.core.errors import DataError
 from uamt.data.loaders import (
     _check_lps,
     _dropped_reason,
@@ -98,7 +99,6 @@ from uamt.data.loaders import (
 )
 from uamt.data.mqm import mqm_score
 from uamt.data.schema import check_range, check_text, decode_text
-from uamt.errors import DataError
 
 log = logging.getLogger(__name__)
 

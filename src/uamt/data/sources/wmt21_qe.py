@@ -48,9 +48,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from uamt.core.errors import DataError
 from uamt.data.mqm import mqm_weight
 from uamt.data.schema import check_text, read_lines
-from uamt.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from uamt.core.errors import DataError
 from uamt.data.loaders import (
     _SPAN_MARK,
     _check_lps,
@@ -67,7 +68,6 @@ from uamt.data.loaders import (
 )
 from uamt.data.mqm import mqm_score, mqm_weight
 from uamt.data.schema import check_range, check_text, decode_lines, read_lines, require_columns
-from uamt.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uamt.calibrated import Calibration
-from uamt.errors import DataError, UamtError
-from uamt.references import combine, distinct_references, expand, predict_with_references
+from uamt.core.errors import DataError, UamtError
+from uamt.serving.model_calibration import Calibration
+from uamt.serving.multi_reference import combine, distinct_references, expand, predict_with_references
 from uamt.uncertainty import GLOBAL, EvaluationSettings, evaluate_predictions
 
 
@@ -94,7 +94,7 @@ def test_reference_factors_round_trip_through_json():
 
 
 def test_dev_rows_with_k_distinct_references_for_the_multi_reference_fit():
-    from uamt.references import multi_reference_rows
+    from uamt.serving.multi_reference import multi_reference_rows
 
     frame = pd.DataFrame(
         {

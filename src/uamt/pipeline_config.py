@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from uamt.config import DEFAULT_PARAMS, ConfigError, load_section
-from uamt.errors import DataError
-from uamt.naming import qe_model_name
+from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section
+from uamt.core.errors import DataError
+from uamt.core.naming import qe_model_name
 
 SECTION = "pipeline"
 
@@ -139,7 +139,7 @@ def open_features(encode_cfg):
 
 def predict_split(model_dir: Path, frame: pd.DataFrame, features, out_path: Path) -> pd.DataFrame:
     """The predictions table of one model on one split, written atomically to ``out_path``."""
-    from uamt.fileio import atomic_path
+    from uamt.core.fileio import atomic_path
     from uamt.models.api import load
 
     table = load(model_dir).predictions_table(frame, features)

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr
 
-from uamt.scoring.score import INDEPENDENCE_ASSUMPTION, bootstrap_means, system_score
+from uamt.serving.scores import INDEPENDENCE_ASSUMPTION, bootstrap_means, system_score
 
 PAIR_ASSUMPTION = (
     "independent segments and systems: mean(mu_A - mu_B) ~ Normal with "

@@ -5,7 +5,7 @@
 corrupt, locked, of an older MLflow schema, or was copied from another checkout is an error
 (exit 2), never a new, initialised or migrated database.  It names the model and the store, and
 prints metrics to 4 significant digits.  ``init`` is the one command (besides the register stage
-with ``register.allow_new_registry: true``) that creates a registry; see :mod:`uamt.registry`.
+with ``register.allow_new_registry: true``) that creates a registry; see :mod:`uamt.registry.store`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def significant(value: object, digits: int = 4) -> str:
 
 
 def _registry_show(args: argparse.Namespace) -> int:
-    from uamt import registry
+    from uamt.registry import store as registry
 
     uri = registry.tracking_uri(args.tracking_uri)
     rows = registry.describe(uri, args.name)
@@ -50,7 +50,7 @@ def _registry_show(args: argparse.Namespace) -> int:
 
 
 def _registry_init(args: argparse.Namespace) -> int:
-    from uamt import registry
+    from uamt.registry import store as registry
 
     uri = registry.tracking_uri(args.tracking_uri)
     print(registry.init_store(uri, replace_missing=args.replace_missing))
@@ -60,10 +60,10 @@ def _registry_init(args: argparse.Namespace) -> int:
 def pipeline_models(params_path: str) -> tuple[list[str], str | None]:
     """The registered models the register stage of ``params_path`` writes (``register.model_name``,
     and ``<name>-qe`` when ``pipeline.register_qe_method`` is set) and its ``register.tracking_uri``."""
-    from uamt.config import read_params
-    from uamt.naming import qe_registered_name
-    from uamt.pipeline import load_pipeline
-    from uamt.scoring.score import model_name_from_params
+    from uamt.core.config import read_params
+    from uamt.core.naming import qe_registered_name
+    from uamt.pipeline_config import load_pipeline
+    from uamt.serving.scores import model_name_from_params
 
     name = model_name_from_params(params_path)
     names = [name]
@@ -73,7 +73,7 @@ def pipeline_models(params_path: str) -> tuple[list[str], str | None]:
 
 
 def _registry_check(args: argparse.Namespace) -> int:
-    from uamt import registry
+    from uamt.registry import store as registry
 
     names, params_uri = pipeline_models(args.params) if not args.name else (args.name, None)
     # The register stage's precedence (register.tracking_uri first), so that the registry checked is

@@ -5,9 +5,9 @@ The model of ``pipeline.register_method`` (and the reference-free model of
 checkpoint, calibration and encoder spec; every candidate is registered
 (``validation_status=pending``), the promotion gate compares its test metrics with the champion's,
 and the ``champion`` alias moves last, only if the gate passes.  The MLflow calls themselves are
-:mod:`uamt.registry`'s.
+:mod:`uamt.registry.store`'s.
 
-Before anything is logged, the registry is checked (:func:`uamt.registry.prepare_store`): a
+Before anything is logged, the registry is checked (:func:`uamt.registry.store.prepare_store`): a
 registry that existed (its marker beside the SQLite database, or the previous summary
 :data:`SUMMARY_PATH`) and is gone is an error, and a new one is only created with
 ``register.allow_new_registry: true`` (or by ``uamt registry init``); a store copied or moved
@@ -35,10 +35,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from uamt.core.naming import qe_model_name, qe_registered_name
 from uamt.encoders import EncodeConfig
-from uamt.naming import qe_model_name, qe_registered_name
-from uamt.pipeline import PipelineConfig
-from uamt.registry import SUMMARY_PATH, Gates
+from uamt.pipeline_config import PipelineConfig
+from uamt.registry.store import SUMMARY_PATH, Gates
 
 log = logging.getLogger(__name__)
 #: MLflow run name of a registration (= the dvc stage and Prefect task name).
@@ -128,7 +128,7 @@ TEST_GATE_KEYS = ("ece", "crps", "pps", "ups", "sharpness", "nll")
 
 
 def gate_metrics(metrics_dir: Path, method: str) -> dict[str, float | None]:
-    """What the promotion gate (:class:`uamt.registry.Gates`) reads for ``method``, and from which split.
+    """What the promotion gate (:class:`uamt.registry.store.Gates`) reads for ``method``, and from which split.
 
     * test split, the served distribution: ``metrics/test.json`` ``<method>.avg`` (``ece``, ``crps``,
       ``pps``, ...; ``nll`` only where the served distribution is Gaussian) and
@@ -159,12 +159,12 @@ def prepared_data_version(prepared_dir: str | Path) -> str:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         ``prepared_dir`` holds no ``*.parquet`` split: the hash would be that of nothing
         (``e3b0c44298fc``), a version whose data cannot be traced.
     """
+    from uamt.core.errors import UamtError
     from uamt.data.prepare import data_version
-    from uamt.errors import UamtError
 
     folder = Path(prepared_dir)
     if not any(folder.glob("*.parquet")):
@@ -182,7 +182,7 @@ def register_pipeline_models(
 ) -> dict:
     """Register and gate the reference-based model, then the QE model (``<model_name>-qe``);
     :data:`SUMMARY_PATH` holds the first's summary with the QE one under ``"qe"``."""
-    from uamt import registry
+    from uamt.registry import store as registry
     from uamt.uncertainty import write_json_atomic
 
     names = {reg.model_name}
@@ -288,10 +288,10 @@ def _register_model(
     version_tag: str,
     spec_dir: Path,
 ) -> dict:
-    from uamt import registry
     from uamt.models.api import read_manifest
-    from uamt.pyfunc import ENCODER_ARTIFACT, scale_for, signature, write_spec
-    from uamt.pyfunc_model import UamtPyfunc
+    from uamt.registry import store as registry
+    from uamt.serving.calibrated_predictor import ENCODER_ARTIFACT, scale_for, signature, write_spec
+    from uamt.serving.mlflow_pyfunc import UamtPyfunc
 
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)

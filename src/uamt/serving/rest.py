@@ -1,6 +1,6 @@
 """The REST contract of ``uamt serve``: request bodies -> the predictor's frame, predictions -> JSON.
 
-Kept apart from the HTTP transport (:mod:`uamt.serve`), so that every rule below is tested without
+Kept apart from the HTTP transport (:mod:`uamt.serving.server`), so that every rule below is tested without
 a socket.
 
 Request (``POST /invocations``), one of MLflow's JSON formats
@@ -26,6 +26,9 @@ Answer
     false for an LP outside the model's calibration, whose interval is widened; ``warnings``: one
     message per such LP.
 
+The same bodies as pydantic models derived from the model's signature, for the OpenAPI schema
+(``make_app(service).openapi()``): :mod:`uamt.serving.rest_schema`.
+
 Every malformed request raises :class:`RequestError` (HTTP 400, or 413 for a limit) with a message
 naming the record and field.  Calls into the model are serialised by the caller (torch modules
 are not safe to run concurrently).
@@ -44,10 +47,10 @@ from typing import Any
 
 import pandas as pd
 
-from uamt.errors import UamtError
-from uamt.predictor import Predictor
+from uamt.core.errors import UamtError
+from uamt.core.textcheck import blank_detail, is_blank
+from uamt.serving.predictor import Predictor
 from uamt.serving.scorer import FlagSettings, ScoringSettings, work_chunks  # noqa: F401 - work_chunks: its old home
-from uamt.textcheck import blank_detail, is_blank
 
 FORMAT_KEYS = ("dataframe_records", "dataframe_split", "inputs", "instances")
 #: Fields of the request's ``params`` (MLflow's place for inference parameters beside the data).
@@ -201,9 +204,9 @@ class ScoringService:
         return lp
 
     def _lp_choices(self, frame: pd.DataFrame) -> dict[str, Any]:
-        """lp -> :class:`~uamt.scoring.language_pair.LanguagePairChoice` of each distinct ``lp`` of
+        """lp -> :class:`~uamt.serving.language_pair.LanguagePairChoice` of each distinct ``lp`` of
         ``frame`` (an unseen one is scored with the widened global calibration and warned about)."""
-        from uamt.scoring.language_pair import predictor_language_pair
+        from uamt.serving.language_pair import predictor_language_pair
 
         if "lp" not in frame.columns:
             return {}
@@ -438,15 +441,15 @@ def registered_version(model_uri: str, tracking_uri: str | None = None) -> dict[
     """Name, version and alias of a ``models:/NAME@ALIAS`` or ``models:/NAME/N`` URI (read-only);
     empty for a run or a folder.
 
-    The alias is looked up in the store every command uses (:func:`uamt.registry.tracking_uri`;
-    ``$MLFLOW_REGISTRY_URI`` where set, as :func:`uamt.predictor.load_predictor` does), never in
+    The alias is looked up in the store every command uses (:func:`uamt.registry.store.tracking_uri`;
+    ``$MLFLOW_REGISTRY_URI`` where set, as :func:`uamt.serving.predictor.load_predictor` does), never in
     MLflow's own default (which would create ``mlflow.db`` in the working folder).
     """
     if not model_uri.startswith("models:/"):
         return {}
     import os
 
-    from uamt import registry
+    from uamt.registry import store as registry
 
     name, _, rest = model_uri[len("models:/") :].partition("@")
     if rest:

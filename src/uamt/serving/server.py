@@ -1,4 +1,4 @@
-"""``uamt serve``: :mod:`uamt.rest` on FastAPI + uvicorn (h11), the endpoints of ``mlflow models serve`` and
+"""``uamt serve``: :mod:`uamt.serving.rest` on FastAPI + uvicorn (h11), the endpoints of ``mlflow models serve`` and
 ``/metadata``.  Not MLflow's server: it answers limits with 400 not 413, echoes the input in its errors,
 drops ``refs`` (outside the signature), predicts concurrently.  h11 refuses conflicting lengths and never
 reads a body as a second request; a body over the limit is refused unread; headers and body have deadlines;
@@ -19,8 +19,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from uamt.errors import UamtError
-from uamt.rest import AdmissionControl, RequestError, ScoringService, decode_body, frame_work
+from uamt.core.errors import UamtError
+from uamt.serving.rest import AdmissionControl, RequestError, ScoringService, decode_body, frame_work
 
 ENDPOINTS = "POST /invocations, GET /ping, /health, /version, /metadata"
 
@@ -49,8 +49,15 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def make_app(service: ScoringService) -> FastAPI:
     """The FastAPI app of ``service``; calls into the model go one at a time (torch is not thread-safe),
-    admitted, queued, refused or stopped by :class:`~uamt.rest.AdmissionControl`."""
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    admitted, queued, refused or stopped by :class:`~uamt.serving.rest.AdmissionControl`."""
+    from fastapi.openapi.utils import get_openapi
+
+    from uamt import __version__
+    from uamt.serving.rest_schema import add_invocations_schema, rest_models
+
+    # No /openapi.json or /docs route (the served surface is MLflow's); app.openapi() gives the schema.
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, title="uamt serve", version=__version__)
+    models = rest_models(bool(service.predictor.uses_references))
     limits, admission = service.settings, AdmissionControl(service.settings)
     app.get("/ping")(lambda: PlainTextResponse("\n"))
     app.get("/health")(lambda: {"status": "ok", **service.describe()})
@@ -59,7 +66,7 @@ def make_app(service: ScoringService) -> FastAPI:
     for kind in (RequestError, HTTPException, Exception):
         app.exception_handler(kind)(_error)
 
-    @app.post("/invocations")
+    @app.post("/invocations", responses={200: {"model": models["response"]}})
     async def invocations(request: Request):
         content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if content_type != "application/json":
@@ -72,6 +79,13 @@ def make_app(service: ScoringService) -> FastAPI:
         async with admission.slot(sum(frame_work(frame))) as deadline:
             return await asyncio.to_thread(service.answer, frame, deadline)
 
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            app.openapi_schema = add_invocations_schema(schema, models["request"])
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

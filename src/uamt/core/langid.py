@@ -20,7 +20,7 @@ language is doubted (a Yiddish file whose unmarked lines look like Hebrew is sti
 into one language per line: confident lines keep theirs; the others take the group's dominant
 language when at least :data:`GROUP_SHARE` of the group plausibly is in it (:data:`MIN_PLAUSIBLE`) and the detector gives
 it at least :data:`MIN_GROUP_PROBABILITY` on them (or the script check doubts exactly between the two); every other line is undetermined (None).  Callers score undetermined lines as
-an unseen language pair (:mod:`uamt.scoring.language_pair`).
+an unseen language pair (:mod:`uamt.serving.language_pair`).
 
 Chinese varieties the detector separates on ordinary Mandarin news (``wuu``, ``yue``: 6.6% of the
 newstest2021 Chinese lines) are folded into ``zh``.

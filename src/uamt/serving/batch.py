@@ -37,7 +37,7 @@ Workers
     Every partition is scored by :func:`score_partition`, in this process or on a Dask worker; a
     worker loads the model once (:func:`cached_predictor`, one per process and model URI) and
     scores all its partitions with it.  The numbers are those of ``uamt score`` with the same
-    ``--lp``: the same :class:`~uamt.predictor.Predictor` and ``predict_frame`` call.
+    ``--lp``: the same :class:`~uamt.serving.predictor.Predictor` and ``predict_frame`` call.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from typing import Any
 
 import pandas as pd
 
-from uamt.errors import DataError, UamtError
+from uamt.core.errors import DataError, UamtError
 
 # How the pair of a row was chosen (``_batch.json`` ``lps[].how``) and the choice itself belong to
 # the one scoring use case; the names stay importable from here.
@@ -256,11 +256,11 @@ def input_columns(path: str | Path) -> list[str]:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Unsupported suffix, unreadable file, a CSV in UTF-16/32 or with a header that is not
         UTF-8, or a required column missing (file and column named).
     """
-    from uamt.fileio import wide_encoding_hint
+    from uamt.core.fileio import wide_encoding_hint
 
     path = Path(path)
     fmt = input_format(path)
@@ -372,7 +372,7 @@ def iter_partitions(path: str | Path, partition_rows: int) -> Iterator[tuple[int
 def check_rows(frame: pd.DataFrame, path: str | Path) -> None:
     """Refuse a missing or empty text field or one that is not UTF-8, naming the file, the input
     row and the column (an ``lp`` value is checked by :func:`language_pair_value`)."""
-    from uamt.textcheck import blank_detail, is_blank
+    from uamt.core.textcheck import blank_detail, is_blank
 
     for column in ("src", "mt", "ref", "lp"):
         if column not in frame.columns:
@@ -403,7 +403,7 @@ def language_pair_value(value: Any, where: str) -> str | None:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         ``where`` (file and row) named: not text, or text that is not a language pair.
     """
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
@@ -447,7 +447,7 @@ def check_input(path: str | Path, partition_rows: int) -> InputSummary:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Naming the file, the row and the column of the first bad field.
     """
     lp_column = "lp" in input_columns(path)
@@ -492,7 +492,7 @@ class ModelPin:
 
 def _artifact_sha256(path: Path) -> str:
     """sha256 of a file, or of a folder's files (relative names and contents, in name order)."""
-    from uamt.fileio import sha256_file, sha256_text
+    from uamt.core.fileio import sha256_file, sha256_text
 
     if path.is_file():
         return sha256_file(path)
@@ -505,12 +505,12 @@ def pin_model(model: str, tracking_uri: str | None = None) -> ModelPin:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The tracking store does not exist, or the model or alias cannot be resolved (named).
     """
-    from uamt.predictor import _resolve_local_folder, uamt_artifacts
-    from uamt.registry import check_store_exists
-    from uamt.registry import tracking_uri as configured_tracking_uri
+    from uamt.registry.store import check_store_exists
+    from uamt.registry.store import tracking_uri as configured_tracking_uri
+    from uamt.serving.predictor import _resolve_local_folder, uamt_artifacts
 
     uri = tracking_uri or configured_tracking_uri()
     name = version = None
@@ -564,7 +564,7 @@ def cached_predictor(model: str, tracking_uri: str | None = None):
     with _PREDICTORS_LOCK:
         predictor = _PREDICTORS.get(key)
         if predictor is None:
-            from uamt.predictor import load_predictor
+            from uamt.serving.predictor import load_predictor
 
             if tracking_uri and os.environ.get("MLFLOW_TRACKING_URI") != tracking_uri:
                 # load_predictor reads the store from the environment; a remote worker has its own.
@@ -597,10 +597,10 @@ def score_partition(frame: pd.DataFrame, out_path: str, settings: BatchSettings)
         the file written, ``lps`` (``[{lp, how, rows, seen_in_training}]``), and the model's
         ``known_lps`` and ``unseen_lp_sigma_factor``.
     """
-    from uamt.fileio import atomic_path, sha256_file
-    from uamt.scoring.language_pair import predictor_language_pair
-    from uamt.scoring.score import check_signature
+    from uamt.core.fileio import atomic_path, sha256_file
     from uamt.serving import scorer
+    from uamt.serving.language_pair import predictor_language_pair
+    from uamt.serving.scores import check_signature
 
     predictor = cached_predictor(settings.model, settings.tracking_uri)
     check_signature(predictor, has_references="ref" in frame.columns, model=settings.model)
@@ -679,7 +679,7 @@ def store_folders(tracking_uri: str, pin: ModelPin | None = None) -> list[tuple[
     model's own files."""
     from urllib.parse import unquote, urlparse
 
-    from uamt.registry import DEFAULT_STORE, sqlite_path
+    from uamt.registry.store import DEFAULT_STORE, sqlite_path
 
     # the project's default store (mlflow/artifacts of the working folder), whatever store is used
     folders = [((DEFAULT_STORE / "artifacts").resolve(), "the model store's artifacts")]
@@ -828,7 +828,7 @@ class _Manifest:
         return self.data["parts"]
 
     def save(self) -> None:
-        from uamt.fileio import atomic_write_text
+        from uamt.core.fileio import atomic_write_text
 
         atomic_write_text(self.path, json.dumps(self.data, indent=2) + "\n")
 
@@ -863,7 +863,7 @@ def part_problem(path: Path, record: dict[str, Any] | None, rows: list[int]) -> 
     A part is trusted only when its bytes have the sha256 recorded when it was written, it reads
     back, and its ``row`` column is exactly ``rows`` (the input rows of its partition).
     """
-    from uamt.fileio import sha256_file
+    from uamt.core.fileio import sha256_file
 
     if not path.is_file():
         return "recorded as written but missing"
@@ -889,7 +889,7 @@ def parse_dask(spec: str) -> tuple[str, int | str]:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         Another form or scheme (``inproc://`` reaches only this process, ``http://`` is no Dask
         protocol), or an address without HOST:PORT.
     """
@@ -974,7 +974,7 @@ def score_file(
                 f"{input_path}: has an lp column and --lp {settings.lp} was given: the column gives each "
                 "row's language pair; drop --lp, or drop the column to use --lp for every row"
             )
-    from uamt.registry import tracking_uri
+    from uamt.registry.store import tracking_uri
 
     pin = pin_model(settings.model, settings.tracking_uri)
     check_out_path(out_dir, store_folders(settings.tracking_uri or tracking_uri(), pin))
@@ -987,7 +987,7 @@ def score_file(
         # Scoring in this process: load the model now (it is cached for the partitions), so a model
         # that cannot be loaded or does not fit the columns is refused before the folder is made.
         # A Dask worker loads it there; the driver does not hold a copy it would not use.
-        from uamt.scoring.score import check_signature
+        from uamt.serving.scores import check_signature
 
         predictor = cached_predictor(pin.loaded_as, settings.tracking_uri)
         check_signature(predictor, has_references="ref" in columns, model=settings.model)
@@ -1033,7 +1033,7 @@ def score_file(
     book.data["n_rows"] = tally.n_rows
     book.data["lps"] = list(lps.lps)
     book.save()
-    from uamt.fileio import atomic_write_text
+    from uamt.core.fileio import atomic_write_text
 
     atomic_write_text(out_dir / SUCCESS, "")
     return BatchResult(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 
 def _umask() -> int:
@@ -56,7 +56,7 @@ def atomic_path(path: str | Path, *, suffix: str = ".tmp") -> Iterator[Path]:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         If the folder of ``path`` cannot be written.
     """
     path = Path(path)
@@ -121,7 +121,7 @@ def atomic_dir(out_dir: str | Path) -> Iterator[Path]:
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         If the parent folder of ``out_dir`` cannot be written.
     """
     out_dir = Path(out_dir)

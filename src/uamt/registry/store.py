@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -174,7 +174,7 @@ def check_store_exists(uri: str) -> None:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         Naming the missing, empty, corrupt or locked SQLite database file or store folder.
     """
     db = sqlite_path(uri)
@@ -232,7 +232,7 @@ def sqlite_tables(db: Path) -> set[str]:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         ``db`` is not a SQLite database, is locked by another process for more than
         :data:`LOCK_WAIT_S` seconds, or cannot be read.
     """
@@ -292,7 +292,7 @@ def _sqlite_error(exc: BaseException | None) -> BaseException | None:
 @contextmanager
 def store_errors(uri: str) -> Iterator[None]:
     """Turn a SQLite error raised inside MLflow calls on store ``uri`` (locked, corrupt, unreadable)
-    into one :class:`~uamt.errors.UamtError` line naming the database; other errors pass."""
+    into one :class:`~uamt.core.errors.UamtError` line naming the database; other errors pass."""
     try:
         yield
     except UamtError:
@@ -686,7 +686,7 @@ def check_champions(uri: str, names: list[str]) -> list[str]:
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         Some model is not registered or has no ``@champion``: names each such model, the verdict of
         its latest version, and the way out.
     """
@@ -764,7 +764,7 @@ def register_candidate(
         :func:`gate_and_alias` runs.
     """
     import mlflow
-    from uamt.pyfunc import pip_requirements
+    from uamt.serving.calibrated_predictor import pip_requirements
 
     db = sqlite_path(uri)
     if db is not None:
@@ -836,7 +836,7 @@ def read_marker(uri: str) -> dict[str, Any] | None:
 
 
 def _write_marker(uri: str, data: dict[str, Any]) -> None:
-    from uamt.fileio import atomic_write_json
+    from uamt.core.fileio import atomic_write_json
 
     path = marker_path(uri)
     if path is not None:
@@ -972,7 +972,7 @@ def prepare_store(
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The registry existed and is gone (or its database is empty), or does not hold the versions
         its marker (or ``expected``) names; there is none and ``allow_new`` is false; the store was
         copied or moved from another checkout; its database is corrupt or locked.

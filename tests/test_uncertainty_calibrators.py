@@ -21,7 +21,7 @@ from uamt.uncertainty import (
     interval_report,
     samples_to_mu_sigma,
 )
-from uamt.uncertainty.calibration import MAX_MU_SLOPE, MIN_MU_SLOPE, mu_regression
+from uamt.uncertainty.calibrators import MAX_MU_SLOPE, MIN_MU_SLOPE, mu_regression
 
 
 def gaussian_data(rng, n, sigma_scale=1.0, lp=None):
@@ -292,7 +292,7 @@ def test_regression_scaling_is_served_and_stops_pushing_good_translations_past_t
 
     import pandas as pd
 
-    from uamt.calibrated import Calibration, fit_calibration
+    from uamt.serving.model_calibration import Calibration, fit_calibration
     from uamt.uncertainty import EvaluationSettings
 
     rng = np.random.default_rng(33)

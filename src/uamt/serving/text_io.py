@@ -17,12 +17,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from uamt.errors import DataError
-from uamt.fileio import (
+from uamt.core.errors import DataError
+from uamt.core.fileio import (
     atomic_write_text,  # noqa: F401 - re-exported for scoring
     wide_encoding_hint,
 )
-from uamt.textcheck import blank_detail, is_blank
+from uamt.core.textcheck import blank_detail, is_blank
 
 #: Output suffix -> format for segment-level results.
 SEGMENT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -99,10 +99,10 @@ def read_lines(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         The file is missing or unreadable, over ``max_file_bytes``, is not valid UTF-8 (message
         names the line and byte offset), is empty, has an empty line (whitespace or invisible
-        characters only: NUL, U+FEFF, U+200B, U+2060, ...; see :mod:`uamt.textcheck`), a carriage
+        characters only: NUL, U+FEFF, U+200B, U+2060, ...; see :mod:`uamt.core.textcheck`), a carriage
         return inside a line (CR-only line ends would merge segments), or a line longer than
         ``max_segment_chars`` (message names the line).
     """
@@ -163,7 +163,7 @@ def read_aligned(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         From :func:`read_lines`, or when line counts differ (the message lists every file with
         its count).
     """
@@ -199,7 +199,7 @@ def check_output_path(
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         Unknown suffix, missing folder, a folder in the way, a folder we cannot write to, or
         ``path`` is one of ``inputs`` (same resolved path, a symlink to it, or a hard link).
     """

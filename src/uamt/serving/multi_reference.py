@@ -5,7 +5,7 @@ predictions are then averaged (the pointwise average of §3.4: mu and sigma are 
 Whether, and by how much, the averaged prediction is more accurate than a single-reference one is
 an empirical question, answered on dev: the calibration carries, per number of references, the ratio
 of the squared errors of averaged and single-reference predictions on the same dev rows
-(:attr:`uamt.calibrated.Calibration.reference_factors`), so intervals narrow with more references
+(:attr:`uamt.serving.model_calibration.Calibration.reference_factors`), so intervals narrow with more references
 exactly as much as dev shows the averaged prediction to be more accurate.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError
+from uamt.core.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def expand(src: Sequence[str], mt: Sequence[str], refs: Sequence[Sequence[str]])
 
     Raises
     ------
-    uamt.errors.DataError
+    uamt.core.errors.DataError
         A segment has no reference.
     """
     rows = []

@@ -9,7 +9,7 @@ sigma > 0, a :class:`~uamt.uncertainty.ConformalCalibrator`.  Applying it maps r
 
 A reference-based model also carries ``reference_factors``: for k = 2, 3, ... references and per
 language pair, how much smaller (or larger) the squared error of predictions averaged over k
-references (:mod:`uamt.references`) was than that of single-reference predictions *on the same dev
+references (:mod:`uamt.serving.multi_reference`) was than that of single-reference predictions *on the same dev
 rows*; a row scored against n references gets its calibrated variance multiplied by the factor of
 the largest fitted k <= n (1 where none was fitted, e.g. an LP whose dev set has one reference).
 """
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import UamtError
+from uamt.core.errors import UamtError
 from uamt.uncertainty import (
     GLOBAL,
     AffineVarianceCalibrator,

@@ -2,7 +2,7 @@
 
 A :class:`Predictor` turns segments into calibrated Gaussian quality predictions on the scale of
 the human scores it was calibrated on.  The registered MLflow pyfunc wraps one
-(:mod:`uamt.pyfunc`); :func:`load_predictor` resolves ``models:/<name>@<alias>``, ``runs:/...``
+(:mod:`uamt.serving.calibrated_predictor`); :func:`load_predictor` resolves ``models:/<name>@<alias>``, ``runs:/...``
 or a local pyfunc folder to it.
 
 Input frame columns
@@ -35,8 +35,8 @@ from typing import Protocol, runtime_checkable
 
 import pandas as pd
 
-from uamt.errors import UamtError
-from uamt.scale import ScoreScale
+from uamt.core.errors import UamtError
+from uamt.core.scale import ScoreScale
 
 OUTPUT_COLUMNS = ("mu", "sigma", "lower", "upper", "risk")
 
@@ -62,7 +62,7 @@ class Predictor(Protocol):
 
         ``interval`` is how ``lower``/``upper`` are built: ``"gaussian"`` (the calibrated Gaussian)
         or ``"conformal"`` (the dev-fitted conformal thresholds); see
-        :data:`uamt.calibrated.INTERVAL_MODES`.
+        :data:`uamt.serving.model_calibration.INTERVAL_MODES`.
         """
         ...
 
@@ -155,8 +155,13 @@ def warn_requirement_mismatches(folder: Path) -> list[str]:
     return unmet
 
 
-#: Pickled classes that mark an MLflow model folder as a uamt model (the old and the current home).
-UAMT_PYFUNC_CLASSES = {("uamt.pyfunc", "UamtPyfunc"), ("uamt.pyfunc_model", "UamtPyfunc")}
+#: Pickled classes that mark an MLflow model folder as a uamt model: the class's current home and the
+#: two it had before (models registered then still pickle those; see :mod:`uamt.pyfunc_model`).
+UAMT_PYFUNC_CLASSES = {
+    ("uamt.serving.mlflow_pyfunc", "UamtPyfunc"),
+    ("uamt.pyfunc_model", "UamtPyfunc"),
+    ("uamt.pyfunc", "UamtPyfunc"),
+}
 
 
 def uamt_artifacts(folder: Path) -> dict[str, str] | None:
@@ -203,7 +208,7 @@ def _resolution_cache() -> Path:
 
 def _store_stamp(uri: str) -> list | None:
     """Size and modification time of a SQLite store's files: any registry write changes them."""
-    from uamt.registry import sqlite_path
+    from uamt.registry.store import sqlite_path
 
     db = sqlite_path(uri)
     if db is None:
@@ -233,7 +238,7 @@ def _cached_folder(uri: str, model: str) -> Path | None:
 
 def _remember_folder(uri: str, model: str, folder: Path) -> None:
     """Record the resolution (best effort: an unwritable cache only costs the next start-up)."""
-    from uamt.fileio import atomic_write_json
+    from uamt.core.fileio import atomic_write_json
 
     stamp = _store_stamp(uri)
     if stamp is None:
@@ -256,9 +261,9 @@ def _resolve_local_folder(model: str, uri: str) -> Path | None:
     SQL store (~1.5 s of every ``uamt score``).
 
     Raises UamtError when a ``models:/`` model's files lie outside the SQLite store's folder (a
-    store copied or moved from another checkout, :func:`uamt.registry.check_artifacts_inside`).
+    store copied or moved from another checkout, :func:`uamt.registry.store.check_artifacts_inside`).
     """
-    from uamt.registry import check_artifacts_inside, check_store_schema
+    from uamt.registry.store import check_artifacts_inside, check_store_schema
 
     if not model.startswith("models:/"):
         return _local_model_folder(model)
@@ -290,7 +295,7 @@ def _resolve_local_folder(model: str, uri: str) -> Path | None:
 def _check_run_artifacts(model: str, uri: str) -> None:
     """Refuse a ``runs:/`` model of a SQLite store whose run's artifacts lie outside the store's
     folder (a copied or moved store); anything else passes."""
-    from uamt.registry import check_artifacts_inside, check_store_schema, sqlite_path
+    from uamt.registry.store import check_artifacts_inside, check_store_schema, sqlite_path
 
     if not model.startswith("runs:/") or sqlite_path(uri) is None:
         return
@@ -312,16 +317,16 @@ def load_predictor(model: str) -> Predictor:
 
     Only the configured tracking store / local folders are read: a client of the REST server can
     never make it load a path.  Nothing is written: not the tracking store (a missing SQLite
-    database is an error, see :func:`uamt.registry.check_store_exists`), not the registry's
+    database is an error, see :func:`uamt.registry.store.check_store_exists`), not the registry's
     artifact folder (see the module docstring).
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The store, model or alias does not exist, a model file is corrupt (named), or the model
         is not a uamt model.
     """
-    from uamt.registry import check_store_exists, check_store_location, store_errors, tracking_uri
+    from uamt.registry.store import check_store_exists, check_store_location, store_errors, tracking_uri
 
     uri = tracking_uri()
     if model.startswith(("models:/", "runs:/")):
@@ -335,7 +340,7 @@ def load_predictor(model: str) -> Predictor:
         if artifacts is not None:
             # A uamt model on this file system: loaded from its artifacts as its load_context would,
             # without importing MLflow's pyfunc machinery.
-            from uamt.pyfunc import load_from_artifacts
+            from uamt.serving.calibrated_predictor import load_from_artifacts
 
             warn_requirement_mismatches(folder)
             return load_from_artifacts(artifacts)

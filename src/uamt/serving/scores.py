@@ -1,4 +1,4 @@
-"""Segment and system scores with calibrated intervals from a :class:`uamt.predictor.Predictor`.
+"""Segment and system scores with calibrated intervals from a :class:`uamt.serving.predictor.Predictor`.
 
 System score
     The mean of the segment means, :math:`\\bar\\mu = \\frac1n \\sum_i \\hat\\mu_i`.  Assuming
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.errors import DataError, UamtError
-from uamt.naming import qe_registered_name
-from uamt.predictor import Predictor
+from uamt.core.errors import DataError, UamtError
+from uamt.core.naming import qe_registered_name
+from uamt.serving.predictor import Predictor
 from uamt.uncertainty.metrics import gaussian_interval
 
 DEFAULT_MODEL_NAME = "uamt-comet"
@@ -50,7 +50,7 @@ BOOTSTRAP_METHOD = (
 
 def model_name_from_params(params_path: str | Path | None) -> str:
     """``register.model_name`` of the params file when present, else ``uamt-comet``."""
-    from uamt.config import ConfigError, read_params
+    from uamt.core.config import ConfigError, read_params
 
     if params_path is None or not Path(params_path).is_file():
         return DEFAULT_MODEL_NAME
@@ -79,12 +79,12 @@ def load_scoring_predictor(
 
     Raises
     ------
-    uamt.errors.UamtError
+    uamt.core.errors.UamtError
         The model cannot be loaded (for the default reference-free model: "no reference-free model
         registered ..."), or it is reference-free but references were given, or it needs
         references and none were given.
     """
-    from uamt.predictor import load_predictor
+    from uamt.serving.predictor import load_predictor
 
     uri = model or default_model_uri(reference_free=not has_references, params_path=params_path)
     try:

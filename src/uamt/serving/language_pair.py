@@ -1,7 +1,7 @@
 """Which language pair's calibration scores each row, and what to tell the user about it.
 
 ``uamt score`` and the REST server pass the LP the user gave; without one, the pair is detected
-offline from the texts, row by row (:mod:`uamt.langid`).  An LP the model has no calibration for
+offline from the texts, row by row (:mod:`uamt.core.langid`).  An LP the model has no calibration for
 (one absent from its training data) is scored with the global calibration widened by the model's
 ``unseen_lp_sigma_factor``, and the user is told so: on stderr, in the summary and in REST responses.
 
@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from uamt.langid import (
+from uamt.core.langid import (
     DetectedPair,
     canonical_code,
     detect_row_languages,
@@ -209,7 +209,7 @@ def choose_language_pair(
 
     ``lp`` given: every row gets it, except rows whose text contradicts it (checked when ``detect``
     and texts are given).  Else, with ``detect``: each row's detected pair
-    (:func:`uamt.langid.resolve_languages` on each side), :data:`UNDETERMINED_LP` where a side is
+    (:func:`uamt.core.langid.resolve_languages` on each side), :data:`UNDETERMINED_LP` where a side is
     undetermined.  Else None (the global calibration).
     """
     known = tuple(sorted(known_lps))
@@ -254,7 +254,7 @@ def choose_language_pair(
 def predictor_language_pair(predictor, src: Sequence[str], mt: Sequence[str], lp: str | None) -> LanguagePairChoice:
     """:func:`choose_language_pair` with what ``predictor`` knows about language pairs.
 
-    A :class:`~uamt.pyfunc.CalibratedPredictor` names the LPs with a calibration of their own
+    A :class:`~uamt.serving.calibrated_predictor.CalibratedPredictor` names the LPs with a calibration of their own
     (``known_lps``) and its ``unseen_lp_sigma_factor``; only such a model gets the pair detected
     when none is given (there is nothing to choose otherwise).  A model calibrated only globally is
     judged by the LPs it was trained on (``language_pairs``); a given ``lp`` is checked against the
