@@ -20,15 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from surface_features import Stack, served_center, with_texts  # noqa: E402
+from surface_features import Stack, served_center, variant_rows, with_texts  # noqa: E402
 
 from uamt.alignment_features import TokenStates, alignment_features  # noqa: E402
 from uamt.encoders.catalog import default_minilm_path  # noqa: E402
-from uamt.quality import auroc_score, sentence_chrf, worst_recall_score  # noqa: E402
+from uamt.quality import sentence_chrf  # noqa: E402
 from uamt.serving.model_calibration import Calibration, with_model_sigma  # noqa: E402
 
 
@@ -94,22 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     stacks = {name: Stack(columns).fit(frames["dev"]) for name, columns in variants.items()}
     test = frames["test"]
     predictions = {name: stack.predict(test) for name, stack in stacks.items()}
-    rows = []
-    for (dataset, lp), index in test.groupby(["dataset", "lp"]).indices.items():
-        human = test["human"].to_numpy(float)[index]
-        for name, pred in predictions.items():
-            p = pred[index]
-            rows.append(
-                {
-                    "dataset": dataset,
-                    "lp": lp,
-                    "variant": name,
-                    "n": len(index),
-                    "pps": float(np.corrcoef(p, human)[0, 1]),
-                    "auroc_bad": auroc_score(-p, human <= -5.0),
-                    "recall_worst": worst_recall_score(p, human, 0.02),
-                }
-            )
+    rows = variant_rows(test, predictions)
     result = pd.DataFrame(rows)
     names = list(variants)
     print("| dataset × LP | n | PPS: " + " / ".join(names) + " | AUROC bad: " + " / ".join(names) + " |")

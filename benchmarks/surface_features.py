@@ -65,6 +65,28 @@ class Stack:
         return out
 
 
+def variant_rows(test: pd.DataFrame, predictions: dict[str, np.ndarray]) -> list[dict]:
+    """Per dataset x LP of ``test`` and per variant: n, PPS, AUROC of -prediction for "MQM <= -5" and
+    recall of the worst 2 %."""
+    rows = []
+    for (dataset, lp), index in test.groupby(["dataset", "lp"]).indices.items():
+        human = test["human"].to_numpy(float)[index]
+        for name, pred in predictions.items():
+            p = pred[index]
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "lp": lp,
+                    "variant": name,
+                    "n": len(index),
+                    "pps": float(np.corrcoef(p, human)[0, 1]),
+                    "auroc_bad": auroc_score(-p, human <= -5.0),
+                    "recall_worst": worst_recall_score(p, human, 0.02),
+                }
+            )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("."))
@@ -94,22 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     stacks = {name: Stack(columns).fit(frames["dev"]) for name, columns in variants.items()}
     test = frames["test"]
     predictions = {name: stack.predict(test) for name, stack in stacks.items()}
-    rows = []
-    for (dataset, lp), index in list(test.groupby(["dataset", "lp"]).indices.items()):
-        human = test["human"].to_numpy(float)[index]
-        for name, pred in predictions.items():
-            p = pred[index]
-            rows.append(
-                {
-                    "dataset": dataset,
-                    "lp": lp,
-                    "variant": name,
-                    "n": len(index),
-                    "pps": float(np.corrcoef(p, human)[0, 1]),
-                    "auroc_bad": auroc_score(-p, human <= -5.0),
-                    "recall_worst": worst_recall_score(p, human, 0.02),
-                }
-            )
+    rows = variant_rows(test, predictions)
     table = pd.DataFrame(rows)
     wide = table.pivot_table(index=["dataset", "lp"], columns="variant", values=["pps", "auroc_bad", "recall_worst"])
     print("| dataset × LP | PPS: μ / μ+chrF / μ+all / features | AUROC bad: μ / μ+all | recall worst 2 %: μ / μ+all |")

@@ -42,6 +42,19 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def params_subcommand(
+    sub: argparse._SubParsersAction, name: str, help_text: str, handler
+) -> argparse.ArgumentParser:
+    """Add sub-command ``name`` (help = description = ``help_text``) with the ``--params`` option every
+    pipeline-facing command takes, dispatching to ``handler``."""
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.add_argument(
+        "--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)"
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="uamt",

@@ -6,6 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from uamt.cli import params_subcommand
+
 
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -49,12 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
 
     def add(name: str, help_text: str, handler) -> argparse.ArgumentParser:
-        parser = sub.add_parser(name, help=help_text, description=help_text)
-        parser.add_argument(
-            "--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)"
-        )
-        parser.set_defaults(handler=handler)
-        return parser
+        return params_subcommand(sub, name, help_text, handler)
 
     add(
         "fetch",

@@ -12,7 +12,8 @@ import argparse
 import dataclasses
 import json
 import logging
-from pathlib import Path
+
+from uamt.cli import params_subcommand
 
 
 def _setup_logging() -> None:
@@ -69,12 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = incoming.add_subparsers(dest="incoming_command", metavar="SUBCOMMAND", required=True)
 
     def add(name: str, help_text: str, handler) -> argparse.ArgumentParser:
-        parser = sub.add_parser(name, help=help_text, description=help_text)
-        parser.add_argument(
-            "--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)"
-        )
-        parser.set_defaults(handler=handler)
-        return parser
+        return params_subcommand(sub, name, help_text, handler)
 
     validate = add("validate", "check files in the incoming format; nothing is moved or written", _validate)
     validate.add_argument("files", nargs="+", help="files to check")
