@@ -255,7 +255,8 @@ def eten(mirror_root, tmp_path_factory):
         pytest.fail(f"mirror file missing: {tarball}")
     root = tmp_path_factory.mktemp("eten")
     with tarfile.open(tarball) as tar:
-        tar.extractall(root, filter="data")
+        # filter= exists from Python 3.11.4 (and 3.8.17, 3.9.17, 3.10.12); older 3.11s extract as before.
+        tar.extractall(root, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return root
 
 

@@ -35,7 +35,7 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> ExpAnnotationConfig:
 
 
 def run(cfg: ExpAnnotationConfig) -> dict[str, Path]:
-    """Write ``annotation.json`` and its figures; returns ``{"result", "figure"[, "domain_figure"]}`` paths."""
+    """Write ``annotation.json`` and its figures; returns ``{"result", "figure", "domain_figure"}`` paths."""
     return write_findings(cfg.exp, cfg.pipeline, cfg.encode)
 
 
