@@ -12,12 +12,13 @@ lower, upper, risk`` (+ ``epistemic_var``, ``aleatoric_var`` where the method gi
 human scale of the calibration data.  MLflow params: ``confidence`` (default 0.9),
 ``risk_threshold`` (default: the scale's), ``interval`` (``gaussian`` | ``conformal``).
 
-Scale bounds: the calibrated Gaussian is unbounded, but human scores are not (MQM <= 0, HTER >= 0,
-...).  ``mu``, ``lower`` and ``upper`` are clipped to the range of the scale (the widest
-``score_range`` of the datasets the model was trained and calibrated on,
-:data:`uamt.data.datasets.DATASET_SPECS`), the boolean column ``clipped`` says where; ``risk``
-is the probability under the Gaussian censored at the bounds: unchanged for a threshold inside
-the range, 1 at or above its top, 0 below its bottom.  ``sigma`` is the model's (not clipped).
+Scale bounds: the served distribution (a calibrated Gaussian or a conformal one) is unbounded,
+but human scores are not (MQM <= 0, HTER >= 0, ...).  ``mu``, ``lower`` and ``upper`` are clipped
+to the range of the scale (the widest ``score_range`` of the datasets the model was trained and
+calibrated on, :data:`uamt.data.datasets.DATASET_SPECS`), the boolean column ``clipped`` says
+where; ``risk`` is the probability under the served distribution censored at the bounds:
+unchanged for a threshold inside the range, 1 at or above its top, 0 below its bottom.
+``sigma`` is the model's (not clipped).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _text_column(frame: pd.DataFrame, column: str, row_label: str = "row") -> li
 
 def clip_to_scale(out: pd.DataFrame, bounds, threshold: float) -> pd.DataFrame:
     """``out`` (mu, sigma, lower, upper, risk at ``threshold``) with mu and the interval clipped to
-    ``bounds`` = (low, high), ``clipped`` added, and the risk of the censored Gaussian: 1 for a
+    ``bounds`` = (low, high), ``clipped`` added, and the risk of the censored distribution: 1 for a
     threshold >= high, 0 for one < low, unchanged inside (see the module docstring)."""
     if bounds is None:
         return out

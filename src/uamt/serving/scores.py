@@ -40,7 +40,7 @@ INDEPENDENCE_ASSUMPTION = (
 )
 CLIPPING_NOTE = (
     "mu, lower, upper and the system intervals are clipped to scale_range (column clipped); risk is "
-    "P(Q <= chi) under the Gaussian censored at the range: unchanged for chi inside it"
+    "P(Q <= chi) under the served distribution censored at the range: unchanged for chi inside it"
 )
 BOOTSTRAP_METHOD = (
     "segments resampled with replacement, each resampled quality drawn from N(mu_i, sigma_i^2); "
