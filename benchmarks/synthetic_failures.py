@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from uamt.pipeline_config import load_pipeline, read_split
 from uamt.quality import join_texts, quality_table
 from uamt.serving.model_calibration import fit_calibration
 from uamt.uncertainty import EvaluationSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from challenge_set import summarise  # noqa: E402
 
 
 def challenge_scores(
@@ -47,18 +51,7 @@ def challenge_scores(
         rows.append((np.clip(calibration.center(mu, sigma, lp), *bounds), np.asarray(calibration.risk(mu, sigma, chi, lp))))
     (mu0, risk0), (mu1, risk1) = rows
     scored = perturbed.assign(mu=mu1, risk=risk1, mu_original=mu0, risk_original=risk0)
-    out = []
-    for mode, part in list(scored.groupby("mode", sort=False)) + [("all", scored)]:
-        out.append(
-            {
-                "mode": mode,
-                "n": len(part),
-                "below_original": float((part["mu"] < part["mu_original"]).mean()),
-                "risk": float(part["risk"].mean()),
-                "risk_original": float(part["risk_original"].mean()),
-            }
-        )
-    return pd.DataFrame(out)
+    return summarise(scored).drop(columns="mu_drop")
 
 
 def main(argv: list[str] | None = None) -> int:
