@@ -230,7 +230,7 @@ def start_api_server() -> ApiServer | None:
             if httpx.get(f"{server.api_url}/health", timeout=5).status_code == 200:
                 break
         except httpx.TransportError:
-            pass
+            pass  # not listening yet: poll again until the deadline
         if time.monotonic() > deadline:
             server.stop()
             raise RuntimeError(
