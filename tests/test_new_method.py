@@ -4,6 +4,7 @@ calibrate -> evaluate library calls on a synthetic slice, without any other file
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -86,7 +87,7 @@ def test_a_method_defined_here_trains_calibrates_and_evaluates(tmp_path, laplace
     # train: the pipeline's single-stage methods, then the second-stage ones over dup_base
     trained = train_methods(pipe.methods, cfg, splits["d_q"], splits["dev"], FEATURES, pipe.model_dir)
     for method in pipe.second_stage_methods:
-        train(method, cfg, splits["d_e"], splits["dev"], FEATURES, pipe.model_dir(method),
+        train(method, dataclasses.replace(cfg, train_split="d_e"), splits["d_e"], splits["dev"], FEATURES, pipe.model_dir(method),
               base_model_dir=pipe.model_dir(pipe.dup_base))
     model = load(trained["laplace"])
     assert model.method == "laplace" and isinstance(model.module, LaplaceEstimator)
@@ -94,7 +95,7 @@ def test_a_method_defined_here_trains_calibrates_and_evaluates(tmp_path, laplace
 
     # calibrate and evaluate: the stages' library calls, on the fake encoder's features
     laplace_registered.setattr(model_evaluation, "open_features", lambda encode: FEATURES)
-    settings = EvaluationSettings()
+    settings = EvaluationSettings(calibration_splits=("dev", "d_e"))
     calibrations = model_evaluation.calibrate_models(pipe, settings, EncodeConfig(), tmp_path / "calibration")
     model_evaluation.evaluate_models(pipe, settings, EncodeConfig(), tmp_path / "calibration")
 
@@ -103,6 +104,14 @@ def test_a_method_defined_here_trains_calibrates_and_evaluates(tmp_path, laplace
     served = dev["laplace"]["served"]
     assert served != "fixed_variance"  # it has a sigma of its own, so it is not calibrated as the point
     assert f"point+{served}" in dev  # judged against the point estimate + the same calibration
+    # calibrated on every split it never trained on: DUP's error model trained on d_e
+    assert dev["laplace"]["calibrated_on"] == ["dev", "d_e"] and dev["laplace"]["n_calibration_rows"] == 280
+    assert dev["dup"]["calibrated_on"] == ["dev"] and dev["dup"]["n_calibration_rows"] == 120
+    assert json.loads(calibrations["dup"].read_text())["calibrated_on"] == ["dev"]
+    assert (tmp_path / "predictions" / "d_e" / "laplace.parquet").is_file()
+    assert not (tmp_path / "predictions" / "d_e" / "dup.parquet").exists()
+    if dev["dup"]["served"] != "fixed_variance":  # its baseline is fitted on the same rows: dev
+        assert f"point+{dev['dup']['served']}@dev" in dev
     test = json.loads((tmp_path / "metrics" / "test.json").read_text())
     assert set(test) == {"point", "laplace", *pipe.second_stage_methods}
     for key in ("pps", "ece", "crps", "sharpness"):

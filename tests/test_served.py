@@ -248,3 +248,17 @@ def test_cross_fitting_falls_back_to_segments_then_in_sample(data, mondrian):
     one_segment = one_doc.assign(seg_id=0, lp="en-de")
     _, unit = cross_fitted_rows(one_segment, "hts", mondrian, MONDRIAN, BOUNDS)
     assert unit == "in-sample"
+
+
+def test_risk_bins_carry_their_document_clustered_band():
+    from uamt.uncertainty.served import _risk_reliability
+
+    risk = np.full(8, 0.25)
+    event = np.array([1, 0, 0, 0, 1, 0, 0, 0], dtype=float)
+    alone = _risk_reliability(risk, event, 1, docs=np.arange(8))["bins"][0]
+    assert alone["n_eff"] == 8 and alone["se"] == pytest.approx(np.sqrt(0.25 * 0.75 / 8))
+    # four documents of two rows with the same outcome: each pair is worth one row, n_eff = 4
+    pattern = np.array([1, 1, 0, 0, 0, 0, 0, 0], dtype=float)
+    clustered = _risk_reliability(risk, pattern, 1, docs=np.array([0, 0, 1, 1, 2, 2, 3, 3]))["bins"][0]
+    assert clustered["n_eff"] == pytest.approx(4) and clustered["se"] == pytest.approx(np.sqrt(0.25 * 0.75 / 4))
+    assert "se" not in _risk_reliability(risk, event, 1)["bins"][0]

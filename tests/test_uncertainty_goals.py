@@ -126,6 +126,13 @@ def test_goal_rows_judge_each_goal():
     assert rows["miss_balance_error"]["value"] == pytest.approx(0.04)
     assert rows["miss_balance_error"]["note"] == "en-de: below 0.070, above 0.010"
     assert rows["risk_max_gap"]["note"] == "zh-en at chi=-5"
+    banded = _summary()
+    banded["per_lp"]["zh-en"]["risk"]["-5"]["bins"] = [
+        {"predicted": 0.10, "observed": 0.18, "se": 0.01},  # 0.08 > 0.05 + 0.0196: beyond its band
+        {"predicted": 0.30, "observed": 0.38, "se": 0.02},  # 0.08 <= 0.05 + 0.0392: within its band
+    ]
+    note = {row["key"]: row for row in goal_rows(banded)}["risk_max_gap"]["note"]
+    assert note == "zh-en at chi=-5; 1/2 deciles beyond ±0.05 + 1.96 se"
     assert rows["ece_max_where_floor_allows"]["value"] == 0.015
     assert "zh-en 0.030" in rows["ece_max_where_floor_allows"]["note"]
     assert rows["crps_vs_baseline"]["note"] == "point+mondrian_conformal 1.500"

@@ -1,8 +1,9 @@
-"""Calibrate the pipeline's models on dev and evaluate them in- and out-of-domain (stages
+"""Calibrate the pipeline's models on held-out rows and evaluate them in- and out-of-domain (stages
 ``calibrate`` and ``evaluate``).
 
-One artifact per model: :func:`calibrate_models` fits the model's calibration on dev (never on
-test) and writes it to ``calibration/<model>.json`` -- standardisation, the served candidate the
+One artifact per model: :func:`calibrate_models` fits the model's calibration on the rows of
+``evaluate.calibration_splits`` the model never trained on (dev and ``d_e`` for the single-stage
+models, dev for DUP, whose error model trains on ``d_e``; never test) and writes it to ``calibration/<model>.json`` -- standardisation, the served candidate the
 dev rule picked, the reference factors (k references: :func:`uamt.serving.multi_reference.fit_reference_factors`)
 and the unseen-LP widening (:func:`uamt.serving.model_calibration.fit_model_unseen_lp_sigma_factor`).  That file is
 what :func:`evaluate_models` loads and measures, what the register stage gates and ships in the
@@ -10,8 +11,8 @@ pyfunc, and what ``uamt score`` serves.  Every metric comes from the served dist
 (:mod:`uamt.uncertainty.served`: its mu, its intervals at every level, its CDF), clipped to the
 scale's bounds as served.
 
-``calibrate`` also writes, per model, the metrics of the same calibration *cross-fitted over dev
-documents* (each fold answered by a calibration fitted on the other folds, the served candidate
+``calibrate`` also writes, per model, the metrics of the same calibration *cross-fitted over the
+calibration rows' documents* (each fold answered by a calibration fitted on the other folds, the served candidate
 pinned) to ``metrics/dev.json``: the register stage's gate reads those, never test; and the
 baseline every uncertainty method must beat, **the point estimate + the same calibration** (the
 served candidate fitted with sigma = 1, ``calibration/baselines/point+<candidate>.json``).
@@ -209,23 +210,76 @@ def _scale_bounds(pipe: PipelineConfig):
     return scale_bounds(pipe.datasets)
 
 
+def training_splits(model_dir: str | Path) -> frozenset[str]:
+    """The splits whose rows trained the model in ``model_dir`` or a model it builds on (DUP's base,
+    ``meta["base"]``), from the manifests: a calibration must never be fitted on them."""
+    from uamt.models.api import read_manifest
+
+    meta = read_manifest(Path(model_dir))
+    split = (meta.get("config") or {}).get("train_split")
+    splits = {str(split)} if split else set()
+    if meta.get("base"):
+        splits |= training_splits(Path(model_dir) / meta["base"])
+    return frozenset(splits)
+
+
+def model_calibration_splits(pipe: PipelineConfig, method: str, settings: EvaluationSettings) -> tuple[str, ...]:
+    """``settings.calibration_splits`` less every split ``method``'s model (or a model it builds on)
+    was trained on (:func:`training_splits`); DataError when none is left."""
+    trained = training_splits(pipe.model_dir(method))
+    splits = tuple(s for s in settings.calibration_splits if s not in trained)
+    if not splits:
+        raise DataError(
+            f"params.yaml:evaluate.calibration_splits {list(settings.calibration_splits)} leaves no rows to "
+            f"calibrate {method} on: it was trained on {sorted(trained)}; add a split it never saw"
+        )
+    return splits
+
+
+def calibration_rows(pipe: PipelineConfig, method: str, splits) -> pd.DataFrame:
+    """The predictions ``predictions/<split>/<method>.parquet`` of the ``splits`` a calibration was
+    fitted on (:attr:`Calibration.calibrated_on`), one table in the order of ``splits``."""
+    tables = [pd.read_parquet(Path(pipe.predictions_dir) / split / f"{method}.parquet") for split in splits]
+    return pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+
+
+def baseline_key(point: str, candidate: str, splits, default_splits) -> str:
+    """Name of the point + ``candidate`` baseline fitted on ``splits``: :func:`baseline_name`, with
+    ``@<split>+...`` where the splits are not every one of ``evaluate.calibration_splits``."""
+    name = baseline_name(point, candidate)
+    return name if tuple(splits) == tuple(default_splits) else f"{name}@{'+'.join(splits)}"
+
+
 def calibrate_models(
     pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig, calibration_dir: str | Path
 ) -> dict[str, Path]:
-    """Fit every model's dev calibration (the artifact), its point + same-calibration baseline and
-    their cross-fitted dev metrics; writes the dev predictions, ``<calibration_dir>/<model>.json``,
+    """Fit every model's calibration (the artifact) on its calibration rows (:func:`model_calibration_splits`),
+    its point + same-calibration baseline and their cross-fitted metrics; writes the predictions of
+    every calibration split (``predictions/<split>/<model>.parquet``), ``<calibration_dir>/<model>.json``,
     ``<calibration_dir>/baselines/point+<candidate>.json`` and ``<metrics_dir>/dev.json``; returns
     ``{model: calibration path}``."""
-    dev_df = read_split(pipe.prepared_dir, "dev", pipe.datasets)
+    frames = {split: read_split(pipe.prepared_dir, split, pipe.datasets) for split in settings.calibration_splits}
+    for split in settings.calibration_splits:  # declared stage outputs, even where no model is calibrated on them
+        (Path(pipe.predictions_dir) / split).mkdir(parents=True, exist_ok=True)
+    dev_df = frames["dev"] if "dev" in frames else read_split(pipe.prepared_dir, "dev", pipe.datasets)
     features = open_features(encode)
     bounds = _scale_bounds(pipe)
-    metrics, out, tables = {}, {}, {}
+    metrics, out = {}, {}
+    tables: dict[str, dict[str, pd.DataFrame]] = {}
     for method in pipe.all_methods:
-        table = predict_split(
-            pipe.model_dir(method), dev_df, features, Path(pipe.predictions_dir) / "dev" / f"{method}.parquet"
-        )
-        tables[method] = table
-        calibration, _ = fit_calibration(table, method, settings=settings, source=f"dev/{method}")
+        splits = model_calibration_splits(pipe, method, settings)
+        tables[method] = {
+            split: predict_split(
+                pipe.model_dir(method), frames[split], features, Path(pipe.predictions_dir) / split / f"{method}.parquet"
+            )
+            for split in splits
+        }
+        table = pd.concat([tables[method][s] for s in splits], ignore_index=True)
+        source = f"{'+'.join(splits)}/{method}"
+        calibration, _ = fit_calibration(table, method, settings=settings, source=source)
+        calibration.calibrated_on = splits
+        # The reference factors need rows with several references: dev's (the multi-reference
+        # rows of the other splits are not encoded).
         calibration.reference_factors = fit_reference_factors(
             pipe.model_dir(method), dev_df, features, calibration, settings.min_lp_rows
         )
@@ -246,22 +300,34 @@ def calibrate_models(
         metrics[method] = {
             **compact(measure(calibration, rows, sigma_table, settings)),
             "cross_fitted_over": unit,
+            "calibrated_on": list(splits),
+            "n_calibration_rows": len(table),
             "served": "fixed_variance" if calibration.fixed else calibration.selected,
             "unseen_lp": {"sigma_factor": factor, "held_out": held_out},
         }
-        log.info("calibrated %s on %d dev rows (served: %s)", method, len(table), metrics[method]["served"])
+        log.info("calibrated %s on %d %s rows (served: %s)", method, len(table), "+".join(splits), metrics[method]["served"])
     needed = {
-        (point, metrics[method]["served"])
+        (point, metrics[method]["served"], tuple(metrics[method]["calibrated_on"]))
         for method in pipe.all_methods
         if (point := baseline_of(method, pipe.all_methods)) and metrics[method]["served"] != "fixed_variance"
     }
-    for point, candidate in sorted(needed):
-        name = baseline_name(point, candidate)
-        point_table = with_model_sigma(tables[point], point)
-        baseline, _ = fit_calibration(point_table, None, settings=pinned(settings, candidate), source=f"dev/{name}")
+    for point, candidate, splits in sorted(needed):
+        name = baseline_key(point, candidate, splits, settings.calibration_splits)
+        missing = [s for s in splits if s not in tables[point]]
+        if missing:  # the point model was trained on a split the method is calibrated on
+            log.warning("no baseline %s: %s was trained on %s", name, point, missing)
+            continue
+        point_table = with_model_sigma(pd.concat([tables[point][s] for s in splits], ignore_index=True), point)
+        baseline, _ = fit_calibration(point_table, None, settings=pinned(settings, candidate), source=f"{'+'.join(splits)}/{name}")
+        baseline.calibrated_on = splits
         baseline.save(Path(calibration_dir) / BASELINES_DIR / f"{name}.json")
         rows, unit = cross_fitted_rows(point_table, None, baseline, settings, bounds)
-        metrics[name] = {**compact(measure(baseline, rows, point_table, settings)), "cross_fitted_over": unit, "served": candidate}
+        metrics[name] = {
+            **compact(measure(baseline, rows, point_table, settings)),
+            "cross_fitted_over": unit,
+            "calibrated_on": list(splits),
+            "served": candidate,
+        }
         log.info("fitted the baseline %s", name)
     Path(pipe.metrics_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics, Path(pipe.metrics_dir) / "dev.json")
@@ -296,7 +362,7 @@ def evaluate_models(
     tables: dict[str, dict[str, pd.DataFrame]] = {}
     for method in pipe.all_methods:
         calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
-        dev = with_model_sigma(pd.read_parquet(Path(pipe.predictions_dir) / "dev" / f"{method}.parquet"), method)
+        dev = with_model_sigma(calibration_rows(pipe, method, calibration.calibrated_on), method)
         dev_n_eff = dev_effective_sizes(calibration, dev, settings, bounds)
         full[method], tables[method] = {}, {}
         for split, frame in frames.items():
@@ -310,14 +376,14 @@ def evaluate_models(
             metrics[split][method] = compact(full[method][split])
         scatter[method] = tables[method]["test"]
         reliability[method] = _mean_reliability(full[method]["test"])
-        # The analysis of alternatives: every calibration candidate refitted on the same dev rows
-        # and measured on test (the served one among them is the artifact's own fit).
+        # The analysis of alternatives: every calibration candidate refitted on the same calibration
+        # rows and measured on test (the served one among them is the artifact's own fit).
         analysis = evaluate_predictions(
             with_model_sigma(tables[method]["test"], method),
             dev,
             settings=settings,
             pred_source=f"test/{method}",
-            dev_source=f"dev/{method}",
+            dev_source=f"{'+'.join(calibration.calibrated_on)}/{method}",
             scope="full",
         )
         intervals[method] = analysis.get("intervals")
@@ -328,7 +394,11 @@ def evaluate_models(
         calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
         served = "fixed_variance" if calibration.fixed else calibration.selected
         point = baseline_of(method, pipe.all_methods)
-        baseline = None if calibration.fixed or point is None else baseline_name(point, served)
+        baseline = (
+            None
+            if calibration.fixed or point is None
+            else baseline_key(point, served, calibration.calibrated_on, settings.calibration_splits)
+        )
         conditional[method] = served_summary(
             full[method]["test"],
             full[method]["ood"],

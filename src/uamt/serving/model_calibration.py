@@ -60,6 +60,9 @@ class Calibration:
     served: Any = None
     #: Factor (>= 1) on the calibrated sigma of rows whose LP has no calibration of its own.
     unseen_lp_sigma_factor: float = 1.0
+    #: The splits whose rows it was fitted on (``evaluate.calibration_splits`` less the model's own
+    #: training splits); files written before the setting existed were fitted on dev.
+    calibrated_on: tuple[str, ...] = ("dev",)
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -99,6 +102,7 @@ class Calibration:
             "candidates": {} if self.served is None else {self.selected: self.served.to_dict()},
             "reference_factors": {str(k): dict(f) for k, f in sorted(self.reference_factors.items())},
             "unseen_lp_sigma_factor": self.unseen_lp_sigma_factor,
+            "calibrated_on": list(self.calibrated_on),
         }
 
     @classmethod
@@ -116,6 +120,10 @@ class Calibration:
             calibration.unseen_lp_sigma_factor = float(data.get("unseen_lp_sigma_factor", 1.0))
         except (TypeError, ValueError) as exc:
             raise UamtError(f"calibration: malformed unseen_lp_sigma_factor ({exc})") from exc
+        splits = data.get("calibrated_on", ["dev"])
+        if not isinstance(splits, list) or not splits or not all(isinstance(s, str) for s in splits):
+            raise UamtError(f"calibration: calibrated_on must be a non-empty list of split names, got {splits!r}")
+        calibration.calibrated_on = tuple(splits)
         return calibration
 
     def save(self, path: str | Path) -> None:

@@ -68,6 +68,11 @@ METRIC_KEYS = ("pps", "ups", "nll", "ece", "sharpness", "crps")
 SCOPES = ("full", "served", "fixed_variance")
 
 
+#: Splits a served calibration may be fitted on: rows held out from the models' training
+#: (``d_q``), never the measured ones (``test``, ``ood``).
+CALIBRATION_SPLITS: tuple[str, ...] = ("dev", "d_e")
+
+
 @dataclasses.dataclass(frozen=True)
 class EvaluationSettings:
     """Knobs of :func:`evaluate_predictions` (can be read from a params.yaml section).
@@ -113,6 +118,11 @@ class EvaluationSettings:
     risk_thresholds : tuple of float
         Thresholds chi (raw scale) at which the served risk P(Q <= chi) is checked against the
         observed frequency (:mod:`uamt.uncertainty.served`).
+    calibration_splits : tuple of str
+        Splits (:data:`CALIBRATION_SPLITS`) whose rows the calibrate stage fits each model's served
+        calibration on, less any split the model (or a model it builds on) was trained on
+        (:func:`uamt.model_evaluation.training_splits`): DUP's error model is trained on ``d_e``, so it is
+        calibrated on ``dev`` alone.  Test and out-of-domain rows never enter a fit.
     """
 
     per_lp: bool = True
@@ -131,8 +141,15 @@ class EvaluationSettings:
     cross_fit_folds: int = 5
     low_score_threshold: float | None = -5.0
     risk_thresholds: tuple[float, ...] = (-1.0, -5.0, -10.0)
+    calibration_splits: tuple[str, ...] = ("dev",)
 
     def __post_init__(self) -> None:
+        unknown = [s for s in self.calibration_splits if s not in CALIBRATION_SPLITS]
+        if unknown or not self.calibration_splits or len(set(self.calibration_splits)) != len(self.calibration_splits):
+            raise ValueError(
+                f"calibration_splits={list(self.calibration_splits)!r} not supported; choose one or more distinct "
+                f"splits from {sorted(CALIBRATION_SPLITS)} (test and ood are only measured, d_q trains every model)"
+            )
         check_candidates(self.calibration_candidates)
         if self.calibration != "auto" and self.calibration not in self.calibration_candidates:
             raise ValueError(

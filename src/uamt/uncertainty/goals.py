@@ -181,6 +181,16 @@ def _at_least(value, target) -> bool | None:
     return None if value is None else bool(value >= target)
 
 
+def _risk_band_note(per_lp: dict[str, Any]) -> str:
+    """``"; k/N deciles beyond ±0.05 + 1.96 se"``: the risk bins (every LP and chi) whose gap exceeds
+    the tolerance by more than their document-clustered sampling band (empty without bands)."""
+    bins = [b for m in per_lp.values() for r in m["risk"].values() for b in r.get("bins", []) if "se" in b]
+    if not bins:
+        return ""
+    beyond = sum(abs(b["observed"] - b["predicted"]) > RISK_TOLERANCE + 1.96 * b["se"] for b in bins)
+    return f"; {beyond}/{len(bins)} deciles beyond ±{RISK_TOLERANCE:g} + 1.96 se"
+
+
 def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per :data:`GOALS` entry: ``key, goal, target, value, met`` (None = not measurable) and
     ``note`` (where the worst value is, the floors, the baseline)."""
@@ -233,7 +243,7 @@ def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
         "risk_max_gap": (
             None if risk_worst is None else risk_worst[0],
             _at_most(None if risk_worst is None else risk_worst[0], RISK_TOLERANCE),
-            None if risk_worst is None else f"{risk_worst[1]} at chi={risk_worst[2]}",
+            None if risk_worst is None else f"{risk_worst[1]} at chi={risk_worst[2]}" + _risk_band_note(per_lp),
         ),
         "ece_max_where_floor_allows": (
             ece_max,

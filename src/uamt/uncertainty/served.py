@@ -298,17 +298,28 @@ def _cells(inside: np.ndarray, values: np.ndarray, docs: np.ndarray, n_groups: i
     return {"cells": cells, "worst_gap": worst["gap"]}
 
 
-def _risk_reliability(risk: np.ndarray, event: np.ndarray, n_bins: int) -> dict[str, Any]:
-    """Brier score and predicted vs observed frequency per equal-count bin of the predicted risk."""
+def _risk_reliability(risk: np.ndarray, event: np.ndarray, n_bins: int, docs: np.ndarray | None = None) -> dict[str, Any]:
+    """Brier score and predicted vs observed frequency per equal-count bin of the predicted risk.
+
+    With ``docs`` (shape [n]) each bin also gets the document-clustered standard error of its observed
+    frequency, :math:`\\sqrt{\\bar p (1 - \\bar p) / n_{eff}}` with :math:`\\bar p` the bin's mean
+    predicted risk and :math:`n_{eff}` the effective size of its residuals ``event - risk``
+    clustered by document (:func:`effective_sample_size`): the sampling band of a bin whose risk
+    is calibrated.
+    """
     brier = float(np.mean((risk - event) ** 2))
     n_bins = min(int(n_bins), risk.size)
     groups = quantile_groups(risk, n_bins) if n_bins >= 1 else np.zeros(risk.size, dtype=int)
     bins = []
     for b in range(n_bins):
         rows = groups == b
-        bins.append(
-            {"n": int(rows.sum()), "predicted": float(risk[rows].mean()), "observed": float(event[rows].mean())}
-        )
+        predicted = float(risk[rows].mean())
+        item = {"n": int(rows.sum()), "predicted": predicted, "observed": float(event[rows].mean())}
+        if docs is not None:
+            n_eff = effective_sample_size(event[rows] - risk[rows], docs[rows]) if rows.sum() > 1 else 1.0
+            item["n_eff"] = n_eff
+            item["se"] = math.sqrt(max(predicted * (1.0 - predicted), 0.0) / max(n_eff, 1.0))
+        bins.append(item)
     gaps = [abs(b["observed"] - b["predicted"]) for b in bins]
     return {
         "brier": brier,
@@ -378,7 +389,7 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
         "mu": _cells(covered, center, docs, settings.n_cell_groups, gamma),
     }
     out["risk"] = {
-        f"{chi:g}": _risk_reliability(risk, (human <= chi).astype(float), settings.n_risk_bins)
+        f"{chi:g}": _risk_reliability(risk, (human <= chi).astype(float), settings.n_risk_bins, docs)
         for chi, risk in rows.risk.items()
     }
     out["reliability"] = {"expected": levels.tolist(), "observed": coverage.tolist()}
