@@ -23,8 +23,8 @@ import pandas as pd
 
 def main(argv: list[str] | None = None) -> int:
     from uamt.core.config import DEFAULT_PARAMS, load_section
+    from uamt.data.datasets import scale_bounds
     from uamt.model_evaluation import (
-        _scale_bounds,
         ask,
         calibration_rows,
         dev_effective_sizes,
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pipe = load_pipeline(args.params)
     settings = load_section(EvaluationSettings, "evaluate", args.params)
-    bounds = _scale_bounds(pipe)
+    bounds = scale_bounds(pipe.datasets)
     for model in args.models:
         test = with_model_sigma(pd.read_parquet(Path(pipe.predictions_dir) / "test" / f"{model}.parquet"), model)
         trained = training_splits(pipe.model_dir(model))

@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     from uamt.core.config import DEFAULT_PARAMS, load_section
-    from uamt.model_evaluation import _scale_bounds, calibration_rows
+    from uamt.data.datasets import scale_bounds
+    from uamt.model_evaluation import calibration_rows
     from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline
     from uamt.serving.model_calibration import Calibration, with_model_sigma
     from uamt.uncertainty import EvaluationSettings
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     pipe = load_pipeline(args.params)
     settings = load_section(EvaluationSettings, "evaluate", args.params)
     gamma, chi = settings.coverage_gamma, settings.low_score_threshold
-    low, high = _scale_bounds(pipe)
+    low, high = scale_bounds(pipe.datasets)
     calibration = Calibration.load(Path(CALIBRATION_DIR) / f"{args.model}.json")
     mode = "gaussian" if calibration.is_gaussian else "conformal"
     splits = {
