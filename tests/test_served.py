@@ -84,7 +84,18 @@ def test_conformal_is_scored_as_served_not_as_a_gaussian(data, mondrian):
     lower, upper = mondrian.interval(test["mu"], test["sigma"], 0.9, lp, "conformal")
     inside = (test["human"] >= np.clip(lower, *BOUNDS)) & (test["human"] <= np.clip(upper, *BOUNDS))
     en_de = test["lp"] == "en-de"
-    assert full["en-de"]["coverage@0.9"] == pytest.approx(inside[en_de].mean())
+    assert full["en-de"]["closed_coverage@0.9"] == pytest.approx(inside[en_de].mean())
+    # A score at MQM 0 counts with the share of the served mass at 0 inside the interval's band.
+    at_top = en_de & (test["human"] == 0.0)
+    f_top = mondrian.risk(test["mu"], test["sigma"], np.nextafter(0.0, -1.0), lp)
+    share = np.clip(0.95 - np.maximum(f_top, 0.05), 0.0, None) / np.maximum(1.0 - f_top, 1e-12)
+    # ... and one at the bottom (-25) with the share of the mass clipped onto -25.
+    at_bottom = en_de & (test["human"] == -25.0)
+    f_low = mondrian.risk(test["mu"], test["sigma"], -25.0, lp)
+    share_low = np.clip(np.minimum(f_low, 0.95) - 0.05, 0.0, None) / np.maximum(f_low, 1e-12)
+    assert at_top.any() and at_bottom.any()
+    expected = np.where(at_top, share, np.where(at_bottom, share_low, inside))[en_de].mean()
+    assert full["en-de"]["coverage@0.9"] == pytest.approx(expected)
     assert full["en-de"]["nll"] is None  # no Gaussian is served, so no Gaussian NLL is reported
     # the served sd is the distribution's own spread, and the served mu is clipped as served
     assert (rows.center <= 0).all() and np.isfinite(full["avg"]["crps"])

@@ -54,6 +54,7 @@ from uamt.serving.model_calibration import (
     is_fixed_variance,
     refit_served,
     with_model_sigma,
+    with_top_atom,
 )
 from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
@@ -286,6 +287,8 @@ def calibrate_models(
         started = time.perf_counter()
         factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings)
         calibration.unseen_lp_sigma_factor = factor
+        if settings.top_atom and bounds is not None:
+            calibration = with_top_atom(calibration, table, method, settings, bounds[1])
         log.info(
             "%s: unseen-LP widening %.3f (leave-one-LP-out: %s; %.1f s)",
             method,
@@ -320,6 +323,8 @@ def calibrate_models(
         point_table = with_model_sigma(pd.concat([tables[point][s] for s in splits], ignore_index=True), point)
         baseline, _ = fit_calibration(point_table, None, settings=pinned(settings, candidate), source=f"{'+'.join(splits)}/{name}")
         baseline.calibrated_on = splits
+        if settings.top_atom and bounds is not None:
+            baseline = with_top_atom(baseline, point_table, None, settings, bounds[1])
         baseline.save(Path(calibration_dir) / BASELINES_DIR / f"{name}.json")
         rows, unit = cross_fitted_rows(point_table, None, baseline, settings, bounds)
         metrics[name] = {

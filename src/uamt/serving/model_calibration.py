@@ -16,6 +16,7 @@ the largest fitted k <= n (1 where none was fitted, e.g. an LP whose dev set has
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from uamt.uncertainty import (
     gaussian_interval,
     translation_risk,
 )
+from uamt.uncertainty.atom import TopAtom
 from uamt.uncertainty.candidates import candidate_from_dict
 
 INTERVAL_MODES = ("gaussian", "conformal")
@@ -63,6 +65,11 @@ class Calibration:
     #: The splits whose rows it was fitted on (``evaluate.calibration_splits`` less the model's own
     #: training splits); files written before the setting existed were fitted on dev.
     calibrated_on: tuple[str, ...] = ("dev",)
+    #: The point mass at the top of the scale (:mod:`uamt.uncertainty.atom`) and the calibration of
+    #: the rows below it, which together are the served distribution; None (files written before it,
+    #: ``evaluate.top_atom: false``): this calibration alone, clipped to the scale.
+    top_atom: TopAtom | None = None
+    below_top: Calibration | None = None
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -103,6 +110,8 @@ class Calibration:
             "reference_factors": {str(k): dict(f) for k, f in sorted(self.reference_factors.items())},
             "unseen_lp_sigma_factor": self.unseen_lp_sigma_factor,
             "calibrated_on": list(self.calibrated_on),
+            "top_atom": None if self.top_atom is None else self.top_atom.to_dict(),
+            "below_top": None if self.below_top is None else self.below_top.to_dict(),
         }
 
     @classmethod
@@ -124,6 +133,11 @@ class Calibration:
         if not isinstance(splits, list) or not splits or not all(isinstance(s, str) for s in splits):
             raise UamtError(f"calibration: calibrated_on must be a non-empty list of split names, got {splits!r}")
         calibration.calibrated_on = tuple(splits)
+        if (data.get("top_atom") is None) != (data.get("below_top") is None):
+            raise UamtError("calibration: top_atom and below_top come together (one of them is missing)")
+        if data.get("top_atom") is not None:
+            calibration.top_atom = TopAtom.from_dict(data["top_atom"])
+            calibration.below_top = Calibration.from_dict(data["below_top"])
         return calibration
 
     def save(self, path: str | Path) -> None:
@@ -202,6 +216,10 @@ class Calibration:
         factor = self.unseen_lp_sigma_factor
         if not (math.isfinite(factor) and factor >= 1):
             return f"unseen_lp_sigma_factor = {factor!r} must be a finite number >= 1"
+        if self.top_atom is not None:
+            problem = self.top_atom.problem() or self.below_top.problem()
+            if problem:
+                return problem if problem.startswith("top_atom") else f"below_top: {problem}"
         return None
 
     @property
@@ -255,8 +273,8 @@ class Calibration:
     @property
     def is_gaussian(self) -> bool:
         """Whether the served distribution is the Gaussian N(mu, sigma^2) (fixed or affine variance);
-        else it is a conformal distribution with its own intervals and CDF."""
-        return self.fixed or not isinstance(self.served, ConformalCalibrator)
+        else it is a conformal distribution, or has a point mass at the top, with its own intervals and CDF."""
+        return self.top_atom is None and (self.fixed or not isinstance(self.served, ConformalCalibrator))
 
     def center(self, mu, sigma, lp=None, n_refs=None) -> np.ndarray:
         """The served mu on the human scale, shape [n] (the calibration does not move it with
@@ -323,9 +341,12 @@ class Calibration:
         return widen
 
     def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "gaussian", n_refs=None):
-        """Central interval at ``gamma`` on the human scale: Gaussian-calibrated or split-conformal."""
+        """Central interval at ``gamma`` on the human scale: Gaussian-calibrated or split-conformal
+        (with a point mass at the top, the served mixture's, whatever ``mode``)."""
         if mode not in INTERVAL_MODES:
             raise ValueError(f"interval={mode!r} not supported; choose from {sorted(INTERVAL_MODES)}")
+        if self.top_atom is not None:
+            return self._mixture_interval(mu, sigma, gamma, lp, n_refs)
         served_conformal = isinstance(self.served, ConformalCalibrator) and not self.fixed
         if (mode == "gaussian" and not served_conformal) or self.fixed:
             cal_mu, cal_sigma = self._gaussian(mu, sigma, lp, n_refs)
@@ -350,7 +371,13 @@ class Calibration:
 
     def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray:
         """P(Q <= threshold) under the served calibrated distribution (human scale): the same one
-        the interval comes from (Gaussian, or the conformal |z| quantiles)."""
+        the interval comes from (Gaussian, or the conformal |z| quantiles, or the mixture with a
+        point mass at the top: :math:`(1 - \\pi) F_{<}(\\chi)` below the top, 1 from it on)."""
+        if self.top_atom is not None:
+            mu = np.asarray(mu, dtype=float)
+            pi = self.top_atom.probability(self.center(mu, sigma, lp), lp)
+            below = np.asarray(self.below_top.risk(mu, sigma, threshold, lp, n_refs=n_refs), dtype=float)
+            return np.where(float(threshold) >= self.top_atom.value, 1.0, (1.0 - pi) * below)
         if isinstance(self.served, ConformalCalibrator) and not self.fixed:
             mu_z, sigma_z = self._z(mu, sigma, lp)
             chi_z = self.standardizer.transform_human(np.full(mu_z.size, float(threshold)), lp)
@@ -359,6 +386,67 @@ class Calibration:
             return self.served.risk(mu_z, sigma_z, chi_z, lp)
         cal_mu, cal_sigma = self._gaussian(mu, sigma, lp, n_refs)
         return translation_risk(cal_mu, cal_sigma, threshold)
+
+
+    def _mixture_interval(self, mu, sigma, gamma: float, lp, n_refs) -> tuple[np.ndarray, np.ndarray]:
+        """Central interval of :math:`(1 - \\pi) F_{<} + \\pi\\,\\delta_{top}` (clipped at the top): its
+        quantile at p is :math:`\\min(F_{<}^{-1}(p / (1 - \\pi)), top)` for :math:`p < 1 - \\pi`, else the top."""
+        mu = np.asarray(mu, dtype=float)
+        sigma = np.asarray(sigma, dtype=float)
+        pi = self.top_atom.probability(self.center(mu, sigma, lp), lp)
+        return (
+            self._below_top_quantile(mu, sigma, lp, n_refs, (1.0 - gamma) / 2.0, pi),
+            self._below_top_quantile(mu, sigma, lp, n_refs, (1.0 + gamma) / 2.0, pi),
+        )
+
+    def _below_top_quantile(self, mu, sigma, lp, n_refs, p: float, pi: np.ndarray) -> np.ndarray:
+        """Per row, shape [n]: the mixture's quantile at level ``p`` (``pi`` the rows' extra top mass)."""
+        top = self.top_atom.value
+        inside = pi + p < 1.0
+        level = np.where(inside, p / np.where(inside, 1.0 - pi, 1.0), np.inf)
+        out = np.full(mu.size, top)
+        lps = None if lp is None else (np.full(mu.size, lp, dtype=object) if isinstance(lp, str) else np.asarray(lp, dtype=object))
+        refs = None if n_refs is None else np.broadcast_to(np.asarray(n_refs), mu.shape)
+        mode = "gaussian" if self.below_top.is_gaussian else "conformal"
+        # pi is constant within an (LP, mu bin): one call of the calibration below per distinct level.
+        for value in np.unique(level[inside]):
+            rows = inside & (level == value)
+            gamma = min(abs(2.0 * float(value) - 1.0), 1.0)
+            lower, upper = self.below_top.interval(
+                mu[rows], sigma[rows], gamma, None if lps is None else lps[rows], mode,
+                n_refs=None if refs is None else refs[rows],
+            )
+            out[rows] = lower if value < 0.5 else upper
+        return np.minimum(out, top)
+
+
+def with_top_atom(
+    calibration: Calibration, table: pd.DataFrame, method: str | None, settings: EvaluationSettings, top: float
+) -> Calibration:
+    """``calibration`` with a point mass at ``top`` (the top of the scale) fitted on its calibration rows.
+
+    The distribution below the top is the same
+    candidate refitted on the rows below it (:func:`refit_served`), widened by the same reference and
+    unseen-LP factors; the top mass per LP x quintile of the served mu tops up what that distribution
+    clips onto the top to the share of ``table``'s rows there (:class:`~uamt.uncertainty.atom.TopAtom`).
+    The served mu stays ``calibration``'s (fitted on every row).
+    """
+    if method is not None:
+        table = with_model_sigma(table, method)
+    base = dataclasses.replace(calibration, top_atom=None, below_top=None)
+    below_rows = table[table["human"].to_numpy(dtype=float) < top]
+    below = refit_served(below_rows, None, base, settings)
+    below.reference_factors = dict(calibration.reference_factors)
+    below.unseen_lp_sigma_factor = calibration.unseen_lp_sigma_factor
+    below.calibrated_on = calibration.calibrated_on
+    mu, sigma = table["mu"].to_numpy(dtype=float), table["sigma"].to_numpy(dtype=float)
+    lp = table["lp"].astype(str).to_numpy(dtype=object)
+    clipped = 1.0 - np.asarray(below.risk(mu, sigma, float(np.nextafter(top, -np.inf)), lp), dtype=float)
+    atom = TopAtom.fit(
+        table["human"].to_numpy(dtype=float), base.center(mu, sigma, lp), lp, top,
+        clipped=clipped, min_lp_rows=settings.min_lp_rows,
+    )
+    return dataclasses.replace(base, top_atom=atom, below_top=below)
 
 
 def is_fixed_variance(method: str) -> bool:
@@ -436,7 +524,8 @@ def refit_served(
     global fallback (:func:`refit_global_fallback`) -- without the papers' affine ECE grid search
     and the candidate rule's cross-fitting, which only matter for choosing: about 5x faster, for
     the many refits of the cross-fitted dev metrics and the leave-one-LP-out widening.  The
-    reference factors and the unseen-LP widening are not refitted (1 / none).
+    reference factors and the unseen-LP widening are not refitted (1 / none).  A template with a
+    point mass at the top gets one refitted on the same rows (:func:`with_top_atom`).
     """
     from uamt.uncertainty.candidates import fit_candidate, standardize
     from uamt.uncertainty.evaluate import prediction_arrays
@@ -471,6 +560,8 @@ def refit_served(
         served=served,
     )
     refit_global_fallback(calibration, dev_table, settings)
+    if template.top_atom is not None:
+        calibration = with_top_atom(calibration, dev_table, None, settings, template.top_atom.value)
     return calibration
 
 

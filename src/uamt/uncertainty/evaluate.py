@@ -123,6 +123,11 @@ class EvaluationSettings:
         calibration on, less any split the model (or a model it builds on) was trained on
         (:func:`uamt.model_evaluation.training_splits`): DUP's error model is trained on ``d_e``, so it is
         calibrated on ``dev`` alone.  Test and out-of-domain rows never enter a fit.
+    top_atom : bool
+        Serve a point mass at the top of the scale (MQM 0) with its probability per LP x mu bin,
+        and the candidate refitted on the rows below it (:mod:`uamt.uncertainty.atom`,
+        :func:`uamt.serving.model_calibration.with_top_atom`); the calibrate stage fits it on the
+        calibration rows.  False: the candidate alone, clipped to the scale.
     """
 
     per_lp: bool = True
@@ -142,6 +147,7 @@ class EvaluationSettings:
     low_score_threshold: float | None = -5.0
     risk_thresholds: tuple[float, ...] = (-1.0, -5.0, -10.0)
     calibration_splits: tuple[str, ...] = ("dev",)
+    top_atom: bool = False
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.calibration_splits if s not in CALIBRATION_SPLITS]

@@ -11,9 +11,20 @@ Quantities (per LP, macro-averaged over LPs as ``avg``):
 
 * ``pps`` -- Pearson of human and served mu.
 * ``coverage@g`` / ``width@g`` / ``miss_below@g`` / ``miss_above@g`` -- of the served central
-  interval at level g (``coverage_gamma`` and the ``report_gammas``).
+  interval at level g (``coverage_gamma`` and the ``report_gammas``); a human score *on a bound of
+  the scale* counts with the shares of the served distribution's point mass there that fall below,
+  inside and above the interval's probability band (:func:`randomised_shares`).  Clipping to the
+  scale puts an atom at each bound (at MQM 0 the mass :math:`1 - F(0^-)`), and a closed interval
+  that reaches an atom covers every row on it -- more than g exactly when the atom is right.  The
+  randomised PIT (Czado, Gneiting & Held 2009) is uniform for a calibrated forecast, atom or not.
+  Rows strictly inside the scale count as the interval says.  ``closed_coverage@g``: the share of
+  human scores inside the closed interval (what a user sees; at least g for a calibrated forecast).
 * ``ece`` -- :math:`\\frac1M\\sum_b |\\mathrm{acc}(\\gamma_b) - \\gamma_b|` over M = ``n_levels``
-  levels of ``numpy.linspace(0, 1, M)`` (the papers' grid), with the served interval at each level.
+  levels of ``numpy.linspace(0, 1, M)`` (the papers' grid), with the coverage above at each level;
+  its sampling floor is that of a continuous forecast.  ``ece_interval``: the same with the closed
+  intervals (the papers' reading; equal to ``ece`` when no human score lies on a bound).
+* ``top_probability`` / ``top_frequency`` -- the served probability of the top of the scale (MQM 0,
+  no error), mean over rows, and the share of human scores there.
 * ``crps`` -- the continuous ranked probability score through the quantile decomposition
   :math:`\\mathrm{CRPS}(F, y) = 2\\int_0^1 \\rho_p(y - F^{-1}(p))\\,dp`,
   :math:`\\rho_p(u) = u\\,(p - \\mathbb 1[u < 0])`, on K = ``n_quantiles`` mid-point levels
@@ -98,7 +109,9 @@ class ServedRows:
     quantile level; ``probs`` / ``quantiles`` the mid-point levels [K] and quantiles [n, K];
     ``risk`` chi -> P(Q <= chi); ``raw_sigma`` the model's own sigma and ``raw_sigma_human`` the
     same on the human scale (standardiser only); ``gaussian_sigma`` the served sigma where the
-    distribution is Gaussian (else None).
+    distribution is Gaussian (else None); ``bounds`` the scale's (low, high) the answers are clipped
+    to and ``cdf_at_bounds`` [n, 2] the unclipped CDF there, :math:`(F(low), F(high))`: the clipped
+    distribution's atoms are :math:`F(low)` at low and :math:`1 - F(high)` at high (None without bounds).
     """
 
     center: np.ndarray
@@ -109,6 +122,8 @@ class ServedRows:
     raw_sigma: np.ndarray
     raw_sigma_human: np.ndarray
     gaussian_sigma: np.ndarray | None
+    bounds: tuple[float, float] | None = None
+    cdf_at_bounds: np.ndarray | None = None
 
     def take(self, rows: np.ndarray) -> ServedRows:
         """The rows ``rows`` (a boolean mask or indices)."""
@@ -121,6 +136,8 @@ class ServedRows:
             raw_sigma=self.raw_sigma[rows],
             raw_sigma_human=self.raw_sigma_human[rows],
             gaussian_sigma=None if self.gaussian_sigma is None else self.gaussian_sigma[rows],
+            bounds=self.bounds,
+            cdf_at_bounds=None if self.cdf_at_bounds is None else self.cdf_at_bounds[rows],
         )
 
     @staticmethod
@@ -136,6 +153,7 @@ class ServedRows:
             return out
 
         gaussian = all(part.gaussian_sigma is not None for _, part in parts)
+        at_bounds = all(part.cdf_at_bounds is not None for _, part in parts)
         return ServedRows(
             center=fill(lambda p: p.center),
             intervals={
@@ -148,6 +166,8 @@ class ServedRows:
             raw_sigma=fill(lambda p: p.raw_sigma),
             raw_sigma_human=fill(lambda p: p.raw_sigma_human),
             gaussian_sigma=fill(lambda p: p.gaussian_sigma) if gaussian else None,
+            bounds=first.bounds,
+            cdf_at_bounds=fill(lambda p: p.cdf_at_bounds, (2,)) if at_bounds else None,
         )
 
 
@@ -217,6 +237,14 @@ def served_rows(
     for j in range(k // 2):
         quantiles[:, j], quantiles[:, k - 1 - j] = intervals[_quantile_level(probs[j])]
     quantiles = clamp_tails(quantiles)
+    cdf_at_bounds = None
+    if bounds is not None:
+        # F(low) and F(high^-): the CDF just below the top, so that a served atom *at* the top (whose
+        # risk there is 1) shows as the mass 1 - F(high^-).
+        below_top = float(np.nextafter(float(bounds[1]), -np.inf))
+        cdf_at_bounds = np.column_stack(
+            [np.asarray(dist.risk(mu, sigma, t, lp, n_refs=n_refs), dtype=float) for t in (float(bounds[0]), below_top)]
+        )
     risk = {}
     for chi in settings.risk_thresholds:
         values = np.asarray(dist.risk(mu, sigma, float(chi), lp, n_refs=n_refs), dtype=float)
@@ -234,6 +262,8 @@ def served_rows(
         raw_sigma=sigma,
         raw_sigma_human=np.asarray(dist.raw_sigma_on_human_scale(mu, sigma, lp), dtype=float),
         gaussian_sigma=np.asarray(dist.apply(mu, sigma, lp, n_refs=n_refs)[1], dtype=float) if gaussian else None,
+        bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
+        cdf_at_bounds=cdf_at_bounds,
     )
 
 
@@ -273,6 +303,66 @@ def quantile_crps(human, probs, quantiles) -> np.ndarray:
     u = human - quantiles
     loss = u * (np.asarray(probs, dtype=float)[None, :] - (u < 0))
     return 2.0 * loss.mean(axis=1)
+
+
+def randomised_shares(human, gamma: float, lower, upper, bounds=None, cdf_at_bounds=None):
+    """Shares of each row below, inside and above the central interval at level ``gamma``, with a
+    human score on a bound of the scale randomised within the served distribution's point mass there.
+
+    A row strictly inside the scale counts as the clipped interval ``[lower, upper]`` says (a share of
+    0 or 1).  A row *on* a bound, where the clipped served distribution has an atom, has probability
+    integral transform (PIT) anywhere in :math:`[F(y^-), F(y)]`: at the top bound :math:`[F(high^-), 1]`,
+    at the bottom :math:`[0, F(low)]` (``cdf_at_bounds``).  With the PIT drawn uniformly from it, the
+    shares are the parts of that range below, inside and above the band
+    :math:`[(1-\\gamma)/2, (1+\\gamma)/2]` of the central interval, e.g. inside
+
+    .. math:: \\frac{|[F(y^-), F(y)] \\cap [(1-\\gamma)/2, (1+\\gamma)/2]|}{F(y) - F(y^-)}
+
+    (where the atom is empty, where :math:`F(y)` falls).  For a calibrated forecast the randomised
+    PIT is uniform (Czado, Gneiting & Held 2009), so coverage is :math:`\\gamma` in expectation and each
+    miss :math:`(1-\\gamma)/2`, atom or not; a closed interval that reaches the atom covers every row on
+    it, so its coverage exceeds :math:`\\gamma` exactly where the forecast is right.
+
+    Parameters
+    ----------
+    human, lower, upper : array_like, shape [n]
+        Human scores and the clipped interval at ``gamma``.
+    gamma : float
+        Level in [0, 1].
+    bounds : (float, float), optional
+        The scale's (low, high); without them (or ``cdf_at_bounds``) the interval decides every row.
+    cdf_at_bounds : array_like, shape [n, 2], optional
+        :math:`(F(low), F(high^-))` per row: the served CDF at the bottom and just below the top.
+
+    Returns
+    -------
+    (below, inside, above) : tuple of numpy.ndarray, each shape [n]
+        Shares in [0, 1] summing to 1 per row.
+    """
+    human = np.asarray(human, dtype=float)
+    below = (human < lower).astype(float)
+    above = (human > upper).astype(float)
+    inside = 1.0 - below - above
+    if bounds is None or cdf_at_bounds is None:
+        return below, inside, above
+    cdf = np.asarray(cdf_at_bounds, dtype=float)
+    band_lo, band_hi = (1.0 - gamma) / 2.0, (1.0 + gamma) / 2.0
+    for rows, pit_lo, pit_hi in (
+        (human == bounds[0], np.zeros(human.size), cdf[:, 0]),
+        (human == bounds[1], cdf[:, 1], np.ones(human.size)),
+    ):
+        if not rows.any():
+            continue
+        lo, hi = pit_lo[rows], pit_hi[rows]
+        mass = hi - lo
+        atom = mass > 1e-12
+        safe = np.where(atom, mass, 1.0)
+        share_below = np.clip(np.minimum(hi, band_lo) - lo, 0.0, None) / safe
+        share_above = np.clip(hi - np.maximum(lo, band_hi), 0.0, None) / safe
+        below[rows] = np.where(atom, share_below, (hi < band_lo).astype(float))
+        above[rows] = np.where(atom, share_above, (hi > band_hi).astype(float))
+        inside[rows] = 1.0 - below[rows] - above[rows]
+    return below, inside, above
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
@@ -337,21 +427,36 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
     sd = np.where(finite, quantiles.std(axis=1), np.inf)
     abs_err = np.abs(human - center)
 
-    def inside(level: float) -> np.ndarray:
+    def shares(level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lower, upper = rows.intervals[float(level)]
+        return randomised_shares(human, float(level), lower, upper, rows.bounds, rows.cdf_at_bounds)
+
+    def closed(level: float) -> np.ndarray:
         lower, upper = rows.intervals[float(level)]
         return (human >= lower) & (human <= upper)
 
     out: dict[str, Any] = {"n": int(human.size), "pps": _pearson(human, center)}
     for level in sorted({gamma, *settings.report_gammas}):
         lower, upper = rows.intervals[float(level)]
+        below, covered_share, above = shares(level)
         tag = f"{level:g}"
-        out[f"coverage@{tag}"] = float(np.mean(inside(level)))
+        out[f"coverage@{tag}"] = float(np.mean(covered_share))
         out[f"width@{tag}"] = float(np.mean(upper - lower))
-        out[f"miss_below@{tag}"] = float(np.mean(human < lower))
-        out[f"miss_above@{tag}"] = float(np.mean(human > upper))
+        out[f"miss_below@{tag}"] = float(np.mean(below))
+        out[f"miss_above@{tag}"] = float(np.mean(above))
+        out[f"closed_coverage@{tag}"] = float(np.mean(closed(level)))
     levels = confidence_levels(settings.n_levels)
-    coverage = np.array([np.mean(inside(g)) for g in levels])
+    coverage = np.array([np.mean(shares(g)[1]) for g in levels])
+    closed_coverage = np.array([np.mean(closed(g)) for g in levels])
     out["ece"] = float(np.mean(np.abs(coverage - levels)))
+    out["ece_interval"] = float(np.mean(np.abs(closed_coverage - levels)))
+    out["at_bounds"] = (
+        float(np.mean((human == rows.bounds[0]) | (human == rows.bounds[1]))) if rows.bounds is not None else 0.0
+    )
+    if rows.cdf_at_bounds is not None and rows.bounds is not None:
+        # The served probability of the top of the scale (MQM 0: no error) against its frequency.
+        out["top_probability"] = float(np.mean(1.0 - rows.cdf_at_bounds[:, 1]))
+        out["top_frequency"] = float(np.mean(human == rows.bounds[1]))
     out["crps"] = float(np.mean(quantile_crps(human[finite], rows.probs, quantiles[finite]))) if finite.any() else None
     out["crps_rows"] = int(finite.sum())
     out["sharpness"] = float(np.mean(sd[finite] ** 2)) if finite.any() else None
@@ -378,7 +483,7 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
         if g_sigma is not None and np.all(g_sigma > 0)
         else None
     )
-    covered = inside(gamma)
+    covered = shares(gamma)[1]
     if settings.low_score_threshold is not None:
         low = human <= settings.low_score_threshold
         out["low_score_coverage"] = float(np.mean(covered[low])) if low.any() else None
@@ -392,14 +497,18 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
         f"{chi:g}": _risk_reliability(risk, (human <= chi).astype(float), settings.n_risk_bins, docs)
         for chi, risk in rows.risk.items()
     }
-    out["reliability"] = {"expected": levels.tolist(), "observed": coverage.tolist()}
+    out["reliability"] = {
+        "expected": levels.tolist(),
+        "observed": coverage.tolist(),
+        "observed_closed": closed_coverage.tolist(),
+    }
     return out
 
 
 #: Per-LP keys averaged over LPs into ``avg`` (numbers only), besides coverage/width/miss.
 AVERAGED = (
-    "pps", "ups", "ups_raw", "ece", "crps", "sharpness", "sd", "ence", "ence_raw", "nll", "sigma_p90_p10",
-    "low_score_coverage",
+    "pps", "ups", "ups_raw", "ece", "ece_interval", "crps", "sharpness", "sd", "ence", "ence_raw", "nll", "sigma_p90_p10",
+    "low_score_coverage", "top_probability", "top_frequency",
 )
 
 
@@ -438,7 +547,7 @@ def served_metrics(rows: ServedRows, human, lp, *, docs=None, settings: ServedSe
         out[name] = _lp_metrics(rows.take(mask), human[mask], docs[mask], settings)
     lps = list(out)
     avg: dict[str, Any] = {"n": int(human.size)}
-    keys = [*AVERAGED, *(k for k in out[lps[0]] if k.startswith(("coverage@", "width@", "miss_")))] if lps else []
+    keys = [*AVERAGED, *(k for k in out[lps[0]] if k.startswith(("coverage@", "width@", "miss_", "closed_coverage@")))] if lps else []
     for key in keys:
         values = [out[name][key] for name in lps if isinstance(out[name].get(key), (int, float))]
         avg[key] = float(np.mean(values)) if values else None
@@ -490,6 +599,7 @@ def summary_row(metrics: dict[str, Any], gamma: float = 0.9, chi: float = -5.0) 
         "crps": avg.get("crps"),
         "nll": avg.get("nll"),
         "ece": avg.get("ece"),
+        "ece_interval": avg.get("ece_interval"),
         "ups": avg.get("ups"),
         "ups_raw": avg.get("ups_raw"),
         "ence": avg.get("ence"),
