@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline
     from uamt.serving.model_calibration import Calibration, with_model_sigma, with_top_atom
     from uamt.uncertainty import EvaluationSettings
+    from uamt.uncertainty.served import summary_row
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=DEFAULT_PARAMS)
@@ -66,6 +67,16 @@ def main(argv: list[str] | None = None) -> int:
                     r = (m.get("risk") or {}).get(chi)
                     risk.append("–" if r is None else f"{r['brier']:.3f} / {r['max_gap']:.3f}")
                 print(f"| {lp} | {name} | " + " | ".join(cells + risk) + " |")
+        print("\n| top atom | PPS | CRPS | ECE | worst sd cell | worst μ cell | miss balance | risk max gap χ=−5 |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, full in results.items():
+            row = summary_row(full)
+            lps = [k for k in full if k not in ("avg", "worst_cells")]
+            balance = max(abs(full[lp][f"miss_{side}@0.9"] - 0.05) for lp in lps for side in ("below", "above"))
+            print(
+                f"| {name} | {row['pps']:.3f} | {row['crps']:.3f} | {row['ece']:.3f} | {row['worst_sd_cell_gap']:+.3f} | "
+                f"{row['worst_mu_cell_gap']:+.3f} | {balance:.3f} | {row['risk_max_gap@-5']:.3f} |"
+            )
     return 0
 
 
