@@ -387,7 +387,6 @@ class Calibration:
         cal_mu, cal_sigma = self._gaussian(mu, sigma, lp, n_refs)
         return translation_risk(cal_mu, cal_sigma, threshold)
 
-
     def _mixture_interval(self, mu, sigma, gamma: float, lp, n_refs) -> tuple[np.ndarray, np.ndarray]:
         """Central interval of :math:`(1 - \\pi) F_{<} + \\pi\\,\\delta_{top}` (clipped at the top): its
         quantile at p is :math:`\\min(F_{<}^{-1}(p / (1 - \\pi)), top)` for :math:`p < 1 - \\pi`, else the top."""
@@ -425,11 +424,11 @@ def with_top_atom(
 ) -> Calibration:
     """``calibration`` with a point mass at ``top`` (the top of the scale) fitted on its calibration rows.
 
-    The distribution below the top is the same
-    candidate refitted on the rows below it (:func:`refit_served`), widened by the same reference and
-    unseen-LP factors; the top mass per LP x quintile of the served mu tops up what that distribution
-    clips onto the top to the share of ``table``'s rows there (:class:`~uamt.uncertainty.atom.TopAtom`).
-    The served mu stays ``calibration``'s (fitted on every row).
+    The distribution below the top is the same candidate refitted on the rows below it
+    (:func:`refit_served`), widened by the same reference and unseen-LP factors; the top mass per
+    LP x quintile of the served mu tops up what that distribution clips onto the top to the share of
+    ``table``'s rows there (:class:`~uamt.uncertainty.atom.TopAtom`).  The served mu stays
+    ``calibration``'s (fitted on every row).
     """
     if method is not None:
         table = with_model_sigma(table, method)
