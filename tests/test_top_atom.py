@@ -126,8 +126,7 @@ def test_served_mixture_puts_the_atom_where_the_rows_are(fitted):
     np.testing.assert_array_equal(upper[pi >= 0.05], 0.0)  # (1 + 0.9) / 2 >= 1 - pi: the top is inside
     # Interval and risk are one distribution: the lower bound is the quantile at 0.05.
     np.testing.assert_allclose(served.risk(mu, sigma, float(lower[0]), lp)[0], 0.05, atol=1e-6)
-    settings = dataclasses.replace(SIGNED)
-    full = {name: measure(c, ask(c, test, settings, BOUNDS), test, settings) for name, c in (("without", without), ("with", served))}
+    full = {name: measure(c, ask(c, test, SIGNED, BOUNDS), test, SIGNED) for name, c in (("without", without), ("with", served))}
     for lp_name in ("en-ru", "zh-en"):
         w, a = full["without"][lp_name], full["with"][lp_name]
         assert abs(a["top_probability"] - a["top_frequency"]) < abs(w["top_probability"] - w["top_frequency"])

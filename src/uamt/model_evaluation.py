@@ -287,8 +287,6 @@ def calibrate_models(
         started = time.perf_counter()
         factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings)
         calibration.unseen_lp_sigma_factor = factor
-        if settings.top_atom and bounds is not None:
-            calibration = with_top_atom(calibration, table, method, settings, bounds[1])
         log.info(
             "%s: unseen-LP widening %.3f (leave-one-LP-out: %s; %.1f s)",
             method,
@@ -296,6 +294,8 @@ def calibrate_models(
             ", ".join(f"{lp} {c:.3f}" for lp, c in held_out.items()) or "fewer than two LPs",
             time.perf_counter() - started,
         )
+        if settings.top_atom and bounds is not None:
+            calibration = with_top_atom(calibration, table, method, settings, bounds[1])
         out[method] = Path(calibration_dir) / f"{method}.json"
         calibration.save(out[method])
         sigma_table = with_model_sigma(table, method)

@@ -420,13 +420,18 @@ class Calibration:
 
 
 def with_top_atom(
-    calibration: Calibration, table: pd.DataFrame, method: str | None, settings: EvaluationSettings, top: float
+    calibration: Calibration,
+    table: pd.DataFrame,
+    method: str | None,
+    settings: EvaluationSettings,
+    top: float,
+    n_bins: int = 5,
 ) -> Calibration:
     """``calibration`` with a point mass at ``top`` (the top of the scale) fitted on its calibration rows.
 
     The distribution below the top is the same candidate refitted on the rows below it
     (:func:`refit_served`), widened by the same reference and unseen-LP factors; the top mass per
-    LP x quintile of the served mu tops up what that distribution clips onto the top to the share of
+    LP x ``n_bins``-quantile bin of the served mu tops up what that distribution clips onto the top to the share of
     ``table``'s rows there (:class:`~uamt.uncertainty.atom.TopAtom`).  The served mu stays
     ``calibration``'s (fitted on every row).
     """
@@ -443,7 +448,7 @@ def with_top_atom(
     clipped = 1.0 - np.asarray(below.risk(mu, sigma, float(np.nextafter(top, -np.inf)), lp), dtype=float)
     atom = TopAtom.fit(
         table["human"].to_numpy(dtype=float), base.center(mu, sigma, lp), lp, top,
-        clipped=clipped, min_lp_rows=settings.min_lp_rows,
+        clipped=clipped, n_bins=n_bins, min_lp_rows=settings.min_lp_rows,
     )
     return dataclasses.replace(base, top_atom=atom, below_top=below)
 
@@ -560,7 +565,9 @@ def refit_served(
     )
     refit_global_fallback(calibration, dev_table, settings)
     if template.top_atom is not None:
-        calibration = with_top_atom(calibration, dev_table, None, settings, template.top_atom.value)
+        calibration = with_top_atom(
+            calibration, dev_table, None, settings, template.top_atom.value, n_bins=template.top_atom.n_bins
+        )
     return calibration
 
 

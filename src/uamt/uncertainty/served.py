@@ -110,8 +110,9 @@ class ServedRows:
     ``risk`` chi -> P(Q <= chi); ``raw_sigma`` the model's own sigma and ``raw_sigma_human`` the
     same on the human scale (standardiser only); ``gaussian_sigma`` the served sigma where the
     distribution is Gaussian (else None); ``bounds`` the scale's (low, high) the answers are clipped
-    to and ``cdf_at_bounds`` [n, 2] the unclipped CDF there, :math:`(F(low), F(high))`: the clipped
-    distribution's atoms are :math:`F(low)` at low and :math:`1 - F(high)` at high (None without bounds).
+    to and ``cdf_at_bounds`` [n, 2] the served CDF at the bottom and just below the top,
+    :math:`(F(low), F(high^-))`: the clipped distribution's atoms are :math:`F(low)` at low and
+    :math:`1 - F(high^-)` at high (None without bounds).
     """
 
     center: np.ndarray
@@ -450,9 +451,6 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
     closed_coverage = np.array([np.mean(closed(g)) for g in levels])
     out["ece"] = float(np.mean(np.abs(coverage - levels)))
     out["ece_interval"] = float(np.mean(np.abs(closed_coverage - levels)))
-    out["at_bounds"] = (
-        float(np.mean((human == rows.bounds[0]) | (human == rows.bounds[1]))) if rows.bounds is not None else 0.0
-    )
     if rows.cdf_at_bounds is not None and rows.bounds is not None:
         # The served probability of the top of the scale (MQM 0: no error) against its frequency.
         out["top_probability"] = float(np.mean(1.0 - rows.cdf_at_bounds[:, 1]))
