@@ -1,12 +1,22 @@
 """Isotonic distributional regression (uamt.uncertainty.isotonic): hand-computed fits, in-sample
-calibration at every threshold, monotonicity, quantiles, the served adapter and the artifact."""
+calibration at every threshold, monotonicity, quantiles; served as a model's distribution (evaluate.distribution:
+isotonic): its answers, the unseen-LP widening, the randomised coverage at its point masses, the artifact."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 
-from uamt.uncertainty.isotonic import IsotonicDistribution, ServedIsotonic
+from uamt.core.errors import UamtError
+from uamt.model_evaluation import ask, measure
+from uamt.serving.model_calibration import Calibration, attach_distribution, fit_calibration, refit_served
+from uamt.uncertainty import EvaluationSettings
+from uamt.uncertainty.isotonic import IsotonicDistribution
+from uamt.uncertainty.served import randomised_shares
 
 
 def _zero_inflated(n: int, seed: int = 0):
@@ -87,25 +97,126 @@ def test_round_trip_and_refused_artifacts():
         IsotonicDistribution.fit([0.0, -1.0], [0.0], ["x", "x"])
 
 
-class _Shift:
-    """A base calibration whose served mu is mu + 1 (what ServedIsotonic takes from it)."""
-
-    def center(self, mu, sigma, lp=None, n_refs=None):
-        return np.asarray(mu, dtype=float) + 1.0
-
-    def raw_sigma_on_human_scale(self, mu, sigma, lp=None):
-        return np.asarray(sigma, dtype=float)
+BOUNDS = (-25.0, 0.0)
 
 
-def test_served_adapter_answers_from_the_base_center():
-    human, center = _zero_inflated(300, seed=4)
-    idr = IsotonicDistribution.fit(human, center, ["x"] * 300)
-    served = ServedIsotonic(_Shift(), idr)
-    mu = np.array([-6.0, -3.0, -1.0])
-    lp = np.array(["x"] * 3, dtype=object)
-    np.testing.assert_array_equal(served.risk(mu, np.ones(3), -5.0, lp), idr.cdf(mu + 1.0, lp, -5.0))
-    low, high = served.interval(mu, np.ones(3), 0.8, lp)
-    np.testing.assert_array_equal(low, idr.quantile(mu + 1.0, lp, 0.1))
-    assert not served.is_gaussian
-    with pytest.raises(ValueError, match="n_refs"):
-        served.risk(mu, np.ones(3), -5.0, lp, n_refs=np.array([2, 2, 2]))
+def _mqm_table(seed: int, n: int) -> pd.DataFrame:
+    """Rows of two LPs whose scores sit on MQM's values (0, -1, -5, ...), documents of 10 rows."""
+    human, center = _zero_inflated(n, seed)
+    rng = np.random.default_rng(seed + 100)
+    lp = np.array(["en-ru", "zh-en"], dtype=object)[rng.integers(0, 2, n)]
+    mu = 0.1 * center + rng.normal(0.0, 0.1, n)  # the model's scale, not the human one
+    doc = np.array([f"{lp[i]}/d{i // 10}" for i in range(n)], dtype=object)
+    return pd.DataFrame({"lp": lp, "human": human, "mu": mu, "sigma": 0.5 + rng.random(n), "doc": doc})
+
+
+ISOTONIC = EvaluationSettings(
+    min_lp_rows=20,
+    calibration="signed_mondrian_conformal",
+    calibration_candidates=("signed_mondrian_conformal",),
+    mu_scaling="regression",
+    top_atom=True,
+    distribution="isotonic",
+)
+
+
+@pytest.fixture(scope="module")
+def served():
+    dev, test = _mqm_table(10, 3000), _mqm_table(11, 2000)
+    calibration, _ = fit_calibration(dev, "hts", settings=ISOTONIC)
+    return dev, test, attach_distribution(calibration, dev, "hts", ISOTONIC, BOUNDS)
+
+
+def test_unknown_distribution_is_refused():
+    with pytest.raises(ValueError, match=r"distribution='beta' not supported; choose from \['candidate', 'isotonic'\]"):
+        EvaluationSettings(distribution="beta")
+
+
+def test_served_isotonic_answers_from_the_served_mu_and_replaces_the_atom(served):
+    dev, test, calibration = served
+    assert calibration.isotonic is not None and calibration.top_atom is None and not calibration.is_gaussian
+    mu, sigma = test["mu"].to_numpy(), test["sigma"].to_numpy()
+    lp = test["lp"].to_numpy(dtype=object)
+    center = calibration.center(mu, sigma, lp)
+    np.testing.assert_array_equal(calibration.risk(mu, sigma, -5.0, lp), calibration.isotonic.cdf(center, lp, -5.0))
+    low, high = calibration.interval(mu, sigma, 0.8, lp)
+    np.testing.assert_array_equal(low, calibration.isotonic.quantile(center, lp, 0.1))
+    np.testing.assert_array_equal(high, calibration.isotonic.quantile(center, lp, 0.9))
+    # just below the top: P(Q < 0), not the whole mass (mu + (chi - mu) would round 0^- to 0)
+    below_top = calibration.risk(mu, sigma, float(np.nextafter(0.0, -np.inf)), lp)
+    np.testing.assert_array_equal(below_top, calibration.isotonic.cdf(center, lp, -0.05))
+    assert np.mean(below_top) == pytest.approx(np.mean(test["human"] < 0), abs=0.03)
+
+
+def test_unseen_lps_get_the_global_fit_widened_around_mu(served):
+    _, test, calibration = served
+    wide = dataclasses.replace(calibration, unseen_lp_sigma_factor=2.0)
+    mu, sigma = test["mu"].to_numpy()[:50], test["sigma"].to_numpy()[:50]
+    unseen, known = np.full(50, "xx-yy", dtype=object), np.full(50, "zh-en", dtype=object)
+    center = wide.center(mu, sigma, unseen)
+    low0, high0 = calibration.isotonic.interval(center, unseen, 0.9)  # the global fit
+    low, high = wide.interval(mu, sigma, 0.9, unseen)
+    np.testing.assert_allclose(low, center - 2.0 * (center - low0))
+    np.testing.assert_allclose(high, center + 2.0 * (high0 - center))
+    np.testing.assert_allclose(wide.risk(mu, sigma, -5.0, unseen), calibration.isotonic.cdf(center, None, center + (-5.0 - center) / 2.0))
+    # a known LP is not widened
+    np.testing.assert_array_equal(wide.risk(mu, sigma, -5.0, known), calibration.risk(mu, sigma, -5.0, known))
+
+
+def test_randomised_shares_inside_the_scale_hand_computed():
+    human = np.array([-1.0, -5.0, -3.0])
+    lower = np.array([-5.0, -5.0, -5.0])
+    upper = np.array([-1.0, -1.0, -1.0])
+    # Row 0: mass [0.8, 1.0] at -1, band at 0.8 = [0.1, 0.9]: inside 0.5, above 0.5.
+    # Row 1: mass [0.0, 0.3] at -5: below 0.1 / 0.3, inside 0.2 / 0.3.
+    # Row 2: no mass at its score (F(y^-) = F(y)): the closed interval decides (inside).
+    at = np.array([[0.8, 1.0], [0.0, 0.3], [0.5, 0.5]])
+    below, inside, above = randomised_shares(human, 0.8, lower, upper, BOUNDS, None, at)
+    np.testing.assert_allclose(below, [0.0, 1 / 3, 0.0])
+    np.testing.assert_allclose(inside, [0.5, 2 / 3, 1.0])
+    np.testing.assert_allclose(above, [0.5, 0.0, 0.0])
+
+
+def test_measured_coverage_is_randomised_within_the_point_masses(served):
+    dev, test, calibration = served
+    rows = ask(calibration, test, ISOTONIC, BOUNDS)
+    assert rows.cdf_at_human is not None and rows.cdf_at_human.shape == (len(test), 2)
+    in_sample = measure(calibration, ask(calibration, dev, ISOTONIC, BOUNDS), dev, ISOTONIC)
+    # IDR on its own rows: calibrated at every level once the point masses are randomised ...
+    assert in_sample["avg"]["coverage@0.9"] == pytest.approx(0.9, abs=0.02)
+    assert in_sample["avg"]["ece"] < 0.02
+    # ... while the closed interval contains every score on the masses it reaches
+    assert in_sample["avg"]["closed_coverage@0.9"] > in_sample["avg"]["coverage@0.9"] + 0.02
+    for lp in ("en-ru", "zh-en"):
+        for chi in ("-1", "-5"):
+            assert in_sample[lp]["risk"][chi]["max_gap"] < 0.06
+
+
+def test_isotonic_survives_the_artifact_refits_and_changes_what_is_measured(served, tmp_path):
+    dev, test, calibration = served
+    calibration.save(tmp_path / "hts.json")
+    back = Calibration.load(tmp_path / "hts.json")
+    mu, sigma, lp = test["mu"].to_numpy(), test["sigma"].to_numpy(), test["lp"].to_numpy(dtype=object)
+    np.testing.assert_array_equal(back.risk(mu, sigma, -5.0, lp), calibration.risk(mu, sigma, -5.0, lp))
+    refit = refit_served(dev, "hts", calibration, ISOTONIC)
+    assert refit.isotonic is not None and refit.top_atom is None
+    np.testing.assert_allclose(refit.risk(mu, sigma, -5.0, lp), calibration.risk(mu, sigma, -5.0, lp), atol=0.05)
+    # a changed artifact changes the metrics: every CDF shifted one threshold up
+    data = json.loads((tmp_path / "hts.json").read_text())
+    for params in [data["isotonic"]["global"], *data["isotonic"]["per_lp"].values()]:
+        cdf = np.asarray(params["cdf"])
+        params["cdf"] = np.column_stack([cdf[:, 1:], np.ones(len(cdf))]).tolist()
+    (tmp_path / "changed.json").write_text(json.dumps(data))
+    changed = Calibration.load(tmp_path / "changed.json")
+    before = measure(back, ask(back, test, ISOTONIC, BOUNDS), test, ISOTONIC)["avg"]
+    after = measure(changed, ask(changed, test, ISOTONIC, BOUNDS), test, ISOTONIC)["avg"]
+    assert after["crps"] != pytest.approx(before["crps"])
+    assert after["coverage@0.9"] != pytest.approx(before["coverage@0.9"])
+    # a file with both served distributions is refused, naming it
+    data = json.loads((tmp_path / "hts.json").read_text())
+    data["top_atom"] = {"value": 0.0, "n_bins": 1, "global": {"edges": [], "rates": [0.5], "n": 1}, "per_lp": {}}
+    data["below_top"] = json.loads((tmp_path / "hts.json").read_text())
+    data["below_top"]["isotonic"] = None
+    (tmp_path / "both.json").write_text(json.dumps(data))
+    with pytest.raises(UamtError, match=r"both\.json: calibration: isotonic and top_atom"):
+        Calibration.load(tmp_path / "both.json")

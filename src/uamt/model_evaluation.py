@@ -49,12 +49,12 @@ from uamt.pipeline_config import (
 from uamt.plots import pyplot, save_figure
 from uamt.serving.model_calibration import (
     Calibration,
+    attach_distribution,
     fit_calibration,
     fit_model_unseen_lp_sigma_factor,
     is_fixed_variance,
     refit_served,
     with_model_sigma,
-    with_top_atom,
 )
 from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
@@ -112,7 +112,8 @@ def row_documents(table: pd.DataFrame) -> np.ndarray:
 
 def ask(calibration: Calibration, table: pd.DataFrame, settings: EvaluationSettings, bounds) -> ServedRows:
     """The served distribution's answers for the rows of a predictions ``table`` (raw ``mu``,
-    ``sigma``: the point estimate's placeholder sigma is 1)."""
+    ``sigma``: the point estimate's placeholder sigma is 1; ``human``, where the table has it, for
+    the CDF at each score of a distribution with point masses inside the scale)."""
     return served_rows(
         calibration,
         table["mu"].to_numpy(dtype=float),
@@ -120,6 +121,7 @@ def ask(calibration: Calibration, table: pd.DataFrame, settings: EvaluationSetti
         table["lp"].astype(str).to_numpy(dtype=object),
         bounds=bounds,
         settings=served_settings(settings),
+        human=table["human"].to_numpy(dtype=float) if "human" in table.columns else None,
     )
 
 
@@ -294,8 +296,7 @@ def calibrate_models(
             ", ".join(f"{lp} {c:.3f}" for lp, c in held_out.items()) or "fewer than two LPs",
             time.perf_counter() - started,
         )
-        if settings.top_atom and bounds is not None:
-            calibration = with_top_atom(calibration, table, method, settings, bounds[1])
+        calibration = attach_distribution(calibration, table, method, settings, bounds)
         out[method] = Path(calibration_dir) / f"{method}.json"
         calibration.save(out[method])
         sigma_table = with_model_sigma(table, method)
@@ -323,8 +324,7 @@ def calibrate_models(
         point_table = with_model_sigma(pd.concat([tables[point][s] for s in splits], ignore_index=True), point)
         baseline, _ = fit_calibration(point_table, None, settings=pinned(settings, candidate), source=f"{'+'.join(splits)}/{name}")
         baseline.calibrated_on = splits
-        if settings.top_atom and bounds is not None:
-            baseline = with_top_atom(baseline, point_table, None, settings, bounds[1])
+        baseline = attach_distribution(baseline, point_table, None, settings, bounds)
         baseline.save(Path(calibration_dir) / BASELINES_DIR / f"{name}.json")
         rows, unit = cross_fitted_rows(point_table, None, baseline, settings, bounds)
         metrics[name] = {

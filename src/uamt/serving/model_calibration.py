@@ -39,6 +39,7 @@ from uamt.uncertainty import (
 )
 from uamt.uncertainty.atom import TopAtom
 from uamt.uncertainty.candidates import candidate_from_dict
+from uamt.uncertainty.isotonic import IsotonicDistribution
 
 INTERVAL_MODES = ("gaussian", "conformal")
 #: Quantile levels the served standard deviation of a conformal distribution is read from.
@@ -70,6 +71,11 @@ class Calibration:
     #: ``evaluate.top_atom: false``): this calibration alone, clipped to the scale.
     top_atom: TopAtom | None = None
     below_top: Calibration | None = None
+    #: Isotonic distributional regression of the human score on this calibration's served mu
+    #: (:mod:`uamt.uncertainty.isotonic`, ``evaluate.distribution: isotonic``): where set, it is the
+    #: served distribution (its own point masses, so no ``top_atom``), widened around mu by the same
+    #: reference and unseen-LP factors.
+    isotonic: IsotonicDistribution | None = None
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -112,6 +118,7 @@ class Calibration:
             "calibrated_on": list(self.calibrated_on),
             "top_atom": None if self.top_atom is None else self.top_atom.to_dict(),
             "below_top": None if self.below_top is None else self.below_top.to_dict(),
+            "isotonic": None if self.isotonic is None else self.isotonic.to_dict(),
         }
 
     @classmethod
@@ -138,6 +145,10 @@ class Calibration:
         if data.get("top_atom") is not None:
             calibration.top_atom = TopAtom.from_dict(data["top_atom"])
             calibration.below_top = Calibration.from_dict(data["below_top"])
+        if data.get("isotonic") is not None:
+            if calibration.top_atom is not None:
+                raise UamtError("calibration: isotonic and top_atom are two served distributions; a file holds one")
+            calibration.isotonic = IsotonicDistribution.from_dict(data["isotonic"])
         return calibration
 
     def save(self, path: str | Path) -> None:
@@ -220,6 +231,8 @@ class Calibration:
             problem = self.top_atom.problem() or self.below_top.problem()
             if problem:
                 return problem if problem.startswith("top_atom") else f"below_top: {problem}"
+        if self.isotonic is not None:
+            return self.isotonic.problem()
         return None
 
     @property
@@ -273,8 +286,20 @@ class Calibration:
     @property
     def is_gaussian(self) -> bool:
         """Whether the served distribution is the Gaussian N(mu, sigma^2) (fixed or affine variance);
-        else it is a conformal distribution, or has a point mass at the top, with its own intervals and CDF."""
-        return self.top_atom is None and (self.fixed or not isinstance(self.served, ConformalCalibrator))
+        else it is a conformal distribution, or has a point mass at the top, or is the isotonic one,
+        with its own intervals and CDF."""
+        return (
+            self.top_atom is None
+            and self.isotonic is None
+            and (self.fixed or not isinstance(self.served, ConformalCalibrator))
+        )
+
+    @property
+    def has_interior_atoms(self) -> bool:
+        """Whether the served distribution has point masses inside the scale (the isotonic one: at
+        every score it was fitted at), where a score is measured by the randomised PIT
+        (:func:`uamt.uncertainty.served.randomised_shares`), not by the closed interval."""
+        return self.isotonic is not None
 
     def center(self, mu, sigma, lp=None, n_refs=None) -> np.ndarray:
         """The served mu on the human scale, shape [n] (the calibration does not move it with
@@ -345,6 +370,15 @@ class Calibration:
         (with a point mass at the top, the served mixture's, whatever ``mode``)."""
         if mode not in INTERVAL_MODES:
             raise ValueError(f"interval={mode!r} not supported; choose from {sorted(INTERVAL_MODES)}")
+        if self.isotonic is not None:
+            center = self.center(mu, sigma, lp)
+            low, high = self.isotonic.interval(center, lp, gamma)
+            widen = self._widen(lp, n_refs, center.size)  # Q = mu + widen * (Q0 - mu), as below
+            unwidened = widen == 1.0  # exactly the scores the point masses sit on, not mu + (Q0 - mu)
+            return (
+                np.where(unwidened, low, center - (center - low) * widen),
+                np.where(unwidened, high, center + (high - center) * widen),
+            )
         if self.top_atom is not None:
             return self._mixture_interval(mu, sigma, gamma, lp, n_refs)
         served_conformal = isinstance(self.served, ConformalCalibrator) and not self.fixed
@@ -372,7 +406,15 @@ class Calibration:
     def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray:
         """P(Q <= threshold) under the served calibrated distribution (human scale): the same one
         the interval comes from (Gaussian, or the conformal |z| quantiles, or the mixture with a
-        point mass at the top: :math:`(1 - \\pi) F_{<}(\\chi)` below the top, 1 from it on)."""
+        point mass at the top: :math:`(1 - \\pi) F_{<}(\\chi)` below the top, 1 from it on, or the
+        isotonic CDF)."""
+        if self.isotonic is not None:
+            center = self.center(mu, sigma, lp)
+            widen = self._widen(lp, n_refs, center.size)
+            # unwidened rows read the threshold itself: mu + (chi - mu) rounds chi = 0^- to 0, and the
+            # CDF just below a point mass is what the randomised PIT needs
+            value = np.where(widen == 1.0, float(threshold), center + (float(threshold) - center) / widen)
+            return self.isotonic.cdf(center, lp, value)
         if self.top_atom is not None:
             mu = np.asarray(mu, dtype=float)
             pi = self.top_atom.probability(self.center(mu, sigma, lp), lp)
@@ -453,6 +495,37 @@ def with_top_atom(
     return dataclasses.replace(base, top_atom=atom, below_top=below)
 
 
+def with_isotonic(calibration: Calibration, table: pd.DataFrame, method: str | None, settings: EvaluationSettings) -> Calibration:
+    """``calibration`` serving the isotonic distribution (:class:`~uamt.uncertainty.isotonic.IsotonicDistribution`)
+    fitted on its calibration rows ``table`` against its served mu (per LP; the global fallback
+    against the mu a row of an unseen LP gets), with the risk thresholds among its thresholds.
+    Replaces a point mass at the top (the isotonic distribution has its own)."""
+    if method is not None:
+        table = with_model_sigma(table, method)
+    base = dataclasses.replace(calibration, top_atom=None, below_top=None, isotonic=None)
+    mu, sigma = table["mu"].to_numpy(dtype=float), table["sigma"].to_numpy(dtype=float)
+    lp = table["lp"].astype(str).to_numpy(dtype=object)
+    isotonic = IsotonicDistribution.fit(
+        table["human"].to_numpy(dtype=float), base.center(mu, sigma, lp), lp,
+        keep_thresholds=settings.risk_thresholds, min_lp_rows=settings.min_lp_rows,
+        global_center=base.center(mu, sigma, None),
+    )
+    return dataclasses.replace(base, isotonic=isotonic)
+
+
+def attach_distribution(
+    calibration: Calibration, table: pd.DataFrame, method: str | None, settings: EvaluationSettings, bounds
+) -> Calibration:
+    """The served distribution ``settings.distribution`` names on top of a fitted ``calibration``:
+    ``isotonic`` (:func:`with_isotonic`) or the candidate itself, with a point mass at the top of
+    the scale where ``settings.top_atom`` (:func:`with_top_atom`; needs the scale's ``bounds``)."""
+    if settings.distribution == "isotonic":
+        return with_isotonic(calibration, table, method, settings)
+    if settings.top_atom and bounds is not None:
+        return with_top_atom(calibration, table, method, settings, bounds[1])
+    return calibration
+
+
 def is_fixed_variance(method: str) -> bool:
     """Whether the pipeline model ``method`` is calibrated with the fixed-variance Gaussian: its method
     (reference-based or QE) has no sigma of its own (``MethodSpec.fixed_variance``)."""
@@ -529,7 +602,8 @@ def refit_served(
     and the candidate rule's cross-fitting, which only matter for choosing: about 5x faster, for
     the many refits of the cross-fitted dev metrics and the leave-one-LP-out widening.  The
     reference factors and the unseen-LP widening are not refitted (1 / none).  A template with a
-    point mass at the top gets one refitted on the same rows (:func:`with_top_atom`).
+    point mass at the top gets one refitted on the same rows (:func:`with_top_atom`), an isotonic
+    one its isotonic distribution (:func:`with_isotonic`).
     """
     from uamt.uncertainty.candidates import fit_candidate, standardize
     from uamt.uncertainty.evaluate import prediction_arrays
@@ -564,7 +638,9 @@ def refit_served(
         served=served,
     )
     refit_global_fallback(calibration, dev_table, settings)
-    if template.top_atom is not None:
+    if template.isotonic is not None:
+        calibration = with_isotonic(calibration, dev_table, None, settings)
+    elif template.top_atom is not None:
         calibration = with_top_atom(
             calibration, dev_table, None, settings, template.top_atom.value, n_bins=template.top_atom.n_bins
         )

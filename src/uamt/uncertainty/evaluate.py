@@ -72,6 +72,10 @@ SCOPES = ("full", "served", "fixed_variance")
 #: (``d_q``), never the measured ones (``test``, ``ood``).
 CALIBRATION_SPLITS: tuple[str, ...] = ("dev", "d_e")
 
+#: The served distribution's family (``evaluate.distribution``): the candidate the rule picks (with
+#: the point mass at the top of ``top_atom``), or the isotonic distributional regression on its mu.
+DISTRIBUTIONS: tuple[str, ...] = ("candidate", "isotonic")
+
 
 @dataclasses.dataclass(frozen=True)
 class EvaluationSettings:
@@ -128,6 +132,11 @@ class EvaluationSettings:
         and the candidate refitted on the rows below it (:mod:`uamt.uncertainty.atom`,
         :func:`uamt.serving.model_calibration.with_top_atom`); the calibrate stage fits it on the
         calibration rows.  False: the candidate alone, clipped to the scale.
+    distribution : str
+        :data:`DISTRIBUTIONS`: ``candidate`` (serve the candidate, with the point mass of
+        ``top_atom``) or ``isotonic`` (the isotonic distributional regression of the human score on
+        the candidate's served mu, :mod:`uamt.uncertainty.isotonic`: calibrated at every threshold
+        on its rows; ``top_atom`` is then not used).
     """
 
     per_lp: bool = True
@@ -148,6 +157,7 @@ class EvaluationSettings:
     risk_thresholds: tuple[float, ...] = (-1.0, -5.0, -10.0)
     calibration_splits: tuple[str, ...] = ("dev",)
     top_atom: bool = False
+    distribution: str = "candidate"
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.calibration_splits if s not in CALIBRATION_SPLITS]
@@ -166,6 +176,8 @@ class EvaluationSettings:
             raise ValueError(f"calibration_rule={self.calibration_rule!r} not supported; choose from {sorted(RULES)}")
         if self.mu_scaling not in MU_SCALINGS:
             raise ValueError(f"mu_scaling={self.mu_scaling!r} not supported; choose from {sorted(MU_SCALINGS)}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution={self.distribution!r} not supported; choose from {sorted(DISTRIBUTIONS)}")
         if self.miss_balance_tolerance is not None and not self.miss_balance_tolerance > 0:
             raise ValueError(f"miss_balance_tolerance={self.miss_balance_tolerance!r} must be > 0 (or null)")
 

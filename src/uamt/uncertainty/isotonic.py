@@ -73,27 +73,33 @@ class IsotonicDistribution:
         lp,
         *,
         max_thresholds: int = 120,
-        n_knots: int = 200,
+        n_knots: int = 100,
         keep_thresholds=(),
         min_lp_rows: int = 50,
+        global_center=None,
     ) -> IsotonicDistribution:
         """Fit on calibration rows: ``human`` scores, served ``center`` and ``lp``, each shape [n].
 
         ``max_thresholds``: the most distinct scores the CDF is fitted at (else that many quantiles
         of them); ``keep_thresholds`` are added (e.g. the risk thresholds, so that the risk there is
         fitted, not read off a neighbour); ``n_knots`` quantiles of ``center`` are stored.
+        ``global_center`` (shape [n], default ``center``): the rows' served mu as a row of an LP
+        without its own fit gets it (another standardisation), which the global fallback is fitted on.
         """
         human = np.asarray(human, dtype=float)
         center = np.asarray(center, dtype=float)
         lp = np.asarray(lp, dtype=object).astype(str)
-        if not (human.shape == center.shape == lp.shape) or human.ndim != 1:
-            raise ValueError(f"human {human.shape}, center {center.shape} and lp {lp.shape} must be 1-d and equal")
-        if human.size == 0 or not (np.all(np.isfinite(human)) and np.all(np.isfinite(center))):
+        pooled = center if global_center is None else np.asarray(global_center, dtype=float)
+        if not (human.shape == center.shape == lp.shape == pooled.shape) or human.ndim != 1:
+            raise ValueError(
+                f"human {human.shape}, center {center.shape}, lp {lp.shape} and global_center {pooled.shape} must be 1-d and equal"
+            )
+        if human.size == 0 or not (np.all(np.isfinite(human)) and np.all(np.isfinite(center)) and np.all(np.isfinite(pooled))):
             raise ValueError("IDR needs at least one row and finite human scores and centers")
         if int(max_thresholds) < 2 or int(n_knots) < 2:
             raise ValueError(f"max_thresholds={max_thresholds!r} and n_knots={n_knots!r} must be >= 2")
         args = (int(max_thresholds), int(n_knots), tuple(float(k) for k in keep_thresholds))
-        out = cls(global_params=_fit_group(human, center, *args))
+        out = cls(global_params=_fit_group(human, pooled, *args))
         for name in sorted(set(lp.tolist())):
             rows = lp == name
             if rows.sum() >= min_lp_rows:
@@ -182,41 +188,3 @@ class IsotonicDistribution:
                 return f"isotonic[{name}]: cdf must be in [0, 1], non-decreasing in the threshold and 1 at the last"
         return None
 
-
-@dataclass
-class ServedIsotonic:
-    """A :class:`~uamt.uncertainty.served.PredictiveDistribution`: ``base``'s served mu (its center,
-    fitted on every calibration row) and, around it, the IDR ``distribution``'s CDF, interval and risk.
-
-    Multi-reference and unseen-LP widenings are not fitted for IDR: ``n_refs`` is refused and an LP
-    without its own fit gets the global one as it is.
-    """
-
-    base: Any
-    distribution: IsotonicDistribution
-
-    is_gaussian = False
-
-    def _center(self, mu, sigma, lp, n_refs) -> np.ndarray:
-        if n_refs is not None:
-            raise ValueError("n_refs: the multi-reference widening is not fitted for the isotonic distribution")
-        return np.asarray(self.base.center(mu, sigma, lp), dtype=float)
-
-    def center(self, mu, sigma, lp=None, n_refs=None) -> np.ndarray:
-        return self._center(mu, sigma, lp, n_refs)
-
-    def apply(self, mu, sigma, lp=None, n_refs=None) -> tuple[np.ndarray, np.ndarray]:
-        raise ValueError("the isotonic distribution is not Gaussian: it has no (mu, sigma) form")
-
-    def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "conformal", n_refs=None):
-        return self.distribution.interval(self._center(mu, sigma, lp, n_refs), lp, gamma)
-
-    def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray:
-        return self.distribution.cdf(self._center(mu, sigma, lp, n_refs), lp, float(threshold))
-
-    def cdf(self, mu, sigma, values, lp=None) -> np.ndarray:
-        """:math:`F(v_i)` per row (``values`` shape [n])."""
-        return self.distribution.cdf(self._center(mu, sigma, lp, None), lp, values)
-
-    def raw_sigma_on_human_scale(self, mu, sigma, lp=None) -> np.ndarray:
-        return self.base.raw_sigma_on_human_scale(mu, sigma, lp)

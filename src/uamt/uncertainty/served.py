@@ -17,7 +17,9 @@ Quantities (per LP, macro-averaged over LPs as ``avg``):
   scale puts an atom at each bound (at MQM 0 the mass :math:`1 - F(0^-)`), and a closed interval
   that reaches an atom covers every row on it -- more than g exactly when the atom is right.  The
   randomised PIT (Czado, Gneiting & Held 2009) is uniform for a calibrated forecast, atom or not.
-  Rows strictly inside the scale count as the interval says.  ``closed_coverage@g``: the share of
+  Rows strictly inside the scale count as the interval says, unless the served distribution has
+  point masses inside the scale too (the isotonic one): then every row is randomised within the
+  mass at its score (``cdf_at_human``).  ``closed_coverage@g``: the share of
   human scores inside the closed interval (what a user sees; at least g for a calibrated forecast).
 * ``ece`` -- :math:`\\frac1M\\sum_b |\\mathrm{acc}(\\gamma_b) - \\gamma_b|` over M = ``n_levels``
   levels of ``numpy.linspace(0, 1, M)`` (the papers' grid), with the coverage above at each level;
@@ -112,7 +114,9 @@ class ServedRows:
     distribution is Gaussian (else None); ``bounds`` the scale's (low, high) the answers are clipped
     to and ``cdf_at_bounds`` [n, 2] the served CDF at the bottom and just below the top,
     :math:`(F(low), F(high^-))`: the clipped distribution's atoms are :math:`F(low)` at low and
-    :math:`1 - F(high^-)` at high (None without bounds).
+    :math:`1 - F(high^-)` at high (None without bounds); ``cdf_at_human`` [n, 2] the served CDF
+    just below and at each row's human score, :math:`(F(y^-), F(y))`, where the distribution has
+    point masses inside the scale (else None: inside the scale it is continuous).
     """
 
     center: np.ndarray
@@ -125,6 +129,7 @@ class ServedRows:
     gaussian_sigma: np.ndarray | None
     bounds: tuple[float, float] | None = None
     cdf_at_bounds: np.ndarray | None = None
+    cdf_at_human: np.ndarray | None = None
 
     def take(self, rows: np.ndarray) -> ServedRows:
         """The rows ``rows`` (a boolean mask or indices)."""
@@ -139,6 +144,7 @@ class ServedRows:
             gaussian_sigma=None if self.gaussian_sigma is None else self.gaussian_sigma[rows],
             bounds=self.bounds,
             cdf_at_bounds=None if self.cdf_at_bounds is None else self.cdf_at_bounds[rows],
+            cdf_at_human=None if self.cdf_at_human is None else self.cdf_at_human[rows],
         )
 
     @staticmethod
@@ -155,6 +161,7 @@ class ServedRows:
 
         gaussian = all(part.gaussian_sigma is not None for _, part in parts)
         at_bounds = all(part.cdf_at_bounds is not None for _, part in parts)
+        at_human = all(part.cdf_at_human is not None for _, part in parts)
         return ServedRows(
             center=fill(lambda p: p.center),
             intervals={
@@ -169,6 +176,7 @@ class ServedRows:
             gaussian_sigma=fill(lambda p: p.gaussian_sigma) if gaussian else None,
             bounds=first.bounds,
             cdf_at_bounds=fill(lambda p: p.cdf_at_bounds, (2,)) if at_bounds else None,
+            cdf_at_human=fill(lambda p: p.cdf_at_human, (2,)) if at_human else None,
         )
 
 
@@ -203,7 +211,15 @@ def _quantile_level(p: float) -> float:
 
 
 def served_rows(
-    dist: PredictiveDistribution, mu, sigma, lp, *, n_refs=None, bounds=None, settings: ServedSettings | None = None
+    dist: PredictiveDistribution,
+    mu,
+    sigma,
+    lp,
+    *,
+    n_refs=None,
+    bounds=None,
+    settings: ServedSettings | None = None,
+    human=None,
 ) -> ServedRows:
     """Ask the served distribution ``dist`` everything the metrics need about each row.
 
@@ -211,7 +227,9 @@ def served_rows(
     language pairs; ``bounds`` the scale's (low, high): the served mu, intervals and quantiles are
     clipped to them and the risk is that of the clipped distribution (1 at or above the top of the
     scale, 0 below its bottom), as users get them.  Levels 0 and 1 are the empty interval at mu
-    and the whole line.
+    and the whole line.  ``human`` (shape [n], optional): the rows' human scores, at which the CDF
+    is read (``cdf_at_human``) where ``dist`` has point masses inside the scale
+    (``dist.has_interior_atoms``).
     """
     settings = settings or ServedSettings()
     mu = np.asarray(mu, dtype=float)
@@ -252,6 +270,9 @@ def served_rows(
         if bounds is not None:
             values = np.where(chi >= bounds[1], 1.0, np.where(chi < bounds[0], 0.0, values))
         risk[float(chi)] = values
+    cdf_at_human = None
+    if human is not None and getattr(dist, "has_interior_atoms", False):
+        cdf_at_human = _cdf_at(dist, mu, sigma, lp, np.asarray(human, dtype=float), n_refs, bounds)
     # NLL is the Gaussian's only where the served distribution is that Gaussian (not clipped).
     gaussian = dist.is_gaussian and bounds is None
     return ServedRows(
@@ -265,7 +286,31 @@ def served_rows(
         gaussian_sigma=np.asarray(dist.apply(mu, sigma, lp, n_refs=n_refs)[1], dtype=float) if gaussian else None,
         bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
         cdf_at_bounds=cdf_at_bounds,
+        cdf_at_human=cdf_at_human,
     )
+
+
+def _cdf_at(dist, mu, sigma, lp, human: np.ndarray, n_refs, bounds) -> np.ndarray:
+    """[n, 2]: :math:`(F(y^-), F(y))` of the served (clipped) distribution at each row's score y:
+    1 at or above the top of the scale, 0 below its bottom, as :func:`served_rows`' risk."""
+    out = np.zeros((human.size, 2))
+    refs = None if n_refs is None else np.broadcast_to(np.asarray(n_refs), human.shape)
+
+    def cdf(rows: np.ndarray, chi: float) -> np.ndarray:
+        if bounds is not None and chi >= bounds[1]:
+            return np.ones(int(rows.sum()))
+        if bounds is not None and chi < bounds[0]:
+            return np.zeros(int(rows.sum()))
+        return np.asarray(
+            dist.risk(mu[rows], sigma[rows], chi, lp[rows], n_refs=None if refs is None else refs[rows]), dtype=float
+        )
+
+    for value in np.unique(human):  # one call per distinct score: the risk takes one threshold
+        rows = human == value
+        out[rows, 0] = cdf(rows, float(np.nextafter(value, -np.inf)))
+        out[rows, 1] = cdf(rows, float(value))
+    out[:, 1] = np.maximum(out[:, 1], out[:, 0])
+    return out
 
 
 def served_columns(
@@ -306,7 +351,7 @@ def quantile_crps(human, probs, quantiles) -> np.ndarray:
     return 2.0 * loss.mean(axis=1)
 
 
-def randomised_shares(human, gamma: float, lower, upper, bounds=None, cdf_at_bounds=None):
+def randomised_shares(human, gamma: float, lower, upper, bounds=None, cdf_at_bounds=None, cdf_at_human=None):
     """Shares of each row below, inside and above the central interval at level ``gamma``, with a
     human score on a bound of the scale randomised within the served distribution's point mass there.
 
@@ -334,6 +379,9 @@ def randomised_shares(human, gamma: float, lower, upper, bounds=None, cdf_at_bou
         The scale's (low, high); without them (or ``cdf_at_bounds``) the interval decides every row.
     cdf_at_bounds : array_like, shape [n, 2], optional
         :math:`(F(low), F(high^-))` per row: the served CDF at the bottom and just below the top.
+    cdf_at_human : array_like, shape [n, 2], optional
+        :math:`(F(y^-), F(y))` per row at its score y, for a distribution with point masses inside
+        the scale: every row with :math:`F(y) > F(y^-)` is randomised within that mass, wherever y is.
 
     Returns
     -------
@@ -344,14 +392,15 @@ def randomised_shares(human, gamma: float, lower, upper, bounds=None, cdf_at_bou
     below = (human < lower).astype(float)
     above = (human > upper).astype(float)
     inside = 1.0 - below - above
-    if bounds is None or cdf_at_bounds is None:
-        return below, inside, above
-    cdf = np.asarray(cdf_at_bounds, dtype=float)
+    ranges = []
+    if bounds is not None and cdf_at_bounds is not None:
+        cdf = np.asarray(cdf_at_bounds, dtype=float)
+        ranges += [(human == bounds[0], np.zeros(human.size), cdf[:, 0]), (human == bounds[1], cdf[:, 1], np.ones(human.size))]
+    if cdf_at_human is not None:
+        at = np.asarray(cdf_at_human, dtype=float)
+        ranges.append((at[:, 1] - at[:, 0] > 1e-12, at[:, 0], at[:, 1]))
     band_lo, band_hi = (1.0 - gamma) / 2.0, (1.0 + gamma) / 2.0
-    for rows, pit_lo, pit_hi in (
-        (human == bounds[0], np.zeros(human.size), cdf[:, 0]),
-        (human == bounds[1], cdf[:, 1], np.ones(human.size)),
-    ):
+    for rows, pit_lo, pit_hi in ranges:
         if not rows.any():
             continue
         lo, hi = pit_lo[rows], pit_hi[rows]
@@ -430,7 +479,7 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
 
     def shares(level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lower, upper = rows.intervals[float(level)]
-        return randomised_shares(human, float(level), lower, upper, rows.bounds, rows.cdf_at_bounds)
+        return randomised_shares(human, float(level), lower, upper, rows.bounds, rows.cdf_at_bounds, rows.cdf_at_human)
 
     def closed(level: float) -> np.ndarray:
         lower, upper = rows.intervals[float(level)]
