@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 THRESHOLDS = ("-1", "-5", "-10")
 COLUMNS = (
@@ -87,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     from uamt.data.datasets import scale_bounds
     from uamt.model_evaluation import ask, calibration_rows, cross_fitted_rows, measure
     from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline
-    from uamt.serving.model_calibration import Calibration, with_isotonic, with_model_sigma
+    from uamt.quality import read_model
+    from uamt.serving.model_calibration import with_isotonic, with_model_sigma
     from uamt.uncertainty import EvaluationSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -101,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_section(EvaluationSettings, "evaluate", args.params)
     bounds = scale_bounds(pipe.datasets)
     for model in args.models:
-        served = Calibration.load(Path(args.calibration_dir) / f"{model}.json")
+        test, served = read_model(pipe.predictions_dir, args.calibration_dir, model)
         calib = with_model_sigma(calibration_rows(pipe, model, served.calibrated_on), model)
-        test = with_model_sigma(pd.read_parquet(Path(pipe.predictions_dir) / "test" / f"{model}.parquet"), model)
         started = time.perf_counter()
         isotonic = served if served.isotonic is not None else with_isotonic(served, calib, None, settings)
         fit_s = time.perf_counter() - started

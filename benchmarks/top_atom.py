@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
-
-import pandas as pd
 
 COLUMNS = (
     ("crps", "CRPS"), ("ece", "ECE"), ("ece_interval", "ECE closed"), ("coverage@0.9", "cov@.9"),
@@ -33,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     from uamt.data.datasets import scale_bounds
     from uamt.model_evaluation import ask, calibration_rows, measure
     from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline
-    from uamt.serving.model_calibration import Calibration, with_model_sigma, with_top_atom
+    from uamt.quality import read_model
+    from uamt.serving.model_calibration import with_top_atom
     from uamt.uncertainty import EvaluationSettings
     from uamt.uncertainty.served import summary_row
 
@@ -46,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_section(EvaluationSettings, "evaluate", args.params)
     bounds = scale_bounds(pipe.datasets)
     for model in args.models:
-        served = Calibration.load(Path(args.calibration_dir) / f"{model}.json")
-        test = with_model_sigma(pd.read_parquet(Path(pipe.predictions_dir) / "test" / f"{model}.parquet"), model)
+        test, served = read_model(pipe.predictions_dir, args.calibration_dir, model)
         without = dataclasses.replace(served, top_atom=None, below_top=None)
         rows = calibration_rows(pipe, model, served.calibrated_on)
         variants = {
