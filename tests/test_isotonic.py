@@ -220,3 +220,34 @@ def test_isotonic_survives_the_artifact_refits_and_changes_what_is_measured(serv
     (tmp_path / "both.json").write_text(json.dumps(data))
     with pytest.raises(UamtError, match=r"both\.json: calibration: isotonic and top_atom"):
         Calibration.load(tmp_path / "both.json")
+
+
+@pytest.mark.slow
+def test_calibrate_stage_serves_and_measures_the_isotonic_distribution(tmp_path, monkeypatch):
+    """``calibrate_models`` with ``distribution: isotonic`` writes artifacts that serve it (the model's
+    and the point + same-calibration baseline's) and names it in ``metrics/dev.json``, whose
+    cross-fitted numbers are the isotonic distribution's (the models' predictions faked)."""
+    from uamt import model_evaluation
+    from uamt.pipeline_config import PipelineConfig
+
+    table = _mqm_table(12, 1500)
+    monkeypatch.setattr(model_evaluation, "read_split", lambda *a, **k: table)
+    monkeypatch.setattr(model_evaluation, "open_features", lambda encode: None)
+    monkeypatch.setattr(model_evaluation, "predict_split", lambda *a, **k: table)
+    monkeypatch.setattr(model_evaluation, "fit_reference_factors", lambda *a, **k: {})
+    monkeypatch.setattr(model_evaluation, "training_splits", lambda model_dir: frozenset({"d_q"}))
+    monkeypatch.setattr(model_evaluation, "_scale_bounds", lambda pipe: BOUNDS)
+    pipe = PipelineConfig(methods=("point", "hts"), dup_base="point", qe_methods=(), register_qe_method=None,
+                          metrics_dir=str(tmp_path / "metrics"))  # fmt: skip
+    monkeypatch.setattr(PipelineConfig, "all_methods", property(lambda self: ("point", "hts")))
+    settings = dataclasses.replace(ISOTONIC, calibration_splits=("dev",))
+    paths = model_evaluation.calibrate_models(pipe, settings, None, tmp_path / "calibration")
+    dev = json.loads((tmp_path / "metrics" / "dev.json").read_text())
+    for method in ("point", "hts"):
+        served = Calibration.load(paths[method])
+        assert served.isotonic is not None and served.top_atom is None
+        assert dev[method]["distribution"] == "isotonic"
+    baseline = Calibration.load(tmp_path / "calibration" / "baselines" / "point+signed_mondrian_conformal.json")
+    assert baseline.isotonic is not None
+    # the dev metrics are the isotonic distribution's, cross-fitted: close to 0.9 once randomised
+    assert dev["hts"]["avg"]["coverage@0.9"] == pytest.approx(0.9, abs=0.03)

@@ -309,7 +309,12 @@ def calibrate_models(
             "served": "fixed_variance" if calibration.fixed else calibration.selected,
             "unseen_lp": {"sigma_factor": factor, "held_out": held_out},
         }
-        log.info("calibrated %s on %d %s rows (served: %s)", method, len(table), "+".join(splits), metrics[method]["served"])
+        if calibration.isotonic is not None:  # "served" stays the candidate: the baselines are named by it
+            metrics[method]["distribution"] = "isotonic"
+        log.info(
+            "calibrated %s on %d %s rows (served: %s%s)", method, len(table), "+".join(splits),
+            metrics[method]["served"], ", isotonic on its mu" if calibration.isotonic is not None else "",
+        )
     needed = {
         (point, metrics[method]["served"], tuple(metrics[method]["calibrated_on"]))
         for method in pipe.all_methods
@@ -404,14 +409,15 @@ def evaluate_models(
             if calibration.fixed or point is None
             else baseline_key(point, served, calibration.calibrated_on, settings.calibration_splits)
         )
+        isotonic = calibration.isotonic is not None  # what the reports name as served
         conditional[method] = served_summary(
             full[method]["test"],
             full[method]["ood"],
-            served=served,
+            served=f"isotonic on the {served} mu" if isotonic else served,
             rule=settings.calibration_rule,
             known_lps=calibration.known_lps,
             baseline=baselines.get(baseline),
-            baseline_name=baseline,
+            baseline_name=f"{baseline} + isotonic" if isotonic and baseline else baseline,
             analysis=conditional[method]["analysis"],
             settings=served_settings(settings),
         )
