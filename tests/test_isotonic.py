@@ -156,9 +156,16 @@ def test_unseen_lps_get_the_global_fit_widened_around_mu(served):
     center = wide.center(mu, sigma, unseen)
     low0, high0 = calibration.isotonic.interval(center, unseen, 0.9)  # the global fit
     low, high = wide.interval(mu, sigma, 0.9, unseen)
-    np.testing.assert_allclose(low, center - 2.0 * (center - low0))
-    np.testing.assert_allclose(high, center + 2.0 * (high0 - center))
-    np.testing.assert_allclose(wide.risk(mu, sigma, -5.0, unseen), calibration.isotonic.cdf(center, None, center + (-5.0 - center) / 2.0))
+    # around mu clipped into the scores (a mu above the best score must not pull its mass below it)
+    pivot = np.clip(center, min(calibration.isotonic.global_params["thresholds"]), 0.0)
+    np.testing.assert_allclose(low, pivot - 2.0 * (pivot - low0))
+    np.testing.assert_allclose(high, pivot + 2.0 * (high0 - pivot))
+    np.testing.assert_allclose(wide.risk(mu, sigma, -5.0, unseen), calibration.isotonic.cdf(center, None, pivot + (-5.0 - pivot) / 2.0))
+    # A served mu above the best score: widened, the point mass at 0 stays at 0, not below it.
+    high_mu = np.full(50, mu.max() + 50.0)
+    assert np.all(wide.center(high_mu, sigma, unseen) > 1.0)
+    assert np.all(wide.interval(high_mu, sigma, 0.9, unseen)[1] >= 0.0)
+    assert np.all(wide.risk(high_mu, sigma, -0.5, unseen) < 1.0)
     # a known LP is not widened
     np.testing.assert_array_equal(wide.risk(mu, sigma, -5.0, known), calibration.risk(mu, sigma, -5.0, known))
 

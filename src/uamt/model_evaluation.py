@@ -55,6 +55,7 @@ from uamt.serving.model_calibration import (
     is_fixed_variance,
     refit_served,
     with_model_sigma,
+    with_unseen_factor,
 )
 from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
@@ -70,7 +71,7 @@ BASELINES_DIR = "baselines"
 #: reliability, the reliability curve -- goes to ``metrics/conditional.json``).
 REPORTED = (
     "n", "pps", "ups", "ups_raw", "nll", "crps", "ece", "ece_floor", "n_eff", "sharpness", "sd", "ence",
-    "ence_raw", "sigma_p90_p10", "low_score_coverage",
+    "ence_raw", "sigma_p90_p10", "low_score_coverage", "ece_interval", "top_probability", "top_frequency",
 )
 
 
@@ -164,7 +165,7 @@ def compact(full: dict[str, Any]) -> dict[str, Any]:
     """The ``{"avg": {...}, lp: {...}}`` numbers of a :func:`measure` result (no cells/curves)."""
 
     def keep(m: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in m.items() if k in REPORTED or k.startswith(("coverage@", "width@", "miss_"))}
+        return {k: v for k, v in m.items() if k in REPORTED or k.startswith(("coverage@", "closed_coverage@", "width@", "miss_"))}
 
     return {"avg": keep(full["avg"]), **{k: keep(m) for k, m in full.items() if k not in ("avg", "worst_cells")}}
 
@@ -286,9 +287,11 @@ def calibrate_models(
         calibration.reference_factors = fit_reference_factors(
             pipe.model_dir(method), dev_df, features, calibration, settings.min_lp_rows
         )
+        calibration = attach_distribution(calibration, table, method, settings, bounds)
+        # The widening is fitted for the distribution that is served (its point masses included).
         started = time.perf_counter()
-        factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings)
-        calibration.unseen_lp_sigma_factor = factor
+        factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings, bounds=bounds)
+        calibration = with_unseen_factor(calibration, factor)
         log.info(
             "%s: unseen-LP widening %.3f (leave-one-LP-out: %s; %.1f s)",
             method,
@@ -296,7 +299,6 @@ def calibrate_models(
             ", ".join(f"{lp} {c:.3f}" for lp, c in held_out.items()) or "fewer than two LPs",
             time.perf_counter() - started,
         )
-        calibration = attach_distribution(calibration, table, method, settings, bounds)
         out[method] = Path(calibration_dir) / f"{method}.json"
         calibration.save(out[method])
         sigma_table = with_model_sigma(table, method)

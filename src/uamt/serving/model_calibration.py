@@ -373,11 +373,13 @@ class Calibration:
         if self.isotonic is not None:
             center = self.center(mu, sigma, lp)
             low, high = self.isotonic.interval(center, lp, gamma)
-            widen = self._widen(lp, n_refs, center.size)  # Q = mu + widen * (Q0 - mu), as below
+            # Q = pivot + widen * (Q0 - pivot), as below, pivoting on mu clipped into the scores
+            pivot = self.isotonic.clip_to_support(center, lp)
+            widen = self._widen(lp, n_refs, center.size)
             unwidened = widen == 1.0  # exactly the scores the point masses sit on, not mu + (Q0 - mu)
             return (
-                np.where(unwidened, low, center - (center - low) * widen),
-                np.where(unwidened, high, center + (high - center) * widen),
+                np.where(unwidened, low, pivot - (pivot - low) * widen),
+                np.where(unwidened, high, pivot + (high - pivot) * widen),
             )
         if self.top_atom is not None:
             return self._mixture_interval(mu, sigma, gamma, lp, n_refs)
@@ -410,10 +412,11 @@ class Calibration:
         isotonic CDF)."""
         if self.isotonic is not None:
             center = self.center(mu, sigma, lp)
+            pivot = self.isotonic.clip_to_support(center, lp)  # as in interval()
             widen = self._widen(lp, n_refs, center.size)
             # unwidened rows read the threshold itself: mu + (chi - mu) rounds chi = 0^- to 0, and the
             # CDF just below a point mass is what the randomised PIT needs
-            value = np.where(widen == 1.0, float(threshold), center + (float(threshold) - center) / widen)
+            value = np.where(widen == 1.0, float(threshold), pivot + (float(threshold) - pivot) / widen)
             return self.isotonic.cdf(center, lp, value)
         if self.top_atom is not None:
             mu = np.asarray(mu, dtype=float)
@@ -685,48 +688,60 @@ def load_calibrations(calibration_dir: str | Path, methods) -> dict[str, Calibra
     return {method: Calibration.load(Path(calibration_dir) / f"{method}.json") for method in methods}
 
 
-def needed_widening(calibration: Calibration, table: pd.DataFrame, level: float) -> np.ndarray:
-    """Per row, shape [n]: the factor by which the served central interval at ``level`` must be
-    widened around the served mu to contain the human score -- exactly as the unseen-LP and
-    reference factors widen it (``mu - (mu - lower) * w``, ``mu + (upper - mu) * w``).  ``table``:
-    ``lp, human, mu, sigma`` (the raw model output)."""
-    mu = table["mu"].to_numpy(dtype=float)
-    sigma = table["sigma"].to_numpy(dtype=float)
-    lp = table["lp"].to_numpy(dtype=object)
-    human = table["human"].to_numpy(dtype=float)
-    center = calibration.center(mu, sigma, lp)
-    lower, upper = calibration.interval(mu, sigma, level, lp, "gaussian" if calibration.is_gaussian else "conformal")
-    below = human < center
-    reach = np.where(below, center - lower, upper - center)
-    gap = np.abs(human - center)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(gap == 0, 0.0, np.where(reach > 0, gap / reach, np.inf))
+def with_unseen_factor(calibration: Calibration, factor: float) -> Calibration:
+    """``calibration`` with the unseen-LP widening ``factor`` (the part below a point mass at the top too)."""
+    out = dataclasses.replace(calibration, unseen_lp_sigma_factor=float(factor))
+    if out.below_top is not None:
+        out.below_top = dataclasses.replace(out.below_top, unseen_lp_sigma_factor=float(factor))
+    return out
 
 
-def equal_weight_quantile(values_by_group: dict[str, np.ndarray], level: float) -> float:
-    """The smallest c with :math:`\\frac1G\\sum_g \\overline{\\mathbb 1[v_g \\le c]} \\ge` ``level``: the
-    quantile of the pooled values when every group weighs the same (whatever its row count)."""
-    values = np.concatenate([np.asarray(v, dtype=float) for v in values_by_group.values()])
-    weights = np.concatenate([np.full(len(v), 1.0 / (len(v) * len(values_by_group))) for v in values_by_group.values()])
-    order = np.argsort(values, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    index = int(np.searchsorted(cumulative, level - 1e-12))
-    return float(values[order][min(index, values.size - 1)])
+def served_lp_coverage(calibration: Calibration, table: pd.DataFrame, level: float, bounds=None) -> float:
+    """Coverage at ``level`` of the served distribution on ``table``'s rows (``lp, human, mu, sigma``;
+    the raw model output), counted as the metrics count it: the randomised PIT at every point mass
+    (:func:`uamt.uncertainty.served.served_coverage`)."""
+    from uamt.uncertainty.served import served_coverage
+
+    return float(np.mean(served_coverage(
+        calibration, table["mu"].to_numpy(dtype=float), table["sigma"].to_numpy(dtype=float),
+        table["lp"].astype(str).to_numpy(dtype=object), table["human"].to_numpy(dtype=float), level, bounds=bounds,
+    )))
+
+
+#: The widenings searched (a held-out LP needing more is reported at the largest).
+WIDENING_RANGE = (0.1, 16.0)
+
+
+def smallest_widening(coverage, level: float, low: float = WIDENING_RANGE[0], high: float = WIDENING_RANGE[1], tol: float = 1e-4) -> float:
+    """The smallest factor ``w`` in [``low``, ``high``] with ``coverage(w) >= level`` (bisection; the
+    coverage of an interval widened around mu grows with ``w``); ``high`` where even that falls short,
+    ``low`` where ``low`` already reaches it."""
+    if coverage(low) >= level:
+        return low
+    if coverage(high) < level:
+        return high
+    while high - low > tol:
+        middle = 0.5 * (low + high)
+        low, high = (low, middle) if coverage(middle) >= level else (middle, high)
+    return high
 
 
 def fit_unseen_lp_sigma_factor(
-    table, fit, *, level: float = 0.9, min_lp_rows: int = 50
+    table, fit, *, level: float = 0.9, min_lp_rows: int = 50, bounds=None
 ) -> tuple[float, dict[str, float]]:
     """Widening for language pairs the calibration never saw, fitted on dev by leaving each LP out.
 
     For each LP ``L`` of ``table`` (dev predictions: columns ``lp``, ``human``, ``mu``, ``sigma``)
     with at least ``min_lp_rows`` rows, ``fit`` (table -> :class:`Calibration`) is fitted on the
-    other LPs, so ``L`` gets the global fallback exactly as an unseen LP would, and each of its rows
-    gets :func:`needed_widening` of the served interval at ``level``.  The factor is the smallest
-    widening under which the held-out LPs are covered ``level`` of the time *on average over LPs*
-    (:func:`equal_weight_quantile`; at least 1): the coverage an unseen pair can expect, not the
-    worst of a few noisy LPs.  ``c_L`` per LP (the widening that LP alone needed) is returned for
-    the record.
+    other LPs, so ``L`` gets the global fallback exactly as an unseen LP would.  The factor widens
+    what is served around mu (interval, risk and point masses alike, as :meth:`Calibration.interval`
+    applies it) and is the smallest under which the held-out LPs are covered ``level`` of the time
+    *on average over LPs*, each LP weighing the same (at least 1): the coverage an unseen pair can
+    expect, not the worst of a few noisy LPs.  Coverage is the served one (:func:`served_lp_coverage`:
+    randomised at the point masses of the clipped distribution, the scale's ``bounds``), so a
+    distribution with point masses is widened until it covers, not until a closed interval touches
+    a mass.  ``c_L`` per LP (the widening that LP alone needed; below 1 where it needed less) is
+    returned for the record.
 
     Returns ``(factor, {L: c_L})``; ``(1.0, {})`` with fewer than two such LPs.
     """
@@ -734,12 +749,13 @@ def fit_unseen_lp_sigma_factor(
     names = [name for name in sorted(set(lps.tolist())) if (lps == name).sum() >= min_lp_rows]
     if len(names) < 2:
         return 1.0, {}
-    ratios: dict[str, np.ndarray] = {}
+    coverage = {}
     for name in names:
-        calibration = fit(table[lps != name])
-        ratios[name] = needed_widening(calibration, table[lps == name], level)
-    needed = {name: float(np.quantile(r, level)) for name, r in ratios.items()}
-    return max(1.0, equal_weight_quantile(ratios, level)), needed
+        calibration, held = fit(table[lps != name]), table[lps == name]
+        coverage[name] = lambda w, c=calibration, rows=held: served_lp_coverage(with_unseen_factor(c, w), rows, level, bounds)
+    needed = {name: smallest_widening(cover, level) for name, cover in coverage.items()}
+    factor = smallest_widening(lambda w: float(np.mean([cover(w) for cover in coverage.values()])), level, low=1.0)
+    return factor, needed
 
 
 def fit_model_unseen_lp_sigma_factor(
@@ -748,8 +764,9 @@ def fit_model_unseen_lp_sigma_factor(
     calibration: Calibration,
     *,
     settings: EvaluationSettings | None = None,
+    bounds=None,
 ) -> tuple[float, dict[str, float]]:
-    """:func:`fit_unseen_lp_sigma_factor` of a model whose :func:`fit_calibration` gave ``calibration``.
+    """:func:`fit_unseen_lp_sigma_factor` of a model whose served distribution is ``calibration``.
 
     Each leave-one-LP-out fit is :func:`refit_served` on the other LPs (the candidate ``calibration``
     serves, refitted): the held-out LP is judged by the global fallback of the calibration an unseen
@@ -767,4 +784,5 @@ def fit_model_unseen_lp_sigma_factor(
         lambda subset: refit_served(subset, method, calibration, settings),
         level=settings.coverage_gamma,
         min_lp_rows=settings.min_lp_rows,
+        bounds=bounds,
     )

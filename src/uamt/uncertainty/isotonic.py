@@ -152,6 +152,17 @@ class IsotonicDistribution:
             out[rows] = np.asarray(params["thresholds"], dtype=float)[np.argmax(cdf >= p - 1e-12, axis=1)]
         return out
 
+    def clip_to_support(self, center, lp) -> np.ndarray:
+        """``center`` (shape [n]) clipped per row to its group's smallest and largest threshold: the
+        point a widening around mu pivots on.  A served mu above the best score (a slope-1 mu can be)
+        would otherwise move the point mass at the best score *below* it when widened."""
+        center = np.asarray(center, dtype=float)
+        out = np.empty(center.size)
+        for rows, params in self._groups(center, lp):
+            thresholds = params["thresholds"]
+            out[rows] = np.clip(center[rows], float(thresholds[0]), float(thresholds[-1]))
+        return out
+
     def interval(self, center, lp, gamma: float) -> tuple[np.ndarray, np.ndarray]:
         """Central interval at ``gamma``: quantiles at :math:`(1 \\mp \\gamma) / 2` (closed; on a point
         mass it covers more than ``gamma``, see :func:`uamt.uncertainty.served.randomised_shares`)."""

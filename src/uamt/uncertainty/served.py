@@ -313,6 +313,27 @@ def _cdf_at(dist, mu, sigma, lp, human: np.ndarray, n_refs, bounds) -> np.ndarra
     return out
 
 
+def served_coverage(dist: PredictiveDistribution, mu, sigma, lp, human, gamma: float, *, bounds=None, n_refs=None) -> np.ndarray:
+    """Per row, shape [n]: the share of the row's randomised PIT inside the served central interval at
+    ``gamma`` -- coverage at one level exactly as the metrics count it (:func:`randomised_shares`,
+    with every point mass of the clipped distribution, at the bounds or inside the scale), without
+    the rest of :func:`served_rows`.  Its mean is ``coverage@gamma`` of :func:`served_metrics`.
+
+    ``mu``, ``sigma``, ``lp``, ``human``: shape [n] (raw model output, language pairs, human scores);
+    ``bounds``: the scale's (low, high).
+    """
+    mu = np.asarray(mu, dtype=float)
+    sigma = np.asarray(sigma, dtype=float)
+    lp = np.asarray(lp, dtype=object)
+    human = np.asarray(human, dtype=float)
+    lower, upper = dist.interval(mu, sigma, float(gamma), lp, "gaussian" if dist.is_gaussian else "conformal", n_refs=n_refs)
+    if bounds is not None:
+        lower, upper = np.clip(lower, *bounds), np.clip(upper, *bounds)
+    # F(y^-), F(y) at every score: at a bound this is the clipped mass there, as cdf_at_bounds reads it
+    cdf = _cdf_at(dist, mu, sigma, lp, human, n_refs, bounds)
+    return randomised_shares(human, float(gamma), lower, upper, cdf_at_human=cdf)[1]
+
+
 def served_columns(
     calibration, mu, sigma, lp, *, confidence: float, chi: float, bounds=None, n_refs=None
 ) -> pd.DataFrame:
