@@ -15,7 +15,10 @@ on the same calibration rows), and measures both with the evaluate stage's own c
   the family's, not a shift's;
 * ``cross-fitted``: on the calibration rows, each document fold answered by the distribution refitted
   on the other folds (:func:`uamt.model_evaluation.cross_fitted_rows`, as the gate's dev metrics);
-* ``test``: as served.
+* ``test``: as served;
+* ``ood``: the out-of-domain rows (``predictions/ood``), whose language pairs the calibration mostly
+  never saw: they get the global fallback widened by the unseen-LP factor, each distribution its own
+  (fitted as the calibrate stage fits it, :func:`uamt.serving.model_calibration.fit_model_unseen_lp_sigma_factor`).
 
 Per LP: coverage and misses at 0.9, mean width, CRPS, ECE, coverage of MQM <= -5, the worst
 quintile cell of the served sd and mu, and the risk's largest decile gap at chi = -1, -5, -10 with
@@ -23,7 +26,7 @@ the number of deciles beyond ±0.05 + 1.96 document-clustered se.  The ``all`` r
 the MQM <= -5 coverage pooled over LPs (as the gate reads it), the worst cell and the largest gaps
 over LPs, the deciles out summed.
 
-    python benchmarks/isotonic_distribution.py [--models hts hts_qe point] [--splits in-sample cross-fitted test]
+    python benchmarks/isotonic_distribution.py [--models hts hts_qe point] [--splits in-sample cross-fitted test ood]
 """
 
 from __future__ import annotations
@@ -86,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     from uamt.model_evaluation import ask, calibration_rows, cross_fitted_rows, measure
     from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline
     from uamt.quality import read_model
-    from uamt.serving.model_calibration import with_isotonic, with_model_sigma
+    from uamt.serving.model_calibration import (
+        fit_model_unseen_lp_sigma_factor,
+        with_isotonic,
+        with_model_sigma,
+        with_unseen_factor,
+    )
     from uamt.uncertainty import EvaluationSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -94,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-dir", default=CALIBRATION_DIR)
     parser.add_argument("--models", nargs="+", default=["hts", "hts_qe", "point"])
     parser.add_argument("--splits", nargs="+", default=["in-sample", "cross-fitted", "test"],
-                        choices=["in-sample", "cross-fitted", "test"])
+                        choices=["in-sample", "cross-fitted", "test", "ood"])
     args = parser.parse_args(argv)
     pipe = load_pipeline(args.params)
     settings = load_section(EvaluationSettings, "evaluate", args.params)
@@ -103,11 +111,18 @@ def main(argv: list[str] | None = None) -> int:
         test, served = read_model(pipe.predictions_dir, args.calibration_dir, model)
         calib = with_model_sigma(calibration_rows(pipe, model, served.calibrated_on), model)
         started = time.perf_counter()
-        isotonic = served if served.isotonic is not None else with_isotonic(served, calib, None, settings)
+        isotonic = served
+        if served.isotonic is None:
+            isotonic = with_isotonic(served, calib, None, settings)
+            factor, _ = fit_model_unseen_lp_sigma_factor(calib, None, isotonic, settings=settings, bounds=bounds)
+            isotonic = with_unseen_factor(isotonic, factor)
         fit_s = time.perf_counter() - started
         variants = {("served" if served.isotonic is None else "served (isotonic)"): served, "isotonic": isotonic}
         on = "+".join(served.calibrated_on)
-        print(f"\n## {model} (calibrated on {on}, {len(calib):,} rows; test {len(test):,}; isotonic fit {fit_s:.1f} s)")
+        print(
+            f"\n## {model} (calibrated on {on}, {len(calib):,} rows; test {len(test):,}; isotonic fit {fit_s:.1f} s;"
+            f" unseen-LP factor served {served.unseen_lp_sigma_factor:.3f}, isotonic {isotonic.unseen_lp_sigma_factor:.3f})"
+        )
         for split in args.splits:
             results = {}
             for name, cal in variants.items():
@@ -115,10 +130,13 @@ def main(argv: list[str] | None = None) -> int:
                     rows, table = ask(cal, calib, settings, bounds), calib
                 elif split == "cross-fitted":
                     rows, table = cross_fitted_rows(calib, None, cal, settings, bounds)[0], calib
-                else:
+                elif split == "test":
                     rows, table = ask(cal, test, settings, bounds), test
+                else:
+                    table = read_model(pipe.predictions_dir, args.calibration_dir, model, "ood")[0]
+                    rows = ask(cal, table, settings, bounds)
                 results[name] = measure(cal, rows, table, settings)
-            print_block(f"{model}: {split} ({on if split != 'test' else 'test'})", results)
+            print_block(f"{model}: {split} ({on if split in ('in-sample', 'cross-fitted') else split})", results)
     return 0
 
 

@@ -5,9 +5,10 @@ only: the model was still trained on that LP.  A user's unseen pair is unseen by
 retrains the method without each LP (leave-one-LP-out models), so the held-out LP is new to the
 model and to the calibration, and measures on that LP's **test** rows:
 
-* coverage@0.9 of the served interval of the calibration fitted on the other LPs' dev rows (the
-  global fallback an unseen LP gets), without widening and with the artifact's factor
-  (``calibration/<method>.json``: ``unseen_lp_sigma_factor``);
+* coverage@0.9 of the served distribution refitted on the other LPs' dev rows (the global fallback
+  an unseen LP gets; its point masses and all), without widening and with the artifact's factor
+  (``calibration/<method>.json``: ``unseen_lp_sigma_factor``), counted as the metrics count it
+  (randomised at the point masses, :func:`uamt.serving.model_calibration.served_lp_coverage`);
 * the widening the LP alone needed (model held out) next to the one the calibration-only fit gives
   (``metrics/dev.json``: ``<method>.unseen_lp.held_out``);
 * the factor the held-out models give when fitted as the calibrate stage does (equal-weight
@@ -22,7 +23,6 @@ model per dev LP into a temporary folder (about a minute each on 2 cores).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -32,16 +32,18 @@ import numpy as np
 
 def main(argv: list[str] | None = None) -> int:
     from uamt.core.config import load_section
+    from uamt.data.datasets import scale_bounds
     from uamt.encoders import EncodeConfig
     from uamt.models.config import load_train_config
     from uamt.models.shared_training import train_methods
     from uamt.pipeline_config import load_pipeline, open_features, predict_split, read_split
     from uamt.serving.model_calibration import (
         Calibration,
-        equal_weight_quantile,
-        fit_calibration,
-        needed_widening,
+        refit_served,
+        served_lp_coverage,
+        smallest_widening,
         with_model_sigma,
+        with_unseen_factor,
     )
     from uamt.uncertainty import EvaluationSettings
 
@@ -60,14 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     factor = served.unseen_lp_sigma_factor
     dev_metrics = json.loads(Path(pipe.metrics_dir, "dev.json").read_text())
     calibration_only = dev_metrics.get(args.method, {}).get("unseen_lp", {}).get("held_out", {})
-    pinned = dataclasses.replace(settings, calibration=served.selected, calibration_candidates=(served.selected,))
+    bounds = scale_bounds(pipe.datasets)
 
     train_df = read_split(pipe.prepared_dir, cfg.train_split, pipe.datasets)
     dev_df = read_split(pipe.prepared_dir, "dev", pipe.datasets)
     test_df = read_split(pipe.prepared_dir, "test", pipe.datasets)
     features = open_features(encode)
     lps = sorted(set(dev_df["lp"]) & set(test_df["lp"]))
-    rows, ratios = {}, {}
+    rows, coverage = {}, {}
     with tempfile.TemporaryDirectory(prefix="uamt-lolo-") as tmp:
         for lp in lps:
             folder = Path(tmp) / lp
@@ -81,14 +83,17 @@ def main(argv: list[str] | None = None) -> int:
                 predict_split(model_dir, test_df[test_df["lp"] == lp].reset_index(drop=True), features, folder / "test.parquet"),
                 args.method,
             )
-            calibration = fit_calibration(dev[dev["lp"] != lp], args.method, settings=pinned)[0]
-            need = needed_widening(calibration, test, level)
-            ratios[lp] = need
+            calibration = refit_served(dev[dev["lp"] != lp], None, served, settings)
+
+            def cover(w, calibration=calibration, test=test):
+                return served_lp_coverage(with_unseen_factor(calibration, w), test, level, bounds)
+
+            coverage[lp] = cover
             rows[lp] = {
                 "n_test": int(len(test)),
-                "coverage_without_factor": float(np.mean(need <= 1.0)),
-                "coverage_with_served_factor": float(np.mean(need <= factor)),
-                "needed_model_held_out": float(np.quantile(need, level)),
+                "coverage_without_factor": cover(1.0),
+                "coverage_with_served_factor": cover(factor),
+                "needed_model_held_out": smallest_widening(cover, level),
                 "needed_calibration_only": calibration_only.get(lp),
             }
             print(lp, json.dumps(rows[lp]), flush=True)
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": args.method,
         "level": level,
         "served_factor": factor,
-        "factor_model_held_out": max(1.0, equal_weight_quantile(ratios, level)),
+        "factor_model_held_out": smallest_widening(lambda w: float(np.mean([c(w) for c in coverage.values()])), level, low=1.0),
         "by_lp": rows,
         "mean_coverage_with_served_factor": float(np.mean([r["coverage_with_served_factor"] for r in rows.values()])),
     }

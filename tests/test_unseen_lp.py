@@ -144,6 +144,21 @@ def test_factor_widens_a_distribution_with_point_masses_until_it_covers_as_measu
     assert unwidened < 0.88 and widened == pytest.approx(0.9, abs=0.005)
 
 
+@pytest.mark.parametrize(
+    ("coverage", "low", "high", "expected"),
+    [
+        (lambda w: min(1.0, 0.5 * w), 0.1, 16.0, 1.8),  # reaches 0.9 at w = 1.8
+        (lambda w: 0.95, 1.0, 16.0, 1.0),  # the lower end already covers
+        (lambda w: 0.5, 0.1, 16.0, 16.0),  # never covers: the largest widening searched
+        (lambda w: 0.8 if w < 1.25 else 0.92, 1.0, 4.0, 1.25),  # a step: its edge
+    ],
+)
+def test_smallest_widening_hand_computed(coverage, low, high, expected):
+    from uamt.serving.model_calibration import smallest_widening
+
+    assert smallest_widening(coverage, 0.9, low, high) == pytest.approx(expected, abs=1e-4)
+
+
 def test_served_coverage_is_the_metrics_coverage():
     """One level of what the metrics count: the mean of served_coverage is coverage@0.9 of served_metrics,
     point masses (at the top and inside the scale) included."""
