@@ -202,7 +202,7 @@ def test_language_pair_picks_and_names_the_calibration(lp_server):
     assert [p["lp_seen_in_training"] for p in answer["predictions"]] == [True, False]
     assert answer["warnings"] == [
         "language pair xx-yy was never seen in training (the model knows de-en, en-de): scores are "
-        "less reliable and the global calibration is used (the model has no fitted widening for unseen LPs)"
+        "less reliable and the global calibration is used without widening (the unseen-LP widening fitted for this model is 1)"
     ]
     status, data = request(lp_server, "POST", "/invocations", {"dataframe_records": RECORDS})
     assert status == 200 and "calibration" not in json.loads(data)["predictions"][0]

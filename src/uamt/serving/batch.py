@@ -154,7 +154,7 @@ class BatchLanguagePairs:
     def _widening(self) -> str:
         if self.sigma_factor > 1:
             return f"their intervals are widened x{self.sigma_factor:.2f}"
-        return "the global calibration is used for them (the model has no fitted widening for unseen LPs)"
+        return "the global calibration is used for them without widening (the unseen-LP widening fitted for this model is 1)"
 
     @property
     def detected(self) -> dict[str, int]:

@@ -126,7 +126,7 @@ class LanguagePairChoice:
     def _widening(self) -> str:
         if self.sigma_factor > 1:
             return f"intervals are widened x{self.sigma_factor:.2f}"
-        return "the global calibration is used (the model has no fitted widening for unseen LPs)"
+        return "the global calibration is used without widening (the unseen-LP widening fitted for this model is 1)"
 
     def messages(self) -> list[str]:
         """What the user should read (stderr / summary ``warnings``), most important first."""
