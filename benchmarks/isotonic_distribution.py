@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             f"\n## {model} (calibrated on {on}, {len(calib):,} rows; test {len(test):,}; isotonic fit {fit_s:.1f} s;"
             f" unseen-LP factor served {served.unseen_lp_sigma_factor:.3f}, isotonic {isotonic.unseen_lp_sigma_factor:.3f})"
         )
+        ood = read_model(pipe.predictions_dir, args.calibration_dir, model, "ood")[0] if "ood" in args.splits else None
         for split in args.splits:
             results = {}
             for name, cal in variants.items():
@@ -133,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif split == "test":
                     rows, table = ask(cal, test, settings, bounds), test
                 else:
-                    table = read_model(pipe.predictions_dir, args.calibration_dir, model, "ood")[0]
-                    rows = ask(cal, table, settings, bounds)
+                    rows, table = ask(cal, ood, settings, bounds), ood
                 results[name] = measure(cal, rows, table, settings)
             print_block(f"{model}: {split} ({on if split in ('in-sample', 'cross-fitted') else split})", results)
     return 0

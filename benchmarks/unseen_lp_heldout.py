@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from uamt.pipeline_config import load_pipeline, open_features, predict_split, read_split
     from uamt.serving.model_calibration import (
         Calibration,
+        equal_weight_widening,
         refit_served,
         served_lp_coverage,
         smallest_widening,
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": args.method,
         "level": level,
         "served_factor": factor,
-        "factor_model_held_out": smallest_widening(lambda w: float(np.mean([c(w) for c in coverage.values()])), level, low=1.0),
+        "factor_model_held_out": equal_weight_widening(coverage, level),
         "by_lp": rows,
         "mean_coverage_with_served_factor": float(np.mean([r["coverage_with_served_factor"] for r in rows.values()])),
     }

@@ -726,6 +726,13 @@ def smallest_widening(coverage, level: float, low: float = WIDENING_RANGE[0], hi
     return high
 
 
+def equal_weight_widening(coverage_by_lp: dict, level: float) -> float:
+    """The smallest widening (at least 1) under which held-out LPs are covered ``level`` of the time on
+    average, each LP weighing the same: ``coverage_by_lp`` maps an LP to its coverage as a function of
+    the widening (:func:`smallest_widening`)."""
+    return smallest_widening(lambda w: float(np.mean([cover(w) for cover in coverage_by_lp.values()])), level, low=1.0)
+
+
 def fit_unseen_lp_sigma_factor(
     table, fit, *, level: float = 0.9, min_lp_rows: int = 50, bounds=None
 ) -> tuple[float, dict[str, float]]:
@@ -754,8 +761,7 @@ def fit_unseen_lp_sigma_factor(
         calibration, held = fit(table[lps != name]), table[lps == name]
         coverage[name] = lambda w, c=calibration, rows=held: served_lp_coverage(with_unseen_factor(c, w), rows, level, bounds)
     needed = {name: smallest_widening(cover, level) for name, cover in coverage.items()}
-    factor = smallest_widening(lambda w: float(np.mean([cover(w) for cover in coverage.values()])), level, low=1.0)
-    return factor, needed
+    return equal_weight_widening(coverage, level), needed
 
 
 def fit_model_unseen_lp_sigma_factor(
@@ -768,8 +774,8 @@ def fit_model_unseen_lp_sigma_factor(
 ) -> tuple[float, dict[str, float]]:
     """:func:`fit_unseen_lp_sigma_factor` of a model whose served distribution is ``calibration``.
 
-    Each leave-one-LP-out fit is :func:`refit_served` on the other LPs (the candidate ``calibration``
-    serves, refitted): the held-out LP is judged by the global fallback of the calibration an unseen
+    Each leave-one-LP-out fit is :func:`refit_served` on the other LPs (the distribution ``calibration``
+    serves -- its candidate, point mass at the top or isotonic fit -- refitted): the held-out LP is judged by the global fallback of the calibration an unseen
     LP really gets, and the rule's choice among candidates, the costly part of a fit, is not re-run.  The level
     is ``settings.coverage_gamma``, the rows an LP needs ``settings.min_lp_rows``.  A calibration
     without LPs of its own (``per_lp=False``) treats every LP alike: ``(1.0, {})``.

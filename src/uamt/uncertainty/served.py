@@ -313,6 +313,15 @@ def _cdf_at(dist, mu, sigma, lp, human: np.ndarray, n_refs, bounds) -> np.ndarra
     return out
 
 
+def served_interval(dist: PredictiveDistribution, mu, sigma, lp, gamma: float, *, bounds=None, n_refs=None):
+    """The served central interval at ``gamma`` (each shape [n]), clipped to the scale's ``bounds`` as
+    users get it."""
+    lower, upper = dist.interval(mu, sigma, gamma, lp, "gaussian" if dist.is_gaussian else "conformal", n_refs=n_refs)
+    if bounds is not None:
+        lower, upper = np.clip(lower, *bounds), np.clip(upper, *bounds)
+    return lower, upper
+
+
 def served_coverage(dist: PredictiveDistribution, mu, sigma, lp, human, gamma: float, *, bounds=None, n_refs=None) -> np.ndarray:
     """Per row, shape [n]: the share of the row's randomised PIT inside the served central interval at
     ``gamma`` -- coverage at one level exactly as the metrics count it (:func:`randomised_shares`,
@@ -326,9 +335,7 @@ def served_coverage(dist: PredictiveDistribution, mu, sigma, lp, human, gamma: f
     sigma = np.asarray(sigma, dtype=float)
     lp = np.asarray(lp, dtype=object)
     human = np.asarray(human, dtype=float)
-    lower, upper = dist.interval(mu, sigma, float(gamma), lp, "gaussian" if dist.is_gaussian else "conformal", n_refs=n_refs)
-    if bounds is not None:
-        lower, upper = np.clip(lower, *bounds), np.clip(upper, *bounds)
+    lower, upper = served_interval(dist, mu, sigma, lp, float(gamma), bounds=bounds, n_refs=n_refs)
     # F(y^-), F(y) at every score: at a bound this is the clipped mass there, as cdf_at_bounds reads it
     cdf = _cdf_at(dist, mu, sigma, lp, human, n_refs, bounds)
     return randomised_shares(human, float(gamma), lower, upper, cdf_at_human=cdf)[1]
@@ -343,13 +350,12 @@ def served_columns(
     the top of the scale, 0 below its bottom)."""
     mu = np.asarray(mu, dtype=float)
     sigma = np.asarray(sigma, dtype=float)
-    mode = "gaussian" if calibration.is_gaussian else "conformal"
     center = calibration.center(mu, sigma, lp, n_refs=n_refs)
-    lower, upper = calibration.interval(mu, sigma, confidence, lp, mode, n_refs=n_refs)
+    lower, upper = served_interval(calibration, mu, sigma, lp, confidence, bounds=bounds, n_refs=n_refs)
     risk = np.asarray(calibration.risk(mu, sigma, float(chi), lp, n_refs=n_refs), dtype=float)
     if bounds is not None:
         low, high = bounds
-        center, lower, upper = (np.clip(v, low, high) for v in (center, lower, upper))
+        center = np.clip(center, low, high)
         risk = np.full(mu.size, 1.0) if chi >= high else np.zeros(mu.size) if chi < low else risk
     return pd.DataFrame({"mu": center, "lower": lower, "upper": upper, "risk": risk})
 
