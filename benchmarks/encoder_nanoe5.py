@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +26,9 @@ from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
 from uamt.models import load, load_train_config, train
 from uamt.models.data import FeatureSource, features_from_cache
 from uamt.pipeline_config import load_pipeline, read_split
-from uamt.quality import auroc_score
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from finetune_encoder import per_lp  # noqa: E402
 
 
 def subset(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
@@ -94,14 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         model_dir = train("hts", cfg, d_q, dev, features, args.out / variant.replace("+", "_"))
         train_s = time.perf_counter() - start
-        table = load(model_dir).predictions_table(test, features)
-        rows = []
-        for (dataset, lp), part in table.groupby(["dataset", "lp"]):
-            human, mu = part["human"].to_numpy(float), part["mu"].to_numpy(float)
-            rows.append(
-                {"dataset": dataset, "lp": lp, "n": len(part), "pps": float(np.corrcoef(mu, human)[0, 1]),
-                 "auroc_bad": auroc_score(-mu, human <= -5.0)}
-            )
+        rows = per_lp(load(model_dir).predictions_table(test, features))
         results["variants"][variant] = {"train_seconds": train_s, "per_lp": rows}
         print(f"\n## {variant} (trained in {train_s:.0f} s)")
         print(pd.DataFrame(rows).round(3).to_string(index=False), flush=True)

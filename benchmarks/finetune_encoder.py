@@ -66,6 +66,7 @@ def memoised(encoder, batch_size: int) -> FeatureSource:
 
 
 def per_lp(table: pd.DataFrame) -> list[dict]:
+    """PPS of the raw mu and AUROC of -mu for "MQM <= -5", per (dataset, lp) of a predictions table."""
     rows = []
     for (dataset, lp), part in table.groupby(["dataset", "lp"]):
         human, mu = part["human"].to_numpy(float), part["mu"].to_numpy(float)
