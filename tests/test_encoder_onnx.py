@@ -18,6 +18,7 @@ from uamt.core.errors import UamtError
 from uamt.encoders import EncoderConfig, get_encoder
 from uamt.encoders.catalog import RUNTIMES, runtime_encoder_id, weights_id
 from uamt.encoders.onnx_runtime import (
+    DATA_FILE,
     META_FILE,
     MODEL_FILE,
     OnnxPooledEncoder,
@@ -218,6 +219,47 @@ def test_frozen_and_bad_input_refused(onnx_float):
         export_onnx(onnx_float, onnx_float.folder.parent / "again", quantize=False)
 
 
+# ----------------------------------------------------------------------------- layout
+
+
+def test_embedding_tables_are_external_data(onnx_int8, onnx_float):
+    """Lookup tables live in DATA_FILE (mapped by ONNX Runtime, read at the tokens' rows only)."""
+    import onnx
+
+    for encoder in (onnx_float, onnx_int8):
+        graph = onnx.load(str(encoder.folder / MODEL_FILE), load_external_data=False).graph
+        gathered = {node.input[0] for node in graph.node if node.op_type == "Gather"}
+        external = {
+            tensor.name: int(next(e.value for e in tensor.external_data if e.key == "length"))
+            for tensor in graph.initializer
+            if tensor.data_location == onnx.TensorProto.EXTERNAL
+        }
+        word_embeddings = [name for name in external if "word_embeddings" in name]
+        assert len(word_embeddings) == 1 and external[word_embeddings[0]] == 30522 * 384 * 4
+        assert set(external) <= gathered  # MatMul weights stay in the graph, read whole every batch
+        meta = json.loads((encoder.folder / META_FILE).read_text())
+        assert (encoder.folder / DATA_FILE).stat().st_size == sum(external.values())
+        assert meta["data_sha256"] != meta["sha256"]
+
+
+def test_single_file_exports_still_load_with_identical_outputs(onnx_int8, texts64, tmp_path):
+    """Folders written before DATA_FILE (the v8 models' artifacts) hold one file and no data_sha256."""
+    import onnx
+
+    from uamt.core.fileio import sha256_file
+
+    folder = tmp_path / "single-file"
+    folder.mkdir()
+    onnx.save_model(onnx.load(str(onnx_int8.folder / MODEL_FILE)), str(folder / MODEL_FILE))
+    shutil.copy(onnx_int8.folder / "tokenizer.json", folder / "tokenizer.json")
+    meta = json.loads((onnx_int8.folder / META_FILE).read_text())
+    del meta["data_sha256"]
+    (folder / META_FILE).write_text(json.dumps({**meta, "sha256": sha256_file(folder / MODEL_FILE)}))
+    assert not (folder / DATA_FILE).exists()
+    single = load_onnx_encoder(folder).pooled_layers(texts64).numpy()
+    np.testing.assert_array_equal(single, onnx_int8.pooled_layers(texts64).numpy())
+
+
 # ----------------------------------------------------------------------------- damaged folders
 
 
@@ -244,6 +286,16 @@ def test_damaged_folders_are_refused_naming_the_file(onnx_int8, tmp_path):
     with open(folder / MODEL_FILE, "ab") as handle:
         handle.write(b"\0")
     with pytest.raises(UamtError, match=rf"{MODEL_FILE}: sha256 .* does not match"):
+        load_onnx_encoder(folder)
+
+    shutil.copy(onnx_int8.folder / MODEL_FILE, folder / MODEL_FILE)
+    with open(folder / DATA_FILE, "r+b") as handle:  # one embedding weight changed, size kept
+        handle.seek(4096)
+        handle.write(b"\x7f\x7f\x7f\x7f")
+    with pytest.raises(UamtError, match=rf"{DATA_FILE}: sha256 .* does not match"):
+        load_onnx_encoder(folder)
+    (folder / DATA_FILE).unlink()
+    with pytest.raises(UamtError, match=rf"{DATA_FILE}: missing \(the export in .* is incomplete\)"):
         load_onnx_encoder(folder)
 
     meta_path.unlink()

