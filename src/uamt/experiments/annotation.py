@@ -10,8 +10,8 @@ human), Gaussian NLL and the AUROC of P(Q <= chi) for bad segments (human <= chi
 repetitions (seed set, random batches and learner initialisation) give the bands.
 
 The learner -- the cheapest honest one, not the pipeline's models, retrained from scratch after
-every batch -- reads frozen MiniLM sentence embeddings from the pipeline's cache (the mean over its
-layers), COMET-style features ``[mt, ref, mt*ref, |mt-ref|, mt*src, |mt-src|]`` reduced to their
+every batch -- reads the pipeline's frozen sentence embeddings (``encode.encoder``) from its
+cache (the mean over its layers), COMET-style features ``[mt, ref, mt*ref, |mt-ref|, mt*src, |mt-src|]`` reduced to their
 ``components`` leading principal components (fitted on the unlabelled pool).  ``bayes_linear``
 (default): heteroscedastic Bayesian linear regression (:func:`fit_bayes_linear`), whose epistemic
 variance is the exact posterior variance of its mean; ``mlp_ensemble``: a deep ensemble of
