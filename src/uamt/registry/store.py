@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -58,6 +59,8 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from uamt.core.errors import UamtError
+
+log = logging.getLogger(__name__)
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -796,6 +799,7 @@ def register_candidate(
             pip_requirements=pip_requirements(),
         )
         run_id = run.info.run_id
+    _share_with_earlier_versions(client, uri, getattr(info, "model_id", None))
     try:
         client.get_registered_model(name)
     except Exception:  # noqa: BLE001 - MLflow raises a generic exception when absent
@@ -810,6 +814,24 @@ def register_candidate(
         model_id=getattr(info, "model_id", None),
     )
     return str(version.version)
+
+
+def _share_with_earlier_versions(client, uri: str, model_id: str | None) -> None:
+    """Store the new model's large files once with identical ones of earlier versions (hard links,
+    :mod:`uamt.registry.shared_files`); only for a SQLite store's own local artifact root."""
+    from uamt.registry.shared_files import share_identical_files
+
+    root = artifact_location(uri)
+    if root is None or model_id is None:
+        return
+    location = urlparse(client.get_logged_model(model_id).artifact_location)
+    root_path = Path(unquote(urlparse(root).path))
+    folder = Path(unquote(location.path))
+    if location.scheme != "file" or not folder.is_relative_to(root_path):
+        return  # an artifact root of its own (remote, or set elsewhere): left as MLflow wrote it
+    saved = share_identical_files(folder, root_path)
+    if saved:
+        log.info("%s: %.0f MB stored once with earlier versions (hard links)", folder, saved / 1e6)
 
 
 # ----------------------------------------------------------------------------- the store's marker
