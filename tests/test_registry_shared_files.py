@@ -109,3 +109,48 @@ def test_the_default_threshold_skips_small_files(tmp_path):
     share_identical_files(root / "a", root)
     share_identical_files(root / "b", root)
     assert (root / "b" / "small").stat().st_nlink == 1
+
+
+def test_compact_shares_the_files_of_versions_registered_before(project_store, monkeypatch, tmp_path, capsys):
+    """`uamt registry compact` on a store whose versions were registered with full copies."""
+    import mlflow
+    from uamt.cli import main
+    from uamt.registry import store as registry
+
+    class Constant(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input, params=None):
+            return pd.DataFrame({"mu": [0.0] * len(model_input)})
+
+    blob = write(tmp_path / "blob.bin", os.urandom(2 << 20))
+    monkeypatch.setattr(shared_files, "MIN_BYTES", 1 << 40)  # as registering did before sharing existed
+    for _ in range(3):
+        registry.register_candidate(
+            project_store,
+            "uamt-compact",
+            run_name="register",
+            python_model=Constant(),
+            artifacts={"blob": str(blob)},
+            signature=None,
+            test_metrics={"pps": 0.3},
+        )
+    stored = sorted((tmp_path / "mlflow" / "artifacts").rglob("blob.bin"))
+    assert len(stored) == 3 and {path.stat().st_nlink for path in stored} == {1}
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["registry", "compact"]) == 0
+    out = capsys.readouterr().out
+    assert "3 model folders; 4 MB of identical files now stored once (hard links)" in out
+    assert len({inode(path) for path in stored}) == 1 and stored[0].stat().st_nlink == 4
+    assert main(["registry", "compact"]) == 0 and "0 MB" in capsys.readouterr().out  # idempotent
+    loaded = mlflow.pyfunc.load_model("models:/uamt-compact/1")
+    assert loaded.predict(pd.DataFrame({"x": [1]}))["mu"].tolist() == [0.0]
+
+
+def test_compact_refuses_a_missing_store(tmp_path, monkeypatch, capsys):
+    from uamt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["registry", "compact"]) == 2
+    assert "mlflow.db" in capsys.readouterr().err

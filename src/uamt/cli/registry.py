@@ -1,5 +1,6 @@
 """``uamt registry show``: what the model registry holds; ``uamt registry init``: create one on purpose;
-``uamt registry check``: every model the pipeline registers has ``@champion`` (how ``make run`` ends).
+``uamt registry check``: every model the pipeline registers has ``@champion`` (how ``make run`` ends);
+``uamt registry compact``: identical large files of the stored versions kept once (hard links).
 
 ``show`` and ``check`` only read: a tracking URI naming a SQLite database that does not exist, is empty,
 corrupt, locked, of an older MLflow schema, or was copied from another checkout is an error
@@ -83,6 +84,18 @@ def _registry_check(args: argparse.Namespace) -> int:
         print(line)
     return 0
 
+def _registry_compact(args: argparse.Namespace) -> int:
+    from uamt.registry import store as registry
+
+    uri = registry.tracking_uri(args.tracking_uri)
+    registry.check_store_exists(uri)
+    saved, folders = registry.share_stored_files(uri)
+    print(
+        f"{registry.sqlite_path(uri) or uri}: {folders} model folder{'s' if folders != 1 else ''}; "
+        f"{saved / 1e6:.0f} MB of identical files now stored once (hard links)"
+    )
+    return 0
+
 
 def register(subparsers) -> None:
     reg = subparsers.add_parser("registry", help="inspect the MLflow model registry")
@@ -133,3 +146,16 @@ def register(subparsers) -> None:
         help="default: params register.tracking_uri, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow/mlflow.db",
     )
     check.set_defaults(handler=_registry_check)
+    compact = reg_sub.add_parser(
+        "compact",
+        help="store identical large files of the registered versions once (hard links)",
+        description=(
+            "Registering already does this for each new version; compact applies it to versions registered "
+            "before (or copied in): every file of >= 1 MiB identical to one already stored becomes a hard "
+            "link to it. Each version stays complete; the database is not touched."
+        ),
+    )
+    compact.add_argument(
+        "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow/mlflow.db"
+    )
+    compact.set_defaults(handler=_registry_compact)

@@ -49,7 +49,7 @@ def _remove_orphans(shared: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
-def share_identical_files(folder: str | Path, root: str | Path, min_bytes: int = MIN_BYTES) -> int:
+def share_identical_files(folder: str | Path, root: str | Path, min_bytes: int | None = None) -> int:
     """Hard-link the files under ``folder`` to identical ones stored under ``root``.
 
     Parameters
@@ -58,14 +58,15 @@ def share_identical_files(folder: str | Path, root: str | Path, min_bytes: int =
         A just-logged model's artifact folder (inside ``root``).
     root : str or Path
         The local artifact root; ``root / SHARED_DIR`` holds one link per distinct content.
-    min_bytes : int
-        Files smaller than this are skipped.
+    min_bytes : int, optional
+        Files smaller than this are skipped (default :data:`MIN_BYTES`).
 
     Returns
     -------
     int
         Bytes no longer stored twice (0 when nothing was shared or links are not supported).
     """
+    min_bytes = MIN_BYTES if min_bytes is None else min_bytes
     shared = Path(root) / SHARED_DIR
     shared.mkdir(parents=True, exist_ok=True)
     saved = 0

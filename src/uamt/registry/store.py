@@ -821,17 +821,49 @@ def _share_with_earlier_versions(client, uri: str, model_id: str | None) -> None
     :mod:`uamt.registry.shared_files`); only for a SQLite store's own local artifact root."""
     from uamt.registry.shared_files import share_identical_files
 
-    root = artifact_location(uri)
+    root = _local_artifact_root(uri)
     if root is None or model_id is None:
         return
     location = urlparse(client.get_logged_model(model_id).artifact_location)
-    root_path = Path(unquote(urlparse(root).path))
     folder = Path(unquote(location.path))
-    if location.scheme != "file" or not folder.is_relative_to(root_path):
+    if location.scheme != "file" or not folder.is_relative_to(root):
         return  # an artifact root of its own (remote, or set elsewhere): left as MLflow wrote it
-    saved = share_identical_files(folder, root_path)
+    saved = share_identical_files(folder, root)
     if saved:
         log.info("%s: %.0f MB stored once with earlier versions (hard links)", folder, saved / 1e6)
+
+
+def _local_artifact_root(uri: str) -> Path | None:
+    root = artifact_location(uri)
+    return None if root is None else Path(unquote(urlparse(root).path))
+
+
+def share_stored_files(uri: str) -> tuple[int, int]:
+    """``uamt registry compact``: every model folder of SQLite store ``uri`` (those holding an
+    ``MLmodel``) through :func:`~uamt.registry.shared_files.share_identical_files`, oldest first.
+
+    Returns
+    -------
+    (int, int)
+        Bytes now stored once, and model folders visited.
+
+    Raises
+    ------
+    UamtError
+        ``uri`` is no SQLite store, or its artifact folder does not exist.
+    """
+    from uamt.registry.shared_files import SHARED_DIR, share_identical_files
+
+    root = _local_artifact_root(uri)
+    if root is None:
+        raise UamtError(f"{uri}: compacting works on a SQLite store with local artifacts (mlflow/artifacts)")
+    if not root.is_dir():
+        raise UamtError(f"{root}: no artifact folder; nothing registered in {uri}")
+    folders = sorted(
+        (path.parent for path in root.rglob("MLmodel") if SHARED_DIR not in path.relative_to(root).parts),
+        key=lambda folder: (folder / "MLmodel").stat().st_mtime,
+    )
+    return sum(share_identical_files(folder, root) for folder in folders), len(folders)
 
 
 # ----------------------------------------------------------------------------- the store's marker
