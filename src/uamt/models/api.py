@@ -200,11 +200,39 @@ def _train_single(
 
     seed_everything(cfg.seed)  # initial weights depend on the seed
     module = cls(cfg, train_rows.num_layers, train_rows.dim, encoder=encoder)
+    if cfg.init_from is not None:
+        _warm_start(module, cfg, train_rows)
     fit(module, train_rows, dev_rows, folder)
     save_weights(module, folder / WEIGHTS)
     meta = manifest(cfg, encoder_id, train_rows, scaler, state=state, **_fit_facts(module, train_rows, dev_rows))
     write_manifest(folder, meta)
     return meta
+
+
+def _warm_start(module: Estimator, cfg: TrainConfig, rows: EncodedRows) -> None:
+    """Load ``cfg.init_from``'s weights into ``module`` (UamtError naming what does not match)."""
+    source = Path(cfg.init_from)
+    meta = read_manifest(source)
+    found = get_spec(meta.get("method"))
+    if found.layout != "network":
+        raise UamtError(f"init_from={source}: a {meta.get('method')!r} model is not a single network")
+    theirs = meta.get("config") or {}
+    mine = _config_dict(cfg)
+    checks = {
+        "head": (found.estimator.out_dim, module.out_dim),
+        "encoder layers x dim": ((meta.get("num_layers"), meta.get("dim")), (rows.num_layers, rows.dim)),
+        "hidden_sizes": (list(theirs.get("hidden_sizes") or []), list(mine["hidden_sizes"])),
+        "reference_free": (theirs.get("reference_free"), mine["reference_free"]),
+        "finetune": (theirs.get("finetune"), mine["finetune"]),
+    }
+    for what, (source_value, needed) in checks.items():
+        if source_value != needed:
+            raise UamtError(f"init_from={source}: its {what} is {source_value!r}, this training needs {needed!r}")
+    weights = source / WEIGHTS
+    try:
+        module.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise UamtError(f"{weights}: cannot start from these weights ({exc})") from exc
 
 
 def _train_member(cfg, train_rows, dev_rows, train_df, dev_df, scaler, folder, encoder_id) -> float:

@@ -68,6 +68,12 @@ class TrainConfig:
         critical errors (omission, duplication, unrelated sentence, gibberish, untranslated, wrong
         language) at the worst score of the dataset's scale, and as many references copied as the
         translation at its best score.  0 = none.
+    init_from : str or None
+        A trained single-network model folder whose weights start the training (a warm start: the
+        "DA first, then MQM" recipe of COMET and MetricX trains once on direct assessments, then on
+        MQM from there).  Its method family's head, layers, hidden sizes and input side must match;
+        its target scaling is not reused (each training standardises its own targets).  None = the
+        seed's random initialisation.
     train_split, dev_split, out_dir
         CLI / pipeline: the prepared splits to train on and stop on, and where the model goes
         (``{method}`` is replaced by the method name).
@@ -103,6 +109,7 @@ class TrainConfig:
     keep_embeddings_frozen: bool = True
     predict_batch_size: int = 256
     synthetic_failures: float = 0.0
+    init_from: str | None = None
     train_split: str = "d_q"
     dev_split: str = "dev"
     out_dir: str = "models/{method}"
