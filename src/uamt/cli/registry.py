@@ -84,6 +84,7 @@ def _registry_check(args: argparse.Namespace) -> int:
         print(line)
     return 0
 
+
 def _registry_compact(args: argparse.Namespace) -> int:
     from uamt.registry import store as registry
 

@@ -75,12 +75,8 @@ def share_identical_files(folder: str | Path, root: str | Path, min_bytes: int |
             continue
         blob = shared / sha256_file(path)
         try:
-            if not blob.exists():
-                os.link(path, blob)
-            elif not _same_file(blob, path) and blob.stat().st_size == path.stat().st_size:
-                _link_over(path, blob)
-                saved += path.stat().st_size
-        except FileExistsError:  # another registration linked the same content just now
+            os.link(path, blob)  # the first file of this content: the store keeps it
+        except FileExistsError:  # stored before (or by a registration running beside this one)
             if not _same_file(blob, path):
                 _link_over(path, blob)
                 saved += path.stat().st_size
