@@ -62,12 +62,30 @@ def test_a_file_system_without_hard_links_keeps_full_copies(tmp_path, monkeypatc
     assert second.read_bytes() == BIG and second.stat().st_nlink == 1
 
 
+def register_versions(uri: str, name: str, python_model, blob: Path, count: int) -> list[str]:
+    """``count`` versions of ``name`` through ``register_candidate``, each carrying ``blob``."""
+    from uamt.registry import store as registry
+
+    return [
+        registry.register_candidate(
+            uri,
+            name,
+            run_name="register",
+            python_model=python_model,
+            artifacts={"blob": str(blob)},
+            signature=None,
+            test_metrics={"pps": 0.3},
+            tags={"method": "hts"},
+        )
+        for _ in range(count)
+    ]
+
+
 def test_registered_versions_share_their_identical_files_and_load_alone(project_store, monkeypatch, tmp_path):
     """Two versions of one model through ``register_candidate``: the identical artefact is one file
     on disk, and each version still loads when the other's folder is gone."""
     import mlflow
     from mlflow import MlflowClient
-    from uamt.registry import store as registry
 
     class EchoSize(mlflow.pyfunc.PythonModel):
         def load_context(self, context):
@@ -77,19 +95,7 @@ def test_registered_versions_share_their_identical_files_and_load_alone(project_
             return pd.DataFrame({"mu": [float(self.size)] * len(model_input)})
 
     blob = write(tmp_path / "blob.bin", os.urandom(2 << 20))  # above MIN_BYTES, as an encoder export is
-    versions = [
-        registry.register_candidate(
-            project_store,
-            "uamt-shared",
-            run_name="register",
-            python_model=EchoSize(),
-            artifacts={"blob": str(blob)},
-            signature=None,
-            test_metrics={"pps": 0.3},
-            tags={"method": "hts"},
-        )
-        for _ in range(2)
-    ]
+    versions = register_versions(project_store, "uamt-shared", EchoSize(), blob, 2)
     client = MlflowClient(project_store)
     folders = []
     for version in versions:
@@ -115,7 +121,6 @@ def test_compact_shares_the_files_of_versions_registered_before(project_store, m
     """`uamt registry compact` on a store whose versions were registered with full copies."""
     import mlflow
     from uamt.cli import main
-    from uamt.registry import store as registry
 
     class Constant(mlflow.pyfunc.PythonModel):
         def predict(self, context, model_input, params=None):
@@ -123,16 +128,7 @@ def test_compact_shares_the_files_of_versions_registered_before(project_store, m
 
     blob = write(tmp_path / "blob.bin", os.urandom(2 << 20))
     monkeypatch.setattr(shared_files, "MIN_BYTES", 1 << 40)  # as registering did before sharing existed
-    for _ in range(3):
-        registry.register_candidate(
-            project_store,
-            "uamt-compact",
-            run_name="register",
-            python_model=Constant(),
-            artifacts={"blob": str(blob)},
-            signature=None,
-            test_metrics={"pps": 0.3},
-        )
+    register_versions(project_store, "uamt-compact", Constant(), blob, 3)
     stored = sorted((tmp_path / "mlflow" / "artifacts").rglob("blob.bin"))
     assert len(stored) == 3 and {path.stat().st_nlink for path in stored} == {1}
     monkeypatch.undo()
