@@ -45,7 +45,6 @@ import hashlib
 import importlib.util
 import os
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +54,7 @@ import numpy as np
 
 from uamt.core.errors import UamtError
 from uamt.core.fileio import sha256_file_cached
+from uamt.core.parallel import default_threads
 from uamt.encoders.cache import check_texts
 
 if TYPE_CHECKING:  # torch is imported where a torch encoder runs: scoring an ONNX export never needs it
@@ -94,7 +94,7 @@ class EncoderConfig:
         transformer encoders ``minilm`` and ``hf``; exported on first use, see
         :mod:`uamt.encoders.onnx_runtime`).
     threads : int
-        ONNX Runtime intra-op threads; 0 = :func:`default_threads` (torch's process-wide setting
+        ONNX Runtime intra-op threads; 0 = :func:`~uamt.core.parallel.default_threads` (torch's process-wide setting
         where torch is loaded, else ``OMP_NUM_THREADS``, else the CPUs this process may use).  The
         torch runtime follows torch's process-wide setting itself.
     """
@@ -131,20 +131,6 @@ def weights_id(encoder_id: str) -> str:
     "minilm-1ffd763853fa"``.  Encoder ids never contain ``+`` otherwise (names are slugged).
     """
     return str(encoder_id).split("+", 1)[0]
-
-
-def default_threads() -> int:
-    """Threads an encoder without a setting of its own uses: torch's (``torch.get_num_threads()``:
-    ``OMP_NUM_THREADS``, ``torch.set_num_threads``, one on a Dask worker) when torch is loaded, else
-    ``OMP_NUM_THREADS``, else the CPUs this process may run on.  Scoring an ONNX export does not load
-    torch (~190 MB and ~1.3 s of start-up) to ask it."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return max(1, int(torch.get_num_threads()))
-    configured = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if configured.isdigit() and int(configured) > 0:
-        return int(configured)
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def may_exceed_tokens(texts: Sequence[str], max_length: int) -> list[int]:

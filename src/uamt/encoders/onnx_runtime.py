@@ -49,6 +49,7 @@ import onnxruntime as ort
 
 from uamt.core.errors import UamtError
 from uamt.core.fileio import atomic_dir, atomic_write_json, sha256_file_cached
+from uamt.core.parallel import default_threads
 from uamt.encoders.cache import check_texts
 from uamt.encoders.catalog import (
     ENCODERS,
@@ -57,7 +58,6 @@ from uamt.encoders.catalog import (
     EncoderConfig,
     PooledEncoder,
     check_runtime,
-    default_threads,
     length_sorted_batches,
     local_encoder_id,
     may_exceed_tokens,
@@ -346,7 +346,7 @@ class OnnxPooledEncoder(PooledEncoder):
     folder : str or Path
         An :func:`export_onnx` folder.
     config : EncoderConfig, optional
-        ``batch_size`` and ``threads`` (intra-op threads, 0 = :func:`~uamt.encoders.catalog.default_threads`) are used;
+        ``batch_size`` and ``threads`` (intra-op threads, 0 = :func:`~uamt.core.parallel.default_threads`) are used;
         default ``EncoderConfig(runtime=<the folder's runtime>)``.
 
     Attributes

@@ -165,7 +165,7 @@ def export_head(model_dir: str | Path, folder: str | Path, *, check_rows: int = 
 def _session(path: Path, threads: int | None = None):
     import onnxruntime as ort
 
-    from uamt.encoders.catalog import default_threads
+    from uamt.core.parallel import default_threads
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
