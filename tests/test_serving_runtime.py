@@ -70,10 +70,13 @@ def test_serving_other_embeddings_than_trained_on_is_refused(tmp_path, requested
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, one_torch_thread):
-    """One hts model on real MiniLM embeddings, saved as a pyfunc twice: torch and with its ONNX export."""
-    from uamt.serving.calibrated_predictor import ENCODER_ARTIFACT, scale_for, write_spec
+    """One hts model on real MiniLM embeddings, saved as a pyfunc three times: torch; the ONNX
+    encoder and the ONNX network, as register ships it; and the ONNX encoder alone (models registered
+    before the network was exported)."""
+    from uamt.serving.calibrated_predictor import ENCODER_ARTIFACT, HEAD_ARTIFACT, scale_for, write_spec
     from uamt.serving.mlflow_pyfunc import UamtPyfunc
     from uamt.serving.model_calibration import Calibration
+    from uamt.serving.onnx_head import export_head
     from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
 
     root = tmp_path_factory.mktemp("served")
@@ -86,14 +89,17 @@ def served(tmp_path_factory, one_torch_thread):
     fixed.global_params = {"var": 1.0}
     Calibration(standardizer, affine, fixed, None).save(root / "calibration.json")
     folders = {}
-    for runtime in ("torch", "onnx"):
+    exported = export_serving_encoder(encoder_cfg, "onnx", root / "encoder-onnx")
+    head = export_head(model_dir, root / "head")
+    for runtime in ("torch", "onnx", "onnx-without-head"):
         artifacts = {"model": str(model_dir), "calibration": str(root / "calibration.json")}
         if runtime != "torch":
-            exported = export_serving_encoder(encoder_cfg, runtime, root / f"encoder-{runtime}")
             artifacts[ENCODER_ARTIFACT] = str(exported)
+        if runtime == "onnx":
+            artifacts[HEAD_ARTIFACT] = str(head)
         spec = write_spec(
             root / f"spec-{runtime}.json",
-            dataclasses.replace(encoder_cfg, runtime=runtime),
+            dataclasses.replace(encoder_cfg, runtime=runtime.removesuffix("-without-head")),
             scale_for(("wmt21_mqm",)),
             "hts",
             ("wmt21_mqm",),
@@ -117,21 +123,33 @@ def test_onnx_served_model_scores_like_torch(served):
     outs = {}
     for runtime, folder in served.items():
         predictor = load_predictor(str(folder))
-        assert predictor.encoder.encoder_id.endswith("+ort") == (runtime == "onnx")
+        assert predictor.encoder.encoder_id.endswith("+ort") == (runtime != "torch")
+        assert type(predictor.model).__name__ == ("OnnxHeadModel" if runtime == "onnx" else "SingleModel")
         outs[runtime] = predictor.predict_frame(frame, confidence=0.9, risk_threshold=-5.0)
         assert predictor.truncated(frame["mt"].tolist()) == [5]
     for column in ("mu", "sigma", "lower", "upper", "risk"):
         np.testing.assert_allclose(outs["onnx"][column], outs["torch"][column], atol=1e-4, err_msg=column)
+        # the same embeddings through the exported network or through torch's
+        np.testing.assert_allclose(outs["onnx"][column], outs["onnx-without-head"][column], atol=1e-5, err_msg=column)
 
 
-def test_onnx_served_model_loads_without_transformers_comet_or_lightning(served, tmp_path):
+@pytest.mark.parametrize(
+    ("runtime", "heavy"),
+    [
+        ("onnx", ("transformers", "comet", "pytorch_lightning", "torchmetrics", "torch", "sklearn")),
+        ("onnx-without-head", ("transformers", "comet", "pytorch_lightning", "torchmetrics")),
+    ],
+)
+def test_onnx_served_model_loads_without_transformers_comet_or_lightning(served, tmp_path, runtime, heavy):
+    """With the encoder and the network exported, scoring imports no torch (~190 MB, ~1.3 s) and no
+    scikit-learn; with the encoder alone, torch runs the network."""
     code = (
         "import sys, json, pandas as pd;"
         "from uamt.serving.predictor import load_predictor;"
-        f"p = load_predictor({str(served['onnx'])!r});"
+        f"p = load_predictor({str(served[runtime])!r});"
         "out = p.predict_frame(pd.DataFrame({'src': ['Ein Test.'], 'mt': ['A test.'], 'ref': ['A test.']}),"
         " confidence=0.9, risk_threshold=-5.0);"
-        "heavy = ('transformers', 'comet', 'pytorch_lightning', 'torchmetrics');"
+        f"heavy = {heavy!r};"
         "print(json.dumps({'loaded': sorted(m for m in heavy if m in sys.modules), 'n': len(out)}))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "src")])}

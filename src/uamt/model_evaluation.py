@@ -29,6 +29,7 @@ would have given: :func:`uamt.uncertainty.evaluate_predictions` refitted on the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ import pandas as pd
 
 from uamt.core.errors import DataError
 from uamt.core.naming import is_reference_free, qe_model_name
+from uamt.core.parallel import map_in_processes
 from uamt.encoders import EncodeConfig
 from uamt.pipeline_config import (
     PipelineConfig,
@@ -254,6 +256,75 @@ def baseline_key(point: str, candidate: str, splits, default_splits) -> str:
     return name if tuple(splits) == tuple(default_splits) else f"{name}@{'+'.join(splits)}"
 
 
+def calibration_inputs(pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig):
+    """``(frames, dev_df, features, bounds)``: what :func:`calibrate_model` reads for every model."""
+    frames = {split: read_split(pipe.prepared_dir, split, pipe.datasets) for split in settings.calibration_splits}
+    dev_df = frames["dev"] if "dev" in frames else read_split(pipe.prepared_dir, "dev", pipe.datasets)
+    return frames, dev_df, open_features(encode), _scale_bounds(pipe)
+
+
+def calibrate_model(
+    pipe: PipelineConfig,
+    settings: EvaluationSettings,
+    encode: EncodeConfig,
+    calibration_dir: str | Path,
+    method: str,
+    inputs: tuple | None = None,
+) -> tuple[dict[str, Any], Path, dict[str, pd.DataFrame]]:
+    """One model of :func:`calibrate_models`: its predictions on its calibration splits (written),
+    its calibration (saved), and its cross-fitted dev metrics.  Returns ``(metrics, calibration
+    path, {split: predictions table})``; reads nothing another model writes, so models may run in
+    parallel.  ``inputs``: :func:`calibration_inputs` (read here when None)."""
+    frames, dev_df, features, bounds = inputs if inputs is not None else calibration_inputs(pipe, settings, encode)
+    splits = model_calibration_splits(pipe, method, settings)
+    tables = {
+        split: predict_split(
+            pipe.model_dir(method), frames[split], features, Path(pipe.predictions_dir) / split / f"{method}.parquet"
+        )
+        for split in splits
+    }
+    table = pd.concat([tables[s] for s in splits], ignore_index=True)
+    source = f"{'+'.join(splits)}/{method}"
+    calibration, _ = fit_calibration(table, method, settings=settings, source=source)
+    calibration.calibrated_on = splits
+    # The reference factors need rows with several references: dev's (the multi-reference
+    # rows of the other splits are not encoded).
+    calibration.reference_factors = fit_reference_factors(
+        pipe.model_dir(method), dev_df, features, calibration, settings.min_lp_rows
+    )
+    calibration = attach_distribution(calibration, table, method, settings, bounds)
+    # The widening is fitted for the distribution that is served (its point masses included).
+    started = time.perf_counter()
+    factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings, bounds=bounds)
+    calibration = with_unseen_factor(calibration, factor)
+    log.info(
+        "%s: unseen-LP widening %.3f (leave-one-LP-out: %s; %.1f s)",
+        method,
+        factor,
+        ", ".join(f"{lp} {c:.3f}" for lp, c in held_out.items()) or "fewer than two LPs",
+        time.perf_counter() - started,
+    )
+    path = Path(calibration_dir) / f"{method}.json"
+    calibration.save(path)
+    sigma_table = with_model_sigma(table, method)
+    rows, unit = cross_fitted_rows(table, method, calibration, settings, bounds)
+    metrics = {
+        **compact(measure(calibration, rows, sigma_table, settings)),
+        "cross_fitted_over": unit,
+        "calibrated_on": list(splits),
+        "n_calibration_rows": len(table),
+        "served": "fixed_variance" if calibration.fixed else calibration.selected,
+        "unseen_lp": {"sigma_factor": factor, "held_out": held_out},
+    }
+    if calibration.isotonic is not None:  # "served" stays the candidate: the baselines are named by it
+        metrics["distribution"] = "isotonic"
+    log.info(
+        "calibrated %s on %d %s rows (served: %s%s)", method, len(table), "+".join(splits),
+        metrics["served"], ", isotonic on its mu" if calibration.isotonic is not None else "",
+    )
+    return metrics, path, tables
+
+
 def calibrate_models(
     pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig, calibration_dir: str | Path
 ) -> dict[str, Path]:
@@ -261,62 +332,20 @@ def calibrate_models(
     its point + same-calibration baseline and their cross-fitted metrics; writes the predictions of
     every calibration split (``predictions/<split>/<model>.parquet``), ``<calibration_dir>/<model>.json``,
     ``<calibration_dir>/baselines/point+<candidate>.json`` and ``<metrics_dir>/dev.json``; returns
-    ``{model: calibration path}``."""
-    frames = {split: read_split(pipe.prepared_dir, split, pipe.datasets) for split in settings.calibration_splits}
+    ``{model: calibration path}``.  The models are calibrated in ``pipe.workers`` processes
+    (:func:`calibrate_model`; the same files for any number)."""
     for split in settings.calibration_splits:  # declared stage outputs, even where no model is calibrated on them
         (Path(pipe.predictions_dir) / split).mkdir(parents=True, exist_ok=True)
-    dev_df = frames["dev"] if "dev" in frames else read_split(pipe.prepared_dir, "dev", pipe.datasets)
-    features = open_features(encode)
     bounds = _scale_bounds(pipe)
-    metrics, out = {}, {}
-    tables: dict[str, dict[str, pd.DataFrame]] = {}
-    for method in pipe.all_methods:
-        splits = model_calibration_splits(pipe, method, settings)
-        tables[method] = {
-            split: predict_split(
-                pipe.model_dir(method), frames[split], features, Path(pipe.predictions_dir) / split / f"{method}.parquet"
-            )
-            for split in splits
-        }
-        table = pd.concat([tables[method][s] for s in splits], ignore_index=True)
-        source = f"{'+'.join(splits)}/{method}"
-        calibration, _ = fit_calibration(table, method, settings=settings, source=source)
-        calibration.calibrated_on = splits
-        # The reference factors need rows with several references: dev's (the multi-reference
-        # rows of the other splits are not encoded).
-        calibration.reference_factors = fit_reference_factors(
-            pipe.model_dir(method), dev_df, features, calibration, settings.min_lp_rows
-        )
-        calibration = attach_distribution(calibration, table, method, settings, bounds)
-        # The widening is fitted for the distribution that is served (its point masses included).
-        started = time.perf_counter()
-        factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings, bounds=bounds)
-        calibration = with_unseen_factor(calibration, factor)
-        log.info(
-            "%s: unseen-LP widening %.3f (leave-one-LP-out: %s; %.1f s)",
-            method,
-            factor,
-            ", ".join(f"{lp} {c:.3f}" for lp, c in held_out.items()) or "fewer than two LPs",
-            time.perf_counter() - started,
-        )
-        out[method] = Path(calibration_dir) / f"{method}.json"
-        calibration.save(out[method])
-        sigma_table = with_model_sigma(table, method)
-        rows, unit = cross_fitted_rows(table, method, calibration, settings, bounds)
-        metrics[method] = {
-            **compact(measure(calibration, rows, sigma_table, settings)),
-            "cross_fitted_over": unit,
-            "calibrated_on": list(splits),
-            "n_calibration_rows": len(table),
-            "served": "fixed_variance" if calibration.fixed else calibration.selected,
-            "unseen_lp": {"sigma_factor": factor, "held_out": held_out},
-        }
-        if calibration.isotonic is not None:  # "served" stays the candidate: the baselines are named by it
-            metrics[method]["distribution"] = "isotonic"
-        log.info(
-            "calibrated %s on %d %s rows (served: %s%s)", method, len(table), "+".join(splits),
-            metrics[method]["served"], ", isotonic on its mu" if calibration.isotonic is not None else "",
-        )
+    done = map_in_processes(
+        functools.partial(calibrate_model, pipe, settings, encode, calibration_dir),
+        pipe.all_methods,
+        pipe.workers,
+        load=functools.partial(calibration_inputs, pipe, settings, encode),
+    )
+    metrics = {method: result[0] for method, result in zip(pipe.all_methods, done, strict=True)}
+    out = {method: result[1] for method, result in zip(pipe.all_methods, done, strict=True)}
+    tables = {method: result[2] for method, result in zip(pipe.all_methods, done, strict=True)}
     needed = {
         (point, metrics[method]["served"], tuple(metrics[method]["calibrated_on"]))
         for method in pipe.all_methods
@@ -357,50 +386,86 @@ def dev_effective_sizes(calibration: Calibration, dev: pd.DataFrame, settings: E
     return {name: effective_sample_size(residual[lp == name], docs[lp == name]) for name in sorted(set(lp.tolist()))}
 
 
+def evaluation_inputs(pipe: PipelineConfig, encode: EncodeConfig):
+    """``(frames, features, bounds)``: what :func:`evaluate_model` reads for every model."""
+    frames = {
+        "test": read_split(pipe.prepared_dir, "test", pipe.datasets),
+        "ood": read_split(pipe.prepared_dir, "ood", pipe.ood_datasets),
+    }
+    return frames, open_features(encode), _scale_bounds(pipe)
+
+
+def evaluate_model(
+    pipe: PipelineConfig,
+    settings: EvaluationSettings,
+    encode: EncodeConfig,
+    calibration_dir: str | Path,
+    method: str,
+    inputs: tuple | None = None,
+) -> dict[str, Any]:
+    """One model of :func:`evaluate_models`: its predictions on test and ood (written), the served
+    metrics of its calibration there, and the analysis of the other candidates.  Returns
+    ``{"full": {split: metrics}, "tables": {split: predictions}, "analysis": ...}``; reads nothing
+    another model writes, so models may run in parallel.  ``inputs``: :func:`evaluation_inputs`
+    (read here when None)."""
+    frames, features, bounds = inputs if inputs is not None else evaluation_inputs(pipe, encode)
+    calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
+    dev = with_model_sigma(calibration_rows(pipe, method, calibration.calibrated_on), method)
+    dev_n_eff = dev_effective_sizes(calibration, dev, settings, bounds)
+    full, tables = {}, {}
+    for split, frame in frames.items():
+        table = predict_split(
+            pipe.model_dir(method), frame, features, Path(pipe.predictions_dir) / split / f"{method}.parquet"
+        )
+        tables[split] = table
+        sigma_table = with_model_sigma(table, method)
+        rows = ask(calibration, sigma_table, settings, bounds)
+        full[split] = measure(calibration, rows, sigma_table, settings, dev_n_eff=dev_n_eff)
+    # The analysis of alternatives: every calibration candidate refitted on the same calibration
+    # rows and measured on test (the served one among them is the artifact's own fit).
+    analysis = evaluate_predictions(
+        with_model_sigma(tables["test"], method),
+        dev,
+        settings=settings,
+        pred_source=f"test/{method}",
+        dev_source=f"{'+'.join(calibration.calibrated_on)}/{method}",
+        scope="full",
+    )
+    log.info("evaluated %s", method)
+    return {"full": full, "tables": tables, "analysis": analysis}
+
+
 def evaluate_models(
     pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig, calibration_dir: str | Path
 ) -> dict[str, Path]:
     """Measure every model's served calibration (``<calibration_dir>/<model>.json``, as fitted by the
     calibrate stage) on ``test`` and ``ood``; writes the predictions, the metrics and the plots;
-    returns ``{"test": ..., "ood": ..., plot name: ...}`` paths."""
-    features = open_features(encode)
+    returns ``{"test": ..., "ood": ..., plot name: ...}`` paths.  The models are measured in
+    ``pipe.workers`` processes (:func:`evaluate_model`; the same files for any number)."""
     bounds = _scale_bounds(pipe)
-    frames = {
-        "test": read_split(pipe.prepared_dir, "test", pipe.datasets),
-        "ood": read_split(pipe.prepared_dir, "ood", pipe.ood_datasets),
-    }
+    done = dict(
+        zip(
+            pipe.all_methods,
+            map_in_processes(
+                functools.partial(evaluate_model, pipe, settings, encode, calibration_dir),
+                pipe.all_methods,
+                pipe.workers,
+                load=functools.partial(evaluation_inputs, pipe, encode),
+            ),
+            strict=True,
+        )
+    )
     metrics: dict[str, dict] = {split: {} for split in EVAL_SPLITS}
     intervals, reliability, scatter, conditional, full = {}, {}, {}, {}, {}
     tables: dict[str, dict[str, pd.DataFrame]] = {}
-    for method in pipe.all_methods:
-        calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
-        dev = with_model_sigma(calibration_rows(pipe, method, calibration.calibrated_on), method)
-        dev_n_eff = dev_effective_sizes(calibration, dev, settings, bounds)
-        full[method], tables[method] = {}, {}
-        for split, frame in frames.items():
-            table = predict_split(
-                pipe.model_dir(method), frame, features, Path(pipe.predictions_dir) / split / f"{method}.parquet"
-            )
-            tables[method][split] = table
-            sigma_table = with_model_sigma(table, method)
-            rows = ask(calibration, sigma_table, settings, bounds)
-            full[method][split] = measure(calibration, rows, sigma_table, settings, dev_n_eff=dev_n_eff)
+    for method, result in done.items():
+        full[method], tables[method] = result["full"], result["tables"]
+        for split in EVAL_SPLITS:
             metrics[split][method] = compact(full[method][split])
         scatter[method] = tables[method]["test"]
         reliability[method] = _mean_reliability(full[method]["test"])
-        # The analysis of alternatives: every calibration candidate refitted on the same calibration
-        # rows and measured on test (the served one among them is the artifact's own fit).
-        analysis = evaluate_predictions(
-            with_model_sigma(tables[method]["test"], method),
-            dev,
-            settings=settings,
-            pred_source=f"test/{method}",
-            dev_source=f"{'+'.join(calibration.calibrated_on)}/{method}",
-            scope="full",
-        )
-        intervals[method] = analysis.get("intervals")
-        conditional[method] = {"analysis": analysis}
-        log.info("evaluated %s", method)
+        intervals[method] = result["analysis"].get("intervals")
+        conditional[method] = {"analysis": result["analysis"]}
     baselines = _evaluate_baselines(pipe, settings, calibration_dir, tables, bounds)
     for method in pipe.all_methods:
         calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")

@@ -47,6 +47,9 @@ class PipelineConfig:
         reference-based one; a key of ``qe_methods``, or null for none.
     prepared_dir, models_dir, predictions_dir, metrics_dir, plots_dir : str
         Folders (DVC outs).
+    workers : int
+        Processes the calibrate and evaluate stages spread the models over (each model is fitted and
+        measured on its own: the same files for any number; 1 = all in the stage's process).
     """
 
     datasets: tuple[str, ...] = ("wmt21_mqm",)
@@ -61,8 +64,11 @@ class PipelineConfig:
     predictions_dir: str = "predictions"
     metrics_dir: str = "metrics"
     plots_dir: str = "plots"
+    workers: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ConfigError(f"{SECTION}.workers={self.workers!r} must be an integer >= 1")
         check_methods((*self.methods, *self.qe_methods, self.dup_base, self.register_method), SECTION)
         if self.dup_base not in self.methods:
             raise ConfigError(f"{SECTION}.dup_base={self.dup_base!r} must be one of pipeline.methods")

@@ -57,6 +57,8 @@ PACKAGE_DATA = {
 DYNAMIC_IMPORTS = {
     # render_section imports uamt.experiments.<name> for each name of uamt.experiments.SECTIONS
     "uamt.experiments.report": "uamt.experiments",
+    # the package's public names are imported on first use (PEP 562 __getattr__, _EXPORTS)
+    "uamt.models": "uamt.models",
 }
 _DYNAMIC_CALLS = {"import_module", "__import__"}
 _STAGE_CMD = re.compile(rf"python -m ({PACKAGE}\.stages\.[A-Za-z0-9_]+)")

@@ -48,14 +48,17 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from uamt.core.errors import UamtError
 from uamt.core.fileio import sha256_file_cached
+from uamt.core.parallel import default_threads
 from uamt.encoders.cache import check_texts
+
+if TYPE_CHECKING:  # torch is imported where a torch encoder runs: scoring an ONNX export never needs it
+    import torch
 
 #: Files whose bytes decide the weights, in the order transformers prefers them.
 _WEIGHT_FILES = (
@@ -91,9 +94,9 @@ class EncoderConfig:
         transformer encoders ``minilm`` and ``hf``; exported on first use, see
         :mod:`uamt.encoders.onnx_runtime`).
     threads : int
-        ONNX Runtime intra-op threads; 0 = as many as torch uses (``torch.get_num_threads()``:
-        ``OMP_NUM_THREADS``, one on a Dask worker).  The torch runtime follows torch's process-wide
-        setting itself.
+        ONNX Runtime intra-op threads; 0 = :func:`~uamt.core.parallel.default_threads` (torch's process-wide setting
+        where torch is loaded, else ``OMP_NUM_THREADS``, else the CPUs this process may use).  The
+        torch runtime follows torch's process-wide setting itself.
     """
 
     name: str = "minilm"
@@ -163,6 +166,15 @@ class PooledEncoder:
         self, texts: Sequence[str], batch_size: int | None = None, train: bool = False
     ) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def pooled_array(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """:meth:`pooled_layers` in eval mode as a float32 numpy array ``[n, num_layers, dim]``:
+        what frozen features read.  Encoders that are not torch modules (ONNX exports, USE) return it
+        without importing torch."""
+        import torch
+
+        with torch.no_grad():
+            return self.pooled_layers(texts, batch_size=batch_size).detach().cpu().numpy()
 
     def truncated(self, texts: Sequence[str]) -> list[int]:
         """Indices of ``texts`` longer than the encoder reads (it embeds only their beginning);
@@ -316,6 +328,7 @@ class CometPooledEncoder(PooledEncoder):
     """
 
     def __init__(self, config: EncoderConfig, model: str, label: str) -> None:
+        import torch
         from transformers import AutoConfig
 
         self.config = config
@@ -371,6 +384,8 @@ class CometPooledEncoder(PooledEncoder):
         return [i for i, seq in zip(candidates, ids, strict=True) if len(seq) > self.max_length]
 
     def _forward_pooled(self, ids: list[list[int]]) -> torch.Tensor:
+        import torch
+
         device = torch.device(self.config.device)
         input_ids, attention_mask = (
             torch.from_numpy(array).to(device) for array in pad_ids(ids, self.tokenizer.pad_token_id)
@@ -408,6 +423,8 @@ class CometPooledEncoder(PooledEncoder):
             ``out[i, l] = sum_t m_it h_itl / sum_t m_it`` with ``m`` the attention mask and
             ``h_l`` the hidden states of layer ``l`` (``l = 0`` the embeddings layer).
         """
+        import torch
+
         texts = check_texts(texts)
         batch_size = batch_size or self.config.batch_size
         if not texts:
@@ -456,7 +473,7 @@ class USEPooledEncoder(PooledEncoder):
         self.comet_encoder = None
         self.num_layers = 1
         self.dim = 512
-        self._model = USE(threads=max(1, torch.get_num_threads()))
+        self._model = USE(threads=default_threads())
         self.encoder_id = "use-" + _fingerprint(
             [resources / "weights.npz", resources / "sp.model"], "denoise=False"
         )
@@ -465,13 +482,19 @@ class USEPooledEncoder(PooledEncoder):
         self, texts: Sequence[str], batch_size: int | None = None, train: bool = False
     ) -> torch.Tensor:
         """USE sentence vectors as a single layer: float32 tensor ``[n, 1, 512]``."""
+        import torch
+
         if train:
             raise ValueError("encoder=use is a frozen numpy model: train=True is not supported")
+        return torch.from_numpy(self.pooled_array(texts, batch_size))
+
+    def pooled_array(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """USE sentence vectors as a single layer: float32 ``[n, 1, 512]`` (numpy, no torch)."""
         texts = check_texts(texts)
         if not texts:
-            return torch.empty((0, 1, self.dim))
+            return np.empty((0, 1, self.dim), dtype=np.float32)
         vectors = np.asarray(self._model.encode(texts), dtype=np.float32).reshape(len(texts), self.dim)
-        return torch.from_numpy(vectors).unsqueeze(1)
+        return vectors[:, None, :]
 
 
 def comet_source(config: EncoderConfig) -> tuple[str, str]:

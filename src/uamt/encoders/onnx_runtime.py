@@ -41,15 +41,15 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 import numpy as np
 import onnxruntime as ort
-import torch
 
 from uamt.core.errors import UamtError
 from uamt.core.fileio import atomic_dir, atomic_write_json, sha256_file_cached
+from uamt.core.parallel import default_threads
 from uamt.encoders.cache import check_texts
 from uamt.encoders.catalog import (
     ENCODERS,
@@ -66,6 +66,9 @@ from uamt.encoders.catalog import (
     weights_id,
 )
 from uamt.encoders.unigram import load_tokenizer
+
+if TYPE_CHECKING:  # exporting needs torch; loading and running an export does not
+    import torch
 
 __all__ = [
     "DATA_FILE",
@@ -104,30 +107,31 @@ _META_KEYS = (
 )
 
 
-class _PooledGraph(torch.nn.Module):
-    """The comet encoder plus the per-layer masked mean, so the exported graph returns pooled layers."""
+def _pooled_graph(comet_encoder, uses_token_type_ids: bool):
+    """The comet encoder plus the per-layer masked mean, so the exported graph returns pooled layers
+    (a torch module built here: exporting needs torch, loading an export does not)."""
+    import torch
 
-    def __init__(self, comet_encoder: torch.nn.Module, uses_token_type_ids: bool) -> None:
-        super().__init__()
-        self.comet_encoder = comet_encoder
-        self.uses_token_type_ids = uses_token_type_ids
+    class PooledGraph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.comet_encoder = comet_encoder
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        kwargs = {"token_type_ids": token_type_ids} if self.uses_token_type_ids else {}
-        out = self.comet_encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        mask = attention_mask.unsqueeze(-1).to(torch.float32)
-        counts = mask.sum(dim=1).clamp(min=1.0)
-        pooled = [(layer * mask).sum(dim=1) / counts for layer in out["all_layers"]]
-        return torch.stack(pooled, dim=1)
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            kwargs = {"token_type_ids": token_type_ids} if uses_token_type_ids else {}
+            out = self.comet_encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            mask = attention_mask.unsqueeze(-1).to(torch.float32)
+            counts = mask.sum(dim=1).clamp(min=1.0)
+            pooled = [(layer * mask).sum(dim=1) / counts for layer in out["all_layers"]]
+            return torch.stack(pooled, dim=1)
+
+    return PooledGraph()
 
 
 def _export_into(encoder: CometPooledEncoder, folder: Path, runtime: str) -> None:
     """Write encoder.onnx, tokenizer.json and onnx_meta.json of ``encoder`` into ``folder``."""
+    import torch
+
     uses_token_type_ids = bool(encoder.comet_encoder.uses_token_type_ids)
     # Two texts of different lengths: the traced graph must not bake in a batch or sequence size.
     ids = encoder.tokenize(["An example sentence for the export.", "Short."])
@@ -146,7 +150,7 @@ def _export_into(encoder: CometPooledEncoder, folder: Path, runtime: str) -> Non
     was_training = encoder.comet_encoder.training
     try:
         # Exported from the CPU (the ONNX session runs there); the caller's encoder is moved back.
-        graph = _PooledGraph(encoder.comet_encoder, uses_token_type_ids).cpu().eval()
+        graph = _pooled_graph(encoder.comet_encoder, uses_token_type_ids).cpu().eval()
         with torch.no_grad(), warnings.catch_warnings():
             # transformers builds the attention-mask constant 1.0 with torch.tensor, which the
             # tracer flags; the mask itself stays an input (parity is tested on padded batches).
@@ -342,7 +346,7 @@ class OnnxPooledEncoder(PooledEncoder):
     folder : str or Path
         An :func:`export_onnx` folder.
     config : EncoderConfig, optional
-        ``batch_size`` and ``threads`` (intra-op threads, 0 = ``torch.get_num_threads()``) are used;
+        ``batch_size`` and ``threads`` (intra-op threads, 0 = :func:`~uamt.core.parallel.default_threads`) are used;
         default ``EncoderConfig(runtime=<the folder's runtime>)``.
 
     Attributes
@@ -371,7 +375,7 @@ class OnnxPooledEncoder(PooledEncoder):
         options = ort.SessionOptions()
         # 0: as many threads as torch uses (OMP_NUM_THREADS, torch.set_num_threads; one on a Dask
         # worker), not ONNX Runtime's one per core: workers sharing a machine would oversubscribe it.
-        options.intra_op_num_threads = int(self.config.threads) or max(1, torch.get_num_threads())
+        options.intra_op_num_threads = int(self.config.threads) or default_threads()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3  # errors only: the int8 graph warns about unused initialisers
         model_path = self.folder / MODEL_FILE
@@ -404,25 +408,32 @@ class OnnxPooledEncoder(PooledEncoder):
     def pooled_layers(
         self, texts: Sequence[str], batch_size: int | None = None, train: bool = False
     ) -> torch.Tensor:
-        """``[n, num_layers, dim]`` float32 pooled layers, as :class:`PooledEncoder` defines them.
+        """:meth:`pooled_array` as a torch tensor (``train=True`` is refused: the exported graph is
+        frozen, no dropout, no gradients)."""
+        import torch
 
-        Runs ``batch_size`` texts of similar token counts at a time (default ``config.batch_size``);
-        ``train=True`` is refused: the exported graph is frozen (no dropout, no gradients).
-        """
         if train:
             raise ValueError(
                 f"encoder {self.encoder_id} is a frozen ONNX export: train=True (dropout, gradients) "
                 "needs runtime='torch'"
             )
+        return torch.from_numpy(self.pooled_array(texts, batch_size))
+
+    def pooled_array(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """``[n, num_layers, dim]`` float32 pooled layers, as :class:`PooledEncoder` defines them.
+
+        Runs ``batch_size`` texts of similar token counts at a time (default ``config.batch_size``);
+        numpy only, no torch.
+        """
         texts = check_texts(texts)
         batch_size = batch_size or self.config.batch_size
         out = np.empty((len(texts), self.num_layers, self.dim), dtype=np.float32)
         if not texts:
-            return torch.from_numpy(out)
+            return out
         ids = self.tokenize(texts)
         for batch in length_sorted_batches(ids, batch_size):
             out[batch] = self._run_pooled([ids[i] for i in batch])
-        return torch.from_numpy(out)
+        return out
 
 
 def load_onnx_encoder(folder: str | Path, config: EncoderConfig | None = None) -> OnnxPooledEncoder:

@@ -42,6 +42,7 @@ from uamt.models.data import (
     encoder_id_of,
     encoder_of,
     targets_of,
+    to_score_scale,
 )
 from uamt.models.ensemble import combine_members, run_members
 from uamt.models.mcd import head_samples
@@ -459,15 +460,7 @@ class TrainedModel:
 
     def predict_rows(self, rows: EncodedRows, n_samples: int | None = None) -> pd.DataFrame:
         """Predictions for pre-encoded rows, on the human ``score`` scale."""
-        out = self.predict_standardised(rows, n_samples)
-        std = self.scaler.std
-        frame = {"mu": self.scaler.inverse(out["mu"]), "sigma": np.sqrt(np.asarray(out["var"])) * std}
-        for name in ("epistemic", "aleatoric"):
-            if name in out:
-                frame[name] = np.asarray(out[name]) * std**2
-        if "q_hat" in out:
-            frame["q_hat"] = self.scaler.inverse(out["q_hat"])
-        return pd.DataFrame(frame)
+        return to_score_scale(self.predict_standardised(rows, n_samples), self.scaler)
 
     def predict(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
         """Score ``df`` (columns ``src``, ``mt`` [, ``ref``]).

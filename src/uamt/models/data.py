@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
-from torch.utils.data import DataLoader
 
 from uamt.core.errors import DataError
+
+if TYPE_CHECKING:  # torch only where rows become tensors: scoring with an exported head never does
+    import torch
+    from torch.utils.data import DataLoader
 
 FeatureFn = Callable[[list[str]], np.ndarray]
 
@@ -52,6 +55,11 @@ def features_from_encoder(encoder, batch_size: int = 64) -> FeatureSource:
     """Embed on the fly with ``encoder.pooled_layers`` (no cache)."""
 
     def embed(texts: list[str]) -> np.ndarray:
+        pooled_array = getattr(encoder, "pooled_array", None)  # PooledEncoder's; torch-free for ONNX
+        if pooled_array is not None:
+            return pooled_array(texts, batch_size=batch_size)
+        import torch
+
         with torch.no_grad():
             return encoder.pooled_layers(texts, batch_size=batch_size).detach().cpu().numpy()
 
@@ -110,6 +118,8 @@ class EncodedRows:
 
     def with_columns(self, **columns: np.ndarray) -> EncodedRows:
         """A view of the same rows with extra per-row columns (float32 [n_rows])."""
+        import torch
+
         added = dict(self.columns)
         for name, values in columns.items():
             values = np.asarray(values, dtype=np.float32)
@@ -120,6 +130,8 @@ class EncodedRows:
 
     def batch(self, rows: Sequence[int] | torch.Tensor, with_texts: bool = False) -> dict:
         """Gather one batch: embeddings [B, L, D] per side, the columns, and optionally the texts."""
+        import torch
+
         rows = torch.as_tensor(rows, dtype=torch.long)
         out: dict = {"src": self.table[self.src[rows]], "mt": self.table[self.mt[rows]]}
         if self.ref is not None:
@@ -150,14 +162,19 @@ def check_rows(df: pd.DataFrame, reference_free: bool, where: str = "table") -> 
             raise DataError(f"{where}: row {row}: column {column!r} is empty or null{hint}")
 
 
-def encode_rows(
+def index_rows(
     df: pd.DataFrame,
     features: FeatureFn,
     reference_free: bool,
     where: str = "table",
     expected_shape: tuple[int, int] | None = None,
-) -> EncodedRows:
-    """Embed the distinct texts of ``df`` once and index rows into them.
+) -> tuple[np.ndarray, list[str], dict[str, np.ndarray]]:
+    """Embed the distinct texts of ``df`` once: ``(table, texts, indices)`` in numpy.
+
+    ``table`` float32 [n_unique, num_layers, dim] (``texts[i]`` embedded in ``table[i]``) and
+    ``indices[side]`` int64 [n_rows] into it per side (``src``, ``mt`` and, unless
+    ``reference_free``, ``ref``).  :func:`encode_rows` wraps it in tensors; an exported head
+    (:mod:`uamt.serving.onnx_head`) reads it as it is.
 
     Raises
     ------
@@ -179,7 +196,7 @@ def encode_rows(
                 j = position[text] = len(texts)
                 texts.append(text)
             idx[i] = j
-        indices[side] = torch.from_numpy(idx)
+        indices[side] = idx
     table = np.asarray(features(texts)) if texts else np.zeros((0,) + (expected_shape or (1, 1)), np.float32)
     if table.ndim != 3 or table.shape[0] != len(texts):
         raise DataError(
@@ -195,12 +212,27 @@ def encode_rows(
     table = table.astype(np.float32, copy=False)
     if not np.isfinite(table).all():
         raise DataError(f"{where}: features contain NaN or infinite values")
+    return np.ascontiguousarray(table), texts, indices
+
+
+def encode_rows(
+    df: pd.DataFrame,
+    features: FeatureFn,
+    reference_free: bool,
+    where: str = "table",
+    expected_shape: tuple[int, int] | None = None,
+) -> EncodedRows:
+    """Embed the distinct texts of ``df`` once and index rows into them (:func:`index_rows` as
+    tensors; the same errors)."""
+    import torch
+
+    table, texts, indices = index_rows(df, features, reference_free, where, expected_shape)
     return EncodedRows(
-        table=torch.from_numpy(np.ascontiguousarray(table)),
+        table=torch.from_numpy(table),
         texts=texts,
-        src=indices["src"],
-        mt=indices["mt"],
-        ref=indices.get("ref"),
+        src=torch.from_numpy(indices["src"]),
+        mt=torch.from_numpy(indices["mt"]),
+        ref=torch.from_numpy(indices["ref"]) if "ref" in indices else None,
     )
 
 
@@ -213,6 +245,9 @@ def make_loader(
     drop_last: bool = False,
 ) -> DataLoader:
     """A DataLoader over row ids that gathers batches with :meth:`EncodedRows.batch` (single process)."""
+    import torch
+    from torch.utils.data import DataLoader
+
     generator = torch.Generator()
     generator.manual_seed(seed)
     return DataLoader(
@@ -251,6 +286,20 @@ class TargetScaler:
 
     def inverse(self, z: np.ndarray) -> np.ndarray:
         return np.asarray(z, dtype=np.float64) * self.std + self.mean
+
+
+def to_score_scale(out: dict[str, np.ndarray], scaler: TargetScaler) -> pd.DataFrame:
+    """A network's standardised outputs (``mu``, ``var`` [, ``epistemic``, ``aleatoric``, ``q_hat``])
+    on the human ``score`` scale: ``mu`` and ``q_hat`` through ``scaler.inverse``, ``sigma`` the
+    standard deviation ``sqrt(var) * std``, the variance parts times ``std**2``."""
+    std = scaler.std
+    frame = {"mu": scaler.inverse(out["mu"]), "sigma": np.sqrt(np.asarray(out["var"])) * std}
+    for name in ("epistemic", "aleatoric"):
+        if name in out:
+            frame[name] = np.asarray(out[name]) * std**2
+    if "q_hat" in out:
+        frame["q_hat"] = scaler.inverse(out["q_hat"])
+    return pd.DataFrame(frame)
 
 
 def targets_of(df: pd.DataFrame, where: str) -> np.ndarray:

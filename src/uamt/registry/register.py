@@ -60,7 +60,9 @@ class RegisterSettings:
     #: encoder exported to ONNX inside the model (same embeddings to ~1e-6, ~2x faster, scoring starts
     #: without transformers / unbabel-comet); ``torch`` loads it from encode.encoder at scoring time.
     #: Models that run the encoder inside the network (fine-tuned, MC dropout through the encoder)
-    #: and the numpy ``use`` encoder are always served with ``torch``.
+    #: and the numpy ``use`` encoder are always served with ``torch``.  With an ONNX runtime a
+    #: deterministic network (point, hts, kl) is exported too (:mod:`uamt.serving.onnx_head`), so
+    #: scoring imports no torch.
     serving_runtime: str = "onnx"
 
     def __post_init__(self) -> None:
@@ -298,8 +300,15 @@ def _register_model(
 ) -> dict:
     from uamt.models.api import read_manifest
     from uamt.registry import store as registry
-    from uamt.serving.calibrated_predictor import ENCODER_ARTIFACT, scale_for, signature, write_spec
+    from uamt.serving.calibrated_predictor import (
+        ENCODER_ARTIFACT,
+        HEAD_ARTIFACT,
+        scale_for,
+        signature,
+        write_spec,
+    )
     from uamt.serving.mlflow_pyfunc import UamtPyfunc
+    from uamt.serving.onnx_head import export_head
 
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -315,6 +324,10 @@ def _register_model(
     runtime = serving_runtime(reg.serving_runtime, encode.encoder, model_dir)
     if runtime != "torch":
         artifacts[ENCODER_ARTIFACT] = str(export_serving_encoder(encode.encoder, runtime, spec_dir / "encoder"))
+        # and the network, where its method allows, so that scoring needs no torch
+        head = export_head(model_dir, spec_dir / "head")
+        if head is not None:
+            artifacts[HEAD_ARTIFACT] = str(head)
     encoder_cfg = dataclasses.replace(encode.encoder, runtime=runtime)
     artifacts["spec"] = str(write_spec(spec_dir / "spec.json", encoder_cfg, scale, method, pipe.datasets))
     uri = registry.tracking_uri(reg.tracking_uri)

@@ -268,16 +268,19 @@ class CalibratedPredictor:
 #: Artifact name of the exported encoder folder a model registered with ``register.serving_runtime``
 #: ``onnx`` / ``onnx-int8`` carries (scoring then needs neither transformers nor unbabel-comet).
 ENCODER_ARTIFACT = "encoder"
+#: Artifact name of the network exported to ONNX (:mod:`uamt.serving.onnx_head`) that a model served
+#: with an ONNX encoder carries where its method allows: scoring then imports no torch.
+HEAD_ARTIFACT = "head"
 
 
 def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
     """The :class:`CalibratedPredictor` of a uamt model's artifacts (name -> local path): spec and
     calibration first (cheap, and a corrupt file is named), then the model and the encoder (the
-    shipped ONNX export where there is one).  Needs no MLflow: :class:`uamt.serving.mlflow_pyfunc.UamtPyfunc`
+    shipped ONNX exports where there are: with both the encoder's and the network's, no torch).
+    Needs no MLflow: :class:`uamt.serving.mlflow_pyfunc.UamtPyfunc`
     calls it from ``load_context``, and :func:`uamt.serving.predictor.load_predictor` directly."""
     from uamt.core.config import ConfigError, from_dict
     from uamt.encoders import EncoderConfig, get_encoder
-    from uamt.models.api import load
     from uamt.serving.model_calibration import Calibration
 
     spec_path = Path(artifacts["spec"])
@@ -296,7 +299,14 @@ def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
     if not math.isfinite(float(scale.default_risk_threshold)):
         raise UamtError(f"{spec_path}: scale.default_risk_threshold must be a finite number")
     calibration = Calibration.load(artifacts["calibration"])
-    model = load(artifacts["model"])
+    if HEAD_ARTIFACT in artifacts and ENCODER_ARTIFACT in artifacts:
+        from uamt.serving.onnx_head import load_onnx_head
+
+        model = load_onnx_head(artifacts[HEAD_ARTIFACT], artifacts["model"])
+    else:
+        from uamt.models.api import load
+
+        model = load(artifacts["model"])
     if ENCODER_ARTIFACT in artifacts:  # the registered model carries its ONNX encoder
         from uamt.encoders.onnx_runtime import load_onnx_encoder
 

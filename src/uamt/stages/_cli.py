@@ -11,6 +11,7 @@ from pathlib import Path
 
 from uamt.core.config import DEFAULT_PARAMS, ConfigError
 from uamt.core.errors import UamtError
+from uamt.core.parallel import LOG_FORMAT
 
 
 def stage_main(
@@ -21,7 +22,7 @@ def stage_main(
         "--params", type=Path, default=DEFAULT_PARAMS, help="params file (default: params.yaml)"
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     started = time.perf_counter()
     try:
         run(load_config(args.params))
