@@ -59,7 +59,7 @@ def test_exported_network_predicts_like_torch(trained, name):
     for column in want.columns:
         np.testing.assert_allclose(got[column], want[column], rtol=1e-5, atol=1e-6, err_msg=column)
     meta = json.loads((folder / META_FILE).read_text())
-    assert meta["method"] == name.removesuffix("_qe") and meta["max_abs_error"] <= 1e-4
+    assert meta["method"] == name.removesuffix("_qe") and meta["max_error"] <= 1e-4
     assert head.cfg == load(models[name]).cfg
 
 

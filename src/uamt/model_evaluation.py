@@ -333,7 +333,7 @@ def calibrate_models(
     every calibration split (``predictions/<split>/<model>.parquet``), ``<calibration_dir>/<model>.json``,
     ``<calibration_dir>/baselines/point+<candidate>.json`` and ``<metrics_dir>/dev.json``; returns
     ``{model: calibration path}``.  The models are calibrated in ``pipe.workers`` processes
-    (:func:`calibrate_model`; the same files for any number)."""
+    (:func:`calibrate_model`; the same numbers for any number, up to float rounding)."""
     for split in settings.calibration_splits:  # declared stage outputs, even where no model is calibrated on them
         (Path(pipe.predictions_dir) / split).mkdir(parents=True, exist_ok=True)
     bounds = _scale_bounds(pipe)
@@ -441,7 +441,7 @@ def evaluate_models(
     """Measure every model's served calibration (``<calibration_dir>/<model>.json``, as fitted by the
     calibrate stage) on ``test`` and ``ood``; writes the predictions, the metrics and the plots;
     returns ``{"test": ..., "ood": ..., plot name: ...}`` paths.  The models are measured in
-    ``pipe.workers`` processes (:func:`evaluate_model`; the same files for any number)."""
+    ``pipe.workers`` processes (:func:`evaluate_model`; the same numbers for any number, up to float rounding)."""
     bounds = _scale_bounds(pipe)
     done = dict(
         zip(

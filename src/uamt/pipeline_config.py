@@ -49,7 +49,8 @@ class PipelineConfig:
         Folders (DVC outs).
     workers : int
         Processes the calibrate and evaluate stages spread the models over (each model is fitted and
-        measured on its own: the same files for any number; 1 = all in the stage's process).
+        measured on its own: the same numbers for any number of workers, up to float rounding where
+        torch's thread count orders float32 sums differently; 1 = all in the stage's process).
     """
 
     datasets: tuple[str, ...] = ("wmt21_mqm",)

@@ -1,10 +1,12 @@
-"""Independent pieces of a stage in worker processes, with the same results as in one.
+"""Independent pieces of a stage in worker processes, with the results of one process.
 
 The calibrate and evaluate stages fit and measure each model on its own; most of that time is numpy
 on one core (the calibration grid searches, the cross-fitting, the leave-one-LP-out refits), so on
 a machine with two cores two models at a time take about half as long.  Workers are *spawned*
 (fresh interpreters: no fork of a process whose torch / OpenMP thread pools already run), log like
-the stage, and share the cores: torch in each runs ``cores // workers`` threads.
+the stage, and share the cores: torch in each runs ``cores // workers`` threads.  Results equal
+those of one process up to float rounding: torch's thread count changes the order of float32 sums
+(measured on the pipeline: calibration files identical, test PPS equal to 12 digits).
 """
 
 from __future__ import annotations
