@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from uamt.core.errors import DataError
+from uamt.core.errors import DataError, UamtError
 
 
 def _umask() -> int:
@@ -187,6 +187,43 @@ _WIDE_BOMS = (
     (b"\xff\xfe", "UTF-16", "FF FE"),
     (b"\xfe\xff", "UTF-16", "FE FF"),
 )
+
+
+def read_meta_json(meta_path: Path, required, format_version: int, not_what: str) -> dict[str, Any]:
+    """The JSON object of an export's meta file (ONNX encoder, ONNX network), checked.
+
+    Raises
+    ------
+    UamtError
+        Naming ``meta_path``: it is missing (``<folder> is not <not_what>``), not JSON, not an
+        object, lacks a field of ``required``, or has another ``format_version``.
+    """
+    if not meta_path.is_file():
+        raise UamtError(f"{meta_path}: missing; {meta_path.parent} is not {not_what}")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UamtError(f"{meta_path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise UamtError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    missing = [key for key in required if key not in meta]
+    if missing:
+        raise UamtError(f"{meta_path}: missing field(s) {missing}")
+    if meta["format_version"] != format_version:
+        raise UamtError(f"{meta_path}: format_version {meta['format_version']!r}, this uamt reads {format_version}")
+    return meta
+
+
+def check_recorded_sha256(recorded: dict[Path, str], meta_path: Path, remedy: str) -> None:
+    """UamtError naming the first file of ``recorded`` whose sha256 is not the one ``meta_path``
+    recorded for it (``remedy`` ends the message)."""
+    for path, expected in recorded.items():
+        found = sha256_file_cached(path)
+        if found != expected:
+            raise UamtError(
+                f"{path}: sha256 {found[:12]}… does not match {meta_path} "
+                f"({str(expected)[:12]}…): the file is corrupt or was replaced{remedy}"
+            )
 
 
 def wide_encoding_hint(data: bytes) -> str | None:

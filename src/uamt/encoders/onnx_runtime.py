@@ -35,7 +35,6 @@ match torch to ~1e-6.  A model must be trained and served on the same one (see :
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import warnings
@@ -48,7 +47,13 @@ import numpy as np
 import onnxruntime as ort
 
 from uamt.core.errors import UamtError
-from uamt.core.fileio import atomic_dir, atomic_write_json, sha256_file_cached
+from uamt.core.fileio import (
+    atomic_dir,
+    atomic_write_json,
+    check_recorded_sha256,
+    read_meta_json,
+    sha256_file_cached,
+)
 from uamt.core.parallel import default_threads
 from uamt.encoders.cache import check_texts
 from uamt.encoders.catalog import (
@@ -302,21 +307,7 @@ def export_onnx(encoder: CometPooledEncoder, out_dir: str | Path, *, quantize: b
 def _read_meta(folder: Path) -> dict[str, Any]:
     """The checked ``onnx_meta.json`` of ``folder``; UamtError naming the file when unusable."""
     meta_path = folder / META_FILE
-    if not meta_path.is_file():
-        raise UamtError(f"{meta_path}: missing; {folder} is not an exported ONNX encoder folder")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UamtError(f"{meta_path}: not valid JSON ({exc})") from None
-    if not isinstance(meta, dict):
-        raise UamtError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
-    missing = [key for key in _META_KEYS if key not in meta]
-    if missing:
-        raise UamtError(f"{meta_path}: missing field(s) {missing}")
-    if meta["format_version"] != FORMAT_VERSION:
-        raise UamtError(
-            f"{meta_path}: format_version {meta['format_version']!r}, this uamt reads {FORMAT_VERSION}"
-        )
+    meta = read_meta_json(meta_path, _META_KEYS, FORMAT_VERSION, "an exported ONNX encoder folder")
     if meta["runtime"] not in RUNTIMES or meta["runtime"] == "torch":
         raise UamtError(f"{meta_path}: runtime {meta['runtime']!r} is not an ONNX runtime")
     for key in ("max_length", "pad_token_id", "num_layers", "dim"):
@@ -328,13 +319,7 @@ def _read_meta(folder: Path) -> dict[str, Any]:
     for path in [folder / name for name in hashed] + [folder / TOKENIZER_FILE]:
         if not path.is_file():
             raise UamtError(f"{path}: missing (the export in {folder} is incomplete)")
-    for name, expected in hashed.items():
-        found = sha256_file_cached(folder / name)
-        if found != expected:
-            raise UamtError(
-                f"{folder / name}: sha256 {found[:12]}… does not match {meta_path} "
-                f"({str(expected)[:12]}…): the file is corrupt or was replaced; export it again"
-            )
+    check_recorded_sha256({folder / name: expected for name, expected in hashed.items()}, meta_path, "; export it again")
     return meta
 
 

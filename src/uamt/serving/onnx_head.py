@@ -22,7 +22,6 @@ ensembles, DUP and fine-tuned encoders keep the torch path (:func:`export_refusa
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError, UamtError
-from uamt.core.fileio import atomic_write_json, sha256_file_cached
+from uamt.core.fileio import atomic_write_json, check_recorded_sha256, read_meta_json, sha256_file_cached
 
 log = logging.getLogger(__name__)
 
@@ -183,31 +182,14 @@ def _read_meta(folder: Path, model_dir: Path | None) -> dict[str, Any]:
     """The checked ``head_meta.json`` of ``folder``: head.onnx and (with ``model_dir``) the
     checkpoint's weights must have the recorded sha256, so a head never serves another network."""
     meta_path = folder / META_FILE
-    if not meta_path.is_file():
-        raise UamtError(f"{meta_path}: missing; {folder} is not an exported network")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UamtError(f"{meta_path}: not valid JSON ({exc})") from None
-    if not isinstance(meta, dict):
-        raise UamtError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
-    missing = [key for key in _META_KEYS if key not in meta]
-    if missing:
-        raise UamtError(f"{meta_path}: missing field(s) {missing}")
-    if meta["format_version"] != FORMAT_VERSION:
-        raise UamtError(f"{meta_path}: format_version {meta['format_version']!r}, this uamt reads {FORMAT_VERSION}")
-    checked = {folder / MODEL_FILE: meta["sha256"]}
+    meta = read_meta_json(meta_path, _META_KEYS, FORMAT_VERSION, "an exported network")
+    recorded = {folder / MODEL_FILE: meta["sha256"]}
     if model_dir is not None:
-        checked[Path(model_dir) / CHECKPOINT_WEIGHTS] = meta["weights_sha256"]
-    for path, expected in checked.items():
+        recorded[Path(model_dir) / CHECKPOINT_WEIGHTS] = meta["weights_sha256"]
+    for path in recorded:
         if not path.is_file():
             raise UamtError(f"{path}: missing (needed by the exported network in {folder})")
-        found = sha256_file_cached(path)
-        if found != expected:
-            raise UamtError(
-                f"{path}: sha256 {found[:12]}… does not match {meta_path} ({str(expected)[:12]}…): "
-                "the file is corrupt or was replaced, or the head belongs to another checkpoint"
-            )
+    check_recorded_sha256(recorded, meta_path, ", or the head belongs to another checkpoint")
     return meta
 
 
