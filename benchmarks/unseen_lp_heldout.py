@@ -1,9 +1,11 @@
 """How wide must an unseen language pair's interval be when the *model* has not seen it either?
 
-The calibrate stage fits the unseen-LP widening by leaving each dev LP out of the *calibration*
-only: the model was still trained on that LP.  A user's unseen pair is unseen by both.  This
-retrains the method without each LP (leave-one-LP-out models), so the held-out LP is new to the
-model and to the calibration, and measures on that LP's **test** rows:
+A user's unseen pair is unseen by the model and by its calibration.  The pipeline fits the served
+models' unseen-LP widening that way (the ``train_lolo`` stage; ``evaluate`` measures those models on
+their held-out LPs' test rows: ``metrics/conditional.json``, ``<model>.unseen_lp_held_out_models``);
+for any other method the calibrate stage leaves each LP out of the *calibration* only.  This
+retrains any ``--method`` without each LP (leave-one-LP-out models) in a temporary folder, so the
+held-out LP is new to the model and to the calibration, and measures on that LP's **test** rows:
 
 * coverage@0.9 of the served distribution refitted on the other LPs' dev rows (the global fallback
   an unseen LP gets; its point masses and all), without widening and with the artifact's factor

@@ -1,5 +1,5 @@
 """The whole stage chain on a small real slice: fetch -> prepare -> encode -> train_base -> train_dup
--> calibrate -> evaluate -> register, with the default encoder (MiniLM) and tiny heads."""
+-> train_lolo -> calibrate -> evaluate -> register, with the default encoder (MiniLM) and tiny heads."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import yaml
 from tests.conftest import REPO_ROOT
 from uamt.registry.store import SUMMARY_PATH
 
-STAGES = ("fetch", "prepare", "encode", "train_base", "train_dup", "calibrate", "evaluate", "register")
+STAGES = ("fetch", "prepare", "encode", "train_base", "train_dup", "train_lolo", "calibrate", "evaluate", "register")
 
 
 def small_params(tmp_path: Path, mirror: Path) -> Path:
@@ -87,6 +87,12 @@ def test_chain_writes_metrics_for_every_method_and_lp(pipeline_run):
     # the gate reads dev metrics cross-fitted over documents, with the baselines beside the models
     dev = json.loads((pipeline_run / "metrics" / "dev.json").read_text())
     assert {f"point+{conditional['hts']['served']}", *test} <= set(dev)
+    # the served models' unseen-LP widening is fitted with train_lolo's models (each LP left out of
+    # model and calibration), and evaluate measures them on the held-out LPs' test rows
+    for model in ("hts", "hts_qe"):
+        assert dev[model]["unseen_lp"]["fitted_with"] == "model and calibration held out", model
+        assert set(conditional[model]["unseen_lp_held_out_models"]) == {"en-de", "en-ru", "zh-en", "avg"}, model
+    assert dev["point"]["unseen_lp"]["fitted_with"] == "calibration held out"
     for plot in ("reliability.png", "sharpness.png", "error_vs_sigma.png"):
         assert (pipeline_run / "plots" / plot).stat().st_size > 1000
 

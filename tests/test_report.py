@@ -226,3 +226,12 @@ def test_report_lists_the_interval_goals_per_model(workspace):
     assert "| coverage@0.9 within ±3 points in every LP | max |cov - 0.9| <= 0.03 | 0.020 | yes |  |" in text
     assert "| en-de | 500 | 0.920 | 8.00 | 0.070 / 0.010 | 0.800 |" in text
     assert "| affine_ece | no | 0.880 |" in text
+    assert "Unseen language pairs with the model held out" not in text  # no train_lolo models measured
+
+    held = {"n": 300, "coverage@0.9": 0.905, "coverage@0.9_unwidened": 0.88, "width@0.9": 12.5,
+            "seen_width@0.9": 10.0, "crps": 2.0, "pps": 0.3, "sigma_factor": 1.13}
+    summary["unseen_lp_held_out_models"] = {"en-de": held, "avg": {**held, "n": 300}}
+    Path("metrics/conditional.json").write_text(json.dumps({"hts": summary}))
+    text = report.build_report(metrics, figures)
+    assert "by the unseen-LP factor (1.130)" in text
+    assert "| en-de | 300 | 0.905 | 0.880 | 12.50 | 10.00 | 2.000 | 0.300 |" in text

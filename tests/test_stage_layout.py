@@ -18,6 +18,7 @@ EXPECTED = [
     "encode",
     "train_base",
     "train_dup",
+    "train_lolo",
     "calibrate",
     "evaluate",
     "register",

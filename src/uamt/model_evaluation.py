@@ -5,7 +5,9 @@ One artifact per model: :func:`calibrate_models` fits the model's calibration on
 ``evaluate.calibration_splits`` the model never trained on (dev and ``d_e`` for the single-stage
 models, dev for DUP, whose error model trains on ``d_e``; never test) and writes it to ``calibration/<model>.json`` -- standardisation, the served candidate the
 dev rule picked, the reference factors (k references: :func:`uamt.serving.multi_reference.fit_reference_factors`)
-and the unseen-LP widening (:func:`uamt.serving.model_calibration.fit_model_unseen_lp_sigma_factor`).  That file is
+and the unseen-LP widening (with the model held out where the train_lolo stage trained it without each LP:
+:func:`uamt.serving.model_calibration.fit_held_out_model_unseen_lp_sigma_factor`; else
+:func:`uamt.serving.model_calibration.fit_model_unseen_lp_sigma_factor`).  That file is
 what :func:`evaluate_models` loads and measures, what the register stage gates and ships in the
 pyfunc, and what ``uamt score`` serves.  Every metric comes from the served distribution itself
 (:mod:`uamt.uncertainty.served`: its mu, its intervals at every level, its CDF), clipped to the
@@ -31,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,7 @@ from uamt.core.errors import DataError
 from uamt.core.naming import is_reference_free, qe_model_name
 from uamt.core.parallel import map_in_processes
 from uamt.encoders import EncodeConfig
+from uamt.leave_one_lp_out import held_out_models
 from uamt.pipeline_config import (
     PipelineConfig,
     open_features,
@@ -53,6 +57,7 @@ from uamt.serving.model_calibration import (
     Calibration,
     attach_distribution,
     fit_calibration,
+    fit_held_out_model_unseen_lp_sigma_factor,
     fit_model_unseen_lp_sigma_factor,
     is_fixed_variance,
     refit_served,
@@ -69,6 +74,8 @@ from uamt.uncertainty.served import ServedRows, ServedSettings, served_metrics, 
 log = logging.getLogger(__name__)
 EVAL_SPLITS = ("test", "ood")
 BASELINES_DIR = "baselines"
+#: ``<calibration_dir>/lolo/<model>/<lp>.json``: the calibration a model trained without ``lp`` served ``lp``.
+LOLO_DIR = "lolo"
 #: Per-LP keys of ``metrics/{dev,test,ood}.json`` (the rest of the served metrics -- cells, risk
 #: reliability, the reliability curve -- goes to ``metrics/conditional.json``).
 REPORTED = (
@@ -270,11 +277,16 @@ def calibrate_model(
     calibration_dir: str | Path,
     method: str,
     inputs: tuple | None = None,
+    lolo_dir: str | Path | None = None,
 ) -> tuple[dict[str, Any], Path, dict[str, pd.DataFrame]]:
     """One model of :func:`calibrate_models`: its predictions on its calibration splits (written),
     its calibration (saved), and its cross-fitted dev metrics.  Returns ``(metrics, calibration
     path, {split: predictions table})``; reads nothing another model writes, so models may run in
-    parallel.  ``inputs``: :func:`calibration_inputs` (read here when None)."""
+    parallel.  ``inputs``: :func:`calibration_inputs` (read here when None).  ``lolo_dir``: the
+    train_lolo stage's folder; a model trained there without each LP gets its unseen-LP widening
+    fitted with the model held out (:func:`fit_held_out_model_unseen_lp_sigma_factor`; each
+    held-out LP's calibration saved as ``<calibration_dir>/lolo/<model>/<lp>.json``), the others
+    with the calibration held out only."""
     frames, dev_df, features, bounds = inputs if inputs is not None else calibration_inputs(pipe, settings, encode)
     splits = model_calibration_splits(pipe, method, settings)
     tables = {
@@ -296,12 +308,29 @@ def calibrate_model(
     # The widening is fitted for the distribution that is served (its point masses included).
     started = time.perf_counter()
     factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings, bounds=bounds)
+    unseen = {"sigma_factor": factor, "fitted_with": "calibration held out", "held_out": held_out}
+    models = held_out_models(lolo_dir, method) if lolo_dir is not None else {}
+    if models:
+        fit = fit_held_out_model_unseen_lp_sigma_factor(
+            {lp: lolo_predictions(folder, frames, splits, features) for lp, folder in models.items()},
+            method, calibration, settings=settings, bounds=bounds,
+        )
+        save_held_out_calibrations(fit.calibrations, Path(calibration_dir) / LOLO_DIR / method)
+        factor = fit.factor
+        unseen = {
+            "sigma_factor": factor,
+            "fitted_with": "model and calibration held out",
+            "held_out_models": fit.needed,
+            "held_out_models_coverage": fit.coverage,
+            "calibration_only": {"sigma_factor": unseen["sigma_factor"], "held_out": held_out},
+        }
     calibration = with_unseen_factor(calibration, factor)
     log.info(
-        "%s: unseen-LP widening %.3f (leave-one-LP-out: %s; %.1f s)",
+        "%s: unseen-LP widening %.3f, %s (leave-one-LP-out: %s; %.1f s)",
         method,
         factor,
-        ", ".join(f"{lp} {c:.3f}" for lp, c in held_out.items()) or "fewer than two LPs",
+        unseen["fitted_with"],
+        ", ".join(f"{lp} {c:.3f}" for lp, c in unseen.get("held_out_models", held_out).items()) or "fewer than two LPs",
         time.perf_counter() - started,
     )
     path = Path(calibration_dir) / f"{method}.json"
@@ -314,7 +343,7 @@ def calibrate_model(
         "calibrated_on": list(splits),
         "n_calibration_rows": len(table),
         "served": "fixed_variance" if calibration.fixed else calibration.selected,
-        "unseen_lp": {"sigma_factor": factor, "held_out": held_out},
+        "unseen_lp": unseen,
     }
     if calibration.isotonic is not None:  # "served" stays the candidate: the baselines are named by it
         metrics["distribution"] = "isotonic"
@@ -325,20 +354,42 @@ def calibrate_model(
     return metrics, path, tables
 
 
+def lolo_predictions(model_dir: Path, frames: dict[str, pd.DataFrame], splits, features) -> pd.DataFrame:
+    """The predictions of the model in ``model_dir`` on the ``splits`` of ``frames``, one table (not written)."""
+    from uamt.models.api import load
+
+    model = load(model_dir)
+    return pd.concat([model.predictions_table(frames[split], features) for split in splits], ignore_index=True)
+
+
+def save_held_out_calibrations(calibrations: dict[str, Calibration], folder: Path) -> None:
+    """``<folder>/<lp>.json`` for each held-out LP's calibration (what :func:`evaluate_model` measures
+    the held-out model's test rows with); what an earlier fit left there goes first."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    for lp, calibration in calibrations.items():
+        calibration.save(folder / f"{lp}.json")
+
+
 def calibrate_models(
-    pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig, calibration_dir: str | Path
+    pipe: PipelineConfig,
+    settings: EvaluationSettings,
+    encode: EncodeConfig,
+    calibration_dir: str | Path,
+    lolo_dir: str | Path | None = None,
 ) -> dict[str, Path]:
     """Fit every model's calibration (the artifact) on its calibration rows (:func:`model_calibration_splits`),
     its point + same-calibration baseline and their cross-fitted metrics; writes the predictions of
     every calibration split (``predictions/<split>/<model>.parquet``), ``<calibration_dir>/<model>.json``,
     ``<calibration_dir>/baselines/point+<candidate>.json`` and ``<metrics_dir>/dev.json``; returns
     ``{model: calibration path}``.  The models are calibrated in ``pipe.workers`` processes
-    (:func:`calibrate_model`; the same numbers for any number, up to float rounding)."""
+    (:func:`calibrate_model`; the same numbers for any number, up to float rounding); ``lolo_dir``:
+    the train_lolo stage's models (:func:`calibrate_model`)."""
     for split in settings.calibration_splits:  # declared stage outputs, even where no model is calibrated on them
         (Path(pipe.predictions_dir) / split).mkdir(parents=True, exist_ok=True)
     bounds = _scale_bounds(pipe)
     done = map_in_processes(
-        functools.partial(calibrate_model, pipe, settings, encode, calibration_dir),
+        functools.partial(calibrate_model, pipe, settings, encode, calibration_dir, lolo_dir=lolo_dir),
         pipe.all_methods,
         pipe.workers,
         load=functools.partial(calibration_inputs, pipe, settings, encode),
@@ -402,12 +453,14 @@ def evaluate_model(
     calibration_dir: str | Path,
     method: str,
     inputs: tuple | None = None,
+    lolo_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """One model of :func:`evaluate_models`: its predictions on test and ood (written), the served
     metrics of its calibration there, and the analysis of the other candidates.  Returns
-    ``{"full": {split: metrics}, "tables": {split: predictions}, "analysis": ...}``; reads nothing
-    another model writes, so models may run in parallel.  ``inputs``: :func:`evaluation_inputs`
-    (read here when None)."""
+    ``{"full": {split: metrics}, "tables": {split: predictions}, "analysis": ..., "held_out_models":
+    ...}``; reads nothing another model writes, so models may run in parallel.  ``inputs``:
+    :func:`evaluation_inputs` (read here when None); ``lolo_dir``: the train_lolo stage's models
+    (:func:`held_out_model_test_metrics`)."""
     frames, features, bounds = inputs if inputs is not None else evaluation_inputs(pipe, encode)
     calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
     dev = with_model_sigma(calibration_rows(pipe, method, calibration.calibrated_on), method)
@@ -431,23 +484,82 @@ def evaluate_model(
         dev_source=f"{'+'.join(calibration.calibrated_on)}/{method}",
         scope="full",
     )
+    held = held_out_model_test_metrics(
+        method, lolo_dir, Path(calibration_dir), frames["test"], features, settings, bounds, full["test"]
+    )
     log.info("evaluated %s", method)
-    return {"full": full, "tables": tables, "analysis": analysis}
+    return {"full": full, "tables": tables, "analysis": analysis, "held_out_models": held}
+
+
+def held_out_model_test_metrics(
+    method: str, lolo_dir, calibration_dir: Path, test: pd.DataFrame, features, settings: EvaluationSettings,
+    bounds, seen: dict[str, Any],
+) -> dict[str, Any] | None:
+    """How an unseen language pair is served, measured with the pair held out of model and calibration.
+
+    For each LP ``L`` the train_lolo stage trained ``method`` without (``lolo_dir``) and calibrate
+    fitted a calibration for (``<calibration_dir>/lolo/<method>/<L>.json``: the served distribution
+    refitted on the other LPs, widened by the model's unseen-LP factor), ``L``'s test rows are
+    predicted by that model and served that calibration -- as ``uamt score`` serves a new pair.  Per
+    LP: the served metrics (coverage and width at every level, CRPS, bad-segment coverage, PPS), the
+    coverage at ``coverage_gamma`` without the widening, and the width the registered model (which
+    saw ``L``) gets on the same rows (``seen``: its test metrics).  ``None`` when there are none.
+    """
+    folder = calibration_dir / LOLO_DIR / method
+    models = held_out_models(lolo_dir, method) if lolo_dir is not None else {}
+    if not models or not folder.is_dir():
+        return None
+    from uamt.models.api import load
+    from uamt.serving.model_calibration import served_lp_coverage
+
+    level = settings.coverage_gamma
+    out: dict[str, Any] = {}
+    for lp, model_dir in models.items():
+        path = folder / f"{lp}.json"
+        rows = test[test["lp"].astype(str) == lp].reset_index(drop=True)
+        if not path.is_file() or rows.empty:
+            continue
+        calibration = Calibration.load(path)
+        table = with_model_sigma(load(model_dir).predictions_table(rows, features), method)
+        metrics = compact(measure(calibration, ask(calibration, table, settings, bounds), table, settings))[lp]
+        out[lp] = {
+            **metrics,
+            f"coverage@{level}_unwidened": served_lp_coverage(with_unseen_factor(calibration, 1.0), table, level, bounds),
+            f"seen_width@{level}": (seen.get(lp) or {}).get(f"width@{level}"),
+            "sigma_factor": calibration.unseen_lp_sigma_factor,
+        }
+    if not out:
+        return None
+    per_lp = list(out.values())
+    out["avg"] = {
+        key: float(np.mean([m[key] for m in per_lp]))
+        for key in (f"coverage@{level}", f"coverage@{level}_unwidened", f"width@{level}", f"seen_width@{level}", "crps", "pps")
+        if all(m.get(key) is not None for m in per_lp)
+    }
+    out["avg"]["n"] = int(sum(m["n"] for m in per_lp))
+    out["avg"]["sigma_factor"] = per_lp[0]["sigma_factor"]
+    return out
 
 
 def evaluate_models(
-    pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig, calibration_dir: str | Path
+    pipe: PipelineConfig,
+    settings: EvaluationSettings,
+    encode: EncodeConfig,
+    calibration_dir: str | Path,
+    lolo_dir: str | Path | None = None,
 ) -> dict[str, Path]:
     """Measure every model's served calibration (``<calibration_dir>/<model>.json``, as fitted by the
     calibrate stage) on ``test`` and ``ood``; writes the predictions, the metrics and the plots;
     returns ``{"test": ..., "ood": ..., plot name: ...}`` paths.  The models are measured in
-    ``pipe.workers`` processes (:func:`evaluate_model`; the same numbers for any number, up to float rounding)."""
+    ``pipe.workers`` processes (:func:`evaluate_model`; the same numbers for any number, up to float
+    rounding); ``lolo_dir``: the train_lolo stage's models, measured on their held-out LPs' test rows
+    (``metrics/conditional.json``: ``<model>.unseen_lp_held_out_models``)."""
     bounds = _scale_bounds(pipe)
     done = dict(
         zip(
             pipe.all_methods,
             map_in_processes(
-                functools.partial(evaluate_model, pipe, settings, encode, calibration_dir),
+                functools.partial(evaluate_model, pipe, settings, encode, calibration_dir, lolo_dir=lolo_dir),
                 pipe.all_methods,
                 pipe.workers,
                 load=functools.partial(evaluation_inputs, pipe, encode),
@@ -488,6 +600,8 @@ def evaluate_models(
             analysis=conditional[method]["analysis"],
             settings=served_settings(settings),
         )
+        if done[method]["held_out_models"] is not None:
+            conditional[method]["unseen_lp_held_out_models"] = done[method]["held_out_models"]
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics["test"], metrics_dir / "test.json")

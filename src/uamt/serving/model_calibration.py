@@ -792,3 +792,71 @@ def fit_model_unseen_lp_sigma_factor(
         min_lp_rows=settings.min_lp_rows,
         bounds=bounds,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutModelFit:
+    """What :func:`fit_held_out_model_unseen_lp_sigma_factor` fits and measures.
+
+    Attributes
+    ----------
+    factor : float
+        The unseen-LP widening (at least 1).
+    needed : dict
+        ``{lp: c_L}``: the widening that LP alone needed (below 1 where it needed less).
+    coverage : dict
+        ``{lp: {"unwidened": ..., "widened": ..., "n": rows}}``: the held-out LP's served coverage at
+        the level without the widening and with ``factor``.
+    calibrations : dict
+        ``{lp: Calibration}``: what an unseen LP got in each fit (the served distribution refitted on
+        the other LPs' rows of the model trained without ``lp``), widened by ``factor``.
+    """
+
+    factor: float
+    needed: dict
+    coverage: dict
+    calibrations: dict
+
+
+def fit_held_out_model_unseen_lp_sigma_factor(
+    tables_by_lp: dict[str, pd.DataFrame],
+    method: str | None,
+    calibration: Calibration,
+    *,
+    settings: EvaluationSettings | None = None,
+    bounds=None,
+) -> HeldOutModelFit:
+    """The unseen-LP widening with the *model* held out as well as the calibration.
+
+    ``tables_by_lp[L]``: the calibration rows (``lp, human, mu, sigma``, every LP) predicted by the
+    model trained without ``L`` (:mod:`uamt.leave_one_lp_out`).  For each ``L`` with at least
+    ``settings.min_lp_rows`` rows, the distribution ``calibration`` serves is refitted on the other
+    LPs' rows (:func:`refit_served`) and ``L``'s rows are served its global fallback, as a pair new to
+    model and calibration is.  The factor is the smallest (at least 1) under which those LPs are
+    covered ``settings.coverage_gamma`` of the time on average, each LP weighing the same
+    (:func:`equal_weight_widening`), the coverage counted as the metrics count it
+    (:func:`served_lp_coverage`).  Fewer than two such LPs: factor 1 and nothing measured.
+    """
+    settings = settings if settings is not None else EvaluationSettings()
+    level = settings.coverage_gamma
+    coverage, fitted, sizes = {}, {}, {}
+    for lp in sorted(tables_by_lp):
+        table = tables_by_lp[lp]
+        if method is not None:
+            table = with_model_sigma(table, method)
+        lps = table["lp"].astype(str).to_numpy()
+        held = table[lps == lp]
+        if len(held) < settings.min_lp_rows:
+            continue
+        fitted[lp] = refit_served(table[lps != lp], None, calibration, settings)
+        sizes[lp] = len(held)
+        coverage[lp] = lambda w, c=fitted[lp], rows=held: served_lp_coverage(with_unseen_factor(c, w), rows, level, bounds)
+    if len(coverage) < 2:
+        return HeldOutModelFit(1.0, {}, {}, {})
+    factor = equal_weight_widening(coverage, level)
+    return HeldOutModelFit(
+        factor=factor,
+        needed={lp: smallest_widening(cover, level) for lp, cover in coverage.items()},
+        coverage={lp: {"unwidened": cover(1.0), "widened": cover(factor), "n": sizes[lp]} for lp, cover in coverage.items()},
+        calibrations={lp: with_unseen_factor(c, factor) for lp, c in fitted.items()},
+    )
