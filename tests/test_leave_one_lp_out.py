@@ -12,7 +12,7 @@ import pytest
 
 from uamt.core.config import ConfigError
 from uamt.core.errors import DataError
-from uamt.leave_one_lp_out import LeaveOneLpOutConfig, held_out_models
+from uamt.leave_one_lp_out import LeaveOneLpOutConfig, held_out_lps, held_out_models
 from uamt.pipeline_config import PipelineConfig
 from uamt.serving.model_calibration import (
     Calibration,
@@ -84,6 +84,17 @@ def test_config_refuses_a_model_named_twice_or_one_train_base_does_not_train():
     LeaveOneLpOutConfig(models=("hts", "hts_qe")).check_against(pipe)
     with pytest.raises(ConfigError, match=r"train_lolo.models: 'dup' is not a model train_base trains; choose from"):
         LeaveOneLpOutConfig(models=("dup",)).check_against(pipe)
+
+
+def test_an_lp_is_left_out_only_where_other_lps_remain_to_train_and_stop_on():
+    """A small profile's dev may hold one LP: leaving that LP out would leave no early-stopping
+    rows, so no model is trained without it (said why); one LP in all leaves nothing to hold out."""
+    train = pd.DataFrame({"lp": ["en-de", "en-ru", "zh-en", "en-de"]})
+    assert held_out_lps(train, train) == (["en-de", "en-ru", "zh-en"], {})
+    lps, skipped = held_out_lps(train, pd.DataFrame({"lp": ["en-de", "en-de"]}))
+    assert lps == ["en-ru", "zh-en"] and list(skipped) == ["en-de"]
+    assert "early-stopping rows hold no other LP (['en-de'])" in skipped["en-de"]
+    assert held_out_lps(train[train.lp == "en-de"], train) == ([], {"en-de": "the training rows hold no other LP"})
 
 
 def test_held_out_models_reads_the_manifest_and_refuses_a_missing_folder(tmp_path):

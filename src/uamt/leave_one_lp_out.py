@@ -65,9 +65,17 @@ class LeaveOneLpOutConfig:
         return Path(self.out_dir) / lp / model
 
 
-def held_out_lps(train_df) -> list[str]:
-    """The LPs of the training rows, sorted: each is left out once."""
-    return sorted(set(train_df["lp"].astype(str)))
+def held_out_lps(train_df, dev_df) -> tuple[list[str], dict[str, str]]:
+    """``(lps, skipped)``: the LPs of the training rows, sorted, that can each be left out once --
+    rows of another LP remain to train on and to stop early on -- and ``{lp: reason}`` for the others
+    (a small profile's dev split may hold one LP only).  No LP when the training rows hold one:
+    nothing to leave out."""
+    lps = sorted(set(train_df["lp"].astype(str)))
+    if len(lps) < 2:
+        return [], {lp: "the training rows hold no other LP" for lp in lps}
+    dev_lps = set(dev_df["lp"].astype(str))
+    skipped = {lp: f"the early-stopping rows hold no other LP ({sorted(dev_lps)})" for lp in lps if not dev_lps - {lp}}
+    return [lp for lp in lps if lp not in skipped], skipped
 
 
 def _training_inputs(pipe, train_cfg, encode):
@@ -95,7 +103,8 @@ def _train_one(train_cfg, lolo, job: tuple[str, str], inputs) -> dict:
     )
     seconds = time.perf_counter() - started
     log.info("trained %s without %s on %d rows in %.1f s", model, lp, len(kept), seconds)
-    return {"n_train": int(len(kept)), "seconds": round(seconds, 1)}
+    # no timing in the manifest: a stage output must be the same on a re-run (the weights are)
+    return {"n_train": int(len(kept))}
 
 
 def train_leave_one_lp_out(pipe, train_cfg, encode, lolo: LeaveOneLpOutConfig) -> dict[str, dict[str, Path]]:
@@ -109,15 +118,20 @@ def train_leave_one_lp_out(pipe, train_cfg, encode, lolo: LeaveOneLpOutConfig) -
     from uamt.pipeline_config import read_split
 
     lolo.check_against(pipe)
-    lps = held_out_lps(read_split(pipe.prepared_dir, train_cfg.train_split, pipe.datasets))
-    if lolo.models and len(lps) < 2:
-        raise DataError(f"{SECTION}: the training rows hold {lps}: leaving one LP out needs two or more")
+    lps, skipped = held_out_lps(
+        read_split(pipe.prepared_dir, train_cfg.train_split, pipe.datasets),
+        read_split(pipe.prepared_dir, train_cfg.dev_split, pipe.datasets),
+    )
+    for lp, reason in skipped.items():
+        log.warning("%s: no model is trained without %s: %s", SECTION, lp, reason)
+    if len(lps) < 2:  # calibrate then keeps the calibration-only widening for every model
+        lps = []
     out = Path(lolo.out_dir)
     if out.exists():  # a stage output: what another configuration left must not be read as this one's
         shutil.rmtree(out)
     out.mkdir(parents=True)
     jobs = [(lp, model) for model in lolo.models for lp in lps]
-    done = map_in_processes(
+    done = [] if not jobs else map_in_processes(
         functools.partial(_train_one, train_cfg, lolo),
         jobs,
         pipe.workers,
@@ -129,6 +143,8 @@ def train_leave_one_lp_out(pipe, train_cfg, encode, lolo: LeaveOneLpOutConfig) -
         "train_split": train_cfg.train_split,
         "trained": {model: {lp: info for (lp, m), info in zip(jobs, done, strict=True) if m == model} for model in lolo.models},
     }
+    if skipped:
+        manifest["skipped"] = skipped
     with atomic_path(out / MANIFEST) as tmp:
         tmp.write_text(json.dumps(manifest, indent=1))
     return {model: {lp: lolo.model_dir(lp, model) for lp in lps} for model in lolo.models}

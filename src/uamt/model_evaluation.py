@@ -310,12 +310,15 @@ def calibrate_model(
     factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings, bounds=bounds)
     unseen = {"sigma_factor": factor, "fitted_with": "calibration held out", "held_out": held_out}
     models = held_out_models(lolo_dir, method) if lolo_dir is not None else {}
-    if models:
+    fit = None
+    if len(models) >= 2:
         fit = fit_held_out_model_unseen_lp_sigma_factor(
             {lp: lolo_predictions(folder, frames, splits, features) for lp, folder in models.items()},
             method, calibration, settings=settings, bounds=bounds,
         )
-        save_held_out_calibrations(fit.calibrations, Path(calibration_dir) / LOLO_DIR / method)
+    if models:  # what an earlier fit left goes first
+        save_held_out_calibrations(fit.calibrations if fit is not None else {}, Path(calibration_dir) / LOLO_DIR / method)
+    if fit is not None and fit.needed:  # else fewer than two held-out LPs with rows: calibration-only
         factor = fit.factor
         unseen = {
             "sigma_factor": factor,
