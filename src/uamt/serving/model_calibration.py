@@ -756,12 +756,27 @@ def fit_unseen_lp_sigma_factor(
     names = [name for name in sorted(set(lps.tolist())) if (lps == name).sum() >= min_lp_rows]
     if len(names) < 2:
         return 1.0, {}
-    coverage = {}
-    for name in names:
-        calibration, held = fit(table[lps != name]), table[lps == name]
-        coverage[name] = lambda w, c=calibration, rows=held: served_lp_coverage(with_unseen_factor(c, w), rows, level, bounds)
+    coverage, _, _ = held_out_lp_coverage(dict.fromkeys(names, table), fit, level, min_lp_rows, bounds)
     needed = {name: smallest_widening(cover, level) for name, cover in coverage.items()}
     return equal_weight_widening(coverage, level), needed
+
+
+def held_out_lp_coverage(tables_by_lp: dict, fit, level: float, min_lp_rows: int, bounds=None) -> tuple[dict, dict, dict]:
+    """Each LP ``L`` of ``tables_by_lp`` held out of a fit: ``fit`` (table -> :class:`Calibration`) on
+    the other LPs' rows of ``tables_by_lp[L]``, ``L``'s rows of it served that calibration's global
+    fallback, as an unseen LP's are.  LPs with fewer than ``min_lp_rows`` rows of their own are left
+    out.  Returns ``({L: coverage at level as a function of the widening}, {L: fitted calibration},
+    {L: rows})``; the coverage is :func:`served_lp_coverage`."""
+    coverage, fitted, sizes = {}, {}, {}
+    for lp in sorted(tables_by_lp):
+        table = tables_by_lp[lp]
+        lps = table["lp"].astype(str).to_numpy()
+        held = table[lps == lp]
+        if len(held) < min_lp_rows:
+            continue
+        fitted[lp], sizes[lp] = fit(table[lps != lp]), len(held)
+        coverage[lp] = lambda w, c=fitted[lp], rows=held: served_lp_coverage(with_unseen_factor(c, w), rows, level, bounds)
+    return coverage, fitted, sizes
 
 
 def fit_model_unseen_lp_sigma_factor(
@@ -839,18 +854,11 @@ def fit_held_out_model_unseen_lp_sigma_factor(
     """
     settings = settings if settings is not None else EvaluationSettings()
     level = settings.coverage_gamma
-    coverage, fitted, sizes = {}, {}, {}
-    for lp in sorted(tables_by_lp):
-        table = tables_by_lp[lp]
-        if method is not None:
-            table = with_model_sigma(table, method)
-        lps = table["lp"].astype(str).to_numpy()
-        held = table[lps == lp]
-        if len(held) < settings.min_lp_rows:
-            continue
-        fitted[lp] = refit_served(table[lps != lp], None, calibration, settings)
-        sizes[lp] = len(held)
-        coverage[lp] = lambda w, c=fitted[lp], rows=held: served_lp_coverage(with_unseen_factor(c, w), rows, level, bounds)
+    if method is not None:
+        tables_by_lp = {lp: with_model_sigma(table, method) for lp, table in tables_by_lp.items()}
+    coverage, fitted, sizes = held_out_lp_coverage(
+        tables_by_lp, lambda subset: refit_served(subset, None, calibration, settings), level, settings.min_lp_rows, bounds
+    )
     if len(coverage) < 2:
         return HeldOutModelFit(1.0, {}, {}, {})
     factor = equal_weight_widening(coverage, level)
