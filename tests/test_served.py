@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -273,3 +274,37 @@ def test_risk_bins_carry_their_document_clustered_band():
     clustered = _risk_reliability(risk, pattern, 1, docs=np.array([0, 0, 1, 1, 2, 2, 3, 3]))["bins"][0]
     assert clustered["n_eff"] == pytest.approx(4) and clustered["se"] == pytest.approx(np.sqrt(0.25 * 0.75 / 4))
     assert "se" not in _risk_reliability(risk, event, 1)["bins"][0]
+
+
+@pytest.mark.parametrize("distribution", ["gaussian", "mondrian", "signed_top_atom", "isotonic"])
+def test_risk_at_one_threshold_per_row_equals_one_call_per_threshold(data, distribution):
+    """The CDF at every row's own score (one call, as the randomised PIT reads it) is exactly the
+    risk asked threshold by threshold, for every served family and with the unseen-LP and
+    reference widenings."""
+    from uamt.serving.model_calibration import attach_distribution, with_unseen_factor
+    from uamt.uncertainty.served import _cdf_at
+
+    dev, test = data
+    settings = {"gaussian": AFFINE, "mondrian": MONDRIAN}.get(distribution, SIGNED_REGRESSION)
+    calibration = fit_calibration(dev, "hts", settings=settings)[0]
+    if distribution == "signed_top_atom":
+        calibration = attach_distribution(calibration, dev, "hts", settings, BOUNDS)
+    elif distribution == "isotonic":
+        calibration = attach_distribution(calibration, dev, "hts", dataclasses.replace(settings, distribution="isotonic"), BOUNDS)
+    calibration = with_unseen_factor(calibration, 1.2)
+    mu, sigma, human = (test[c].to_numpy(dtype=float) for c in ("mu", "sigma", "human"))
+    lp = np.where(np.arange(len(test)) % 7 == 0, "xx-yy", test["lp"].to_numpy(dtype=object)).astype(object)
+    n_refs = np.where(np.arange(len(test)) % 3 == 0, 2, 1)
+    chi = np.round(human + np.sin(np.arange(len(test))), 1)  # many repeated thresholds, some above 0
+    together = calibration.risk(mu, sigma, chi, lp, n_refs=n_refs)
+    one_by_one = np.empty(len(test))
+    for value in np.unique(chi):
+        rows = chi == value
+        one_by_one[rows] = calibration.risk(mu[rows], sigma[rows], float(value), lp[rows], n_refs=n_refs[rows])
+    np.testing.assert_array_equal(together, one_by_one)
+    cdf = _cdf_at(calibration, mu, sigma, lp, human, n_refs, BOUNDS)
+    just_below = np.nextafter(human, -np.inf)
+    row = [calibration.risk(mu[i : i + 1], sigma[i : i + 1], just_below[i], lp[i : i + 1], n_refs=n_refs[i : i + 1])[0] for i in range(len(test))]
+    # F(y^-) as served: clipped to the scale (0 below its bottom, 1 at or above its top)
+    np.testing.assert_array_equal(cdf[:, 0], np.where(just_below < BOUNDS[0], 0.0, np.where(just_below >= BOUNDS[1], 1.0, row)))
+    assert (cdf[:, 1] >= cdf[:, 0]).all() and (cdf[human >= BOUNDS[1], 1] == 1.0).all()

@@ -326,3 +326,13 @@ def test_regression_scaling_is_served_and_stops_pushing_good_translations_past_t
     assert spread["above_top"] > 0.2 and regression["above_top"] < 0.5 * spread["above_top"], served
     assert abs(regression["coverage"] - spread["coverage"]) < 0.03, served
     assert regression["width"] < 0.8 * spread["width"] and regression["mse"] < spread["mse"], served
+
+
+@pytest.mark.parametrize("bad", [None, "", 3, float("nan"), ["en-de"]])
+def test_a_bad_language_pair_is_refused_naming_its_row(bad):
+    from uamt.uncertainty.calibrators import _as_lp
+
+    lp = np.array(["en-de", "zh-en", bad, "en-de"], dtype=object)
+    with pytest.raises(ValueError, match=r"lp\[2\] = .* is not a non-empty string"):
+        _as_lp(lp, 4)
+    assert _as_lp(np.array(["en-de", "zh-en"], dtype=object), 2).tolist() == ["en-de", "zh-en"]

@@ -405,32 +405,34 @@ class Calibration:
         high, _ = self.standardizer.to_human_scale(np.where(unbounded_high, mu_z, high_z), np.zeros_like(high_z), lp)
         return np.where(unbounded_low, -np.inf, low), np.where(unbounded_high, np.inf, high)
 
-    def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray:
-        """P(Q <= threshold) under the served calibrated distribution (human scale): the same one
-        the interval comes from (Gaussian, or the conformal |z| quantiles, or the mixture with a
-        point mass at the top: :math:`(1 - \\pi) F_{<}(\\chi)` below the top, 1 from it on, or the
-        isotonic CDF)."""
+    def risk(self, mu, sigma, threshold, lp=None, n_refs=None) -> np.ndarray:
+        """P(Q <= threshold) under the served calibrated distribution (human scale), shape [n]: the
+        same one the interval comes from (Gaussian, or the conformal |z| quantiles, or the mixture
+        with a point mass at the top: :math:`(1 - \\pi) F_{<}(\\chi)` below the top, 1 from it on, or
+        the isotonic CDF).  ``threshold``: one :math:`\\chi` for every row, or one per row (shape [n]:
+        the CDF at each row's own score in one call)."""
+        mu = np.asarray(mu, dtype=float)
+        chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
         if self.isotonic is not None:
             center = self.center(mu, sigma, lp)
             pivot = self.isotonic.clip_to_support(center, lp)  # as in interval()
             widen = self._widen(lp, n_refs, center.size)
             # unwidened rows read the threshold itself: mu + (chi - mu) rounds chi = 0^- to 0, and the
             # CDF just below a point mass is what the randomised PIT needs
-            value = np.where(widen == 1.0, float(threshold), pivot + (float(threshold) - pivot) / widen)
+            value = np.where(widen == 1.0, chi, pivot + (chi - pivot) / widen)
             return self.isotonic.cdf(center, lp, value)
         if self.top_atom is not None:
-            mu = np.asarray(mu, dtype=float)
             pi = self.top_atom.probability(self.center(mu, sigma, lp), lp)
-            below = np.asarray(self.below_top.risk(mu, sigma, threshold, lp, n_refs=n_refs), dtype=float)
-            return np.where(float(threshold) >= self.top_atom.value, 1.0, (1.0 - pi) * below)
+            below = np.asarray(self.below_top.risk(mu, sigma, chi, lp, n_refs=n_refs), dtype=float)
+            return np.where(chi >= self.top_atom.value, 1.0, (1.0 - pi) * below)
         if isinstance(self.served, ConformalCalibrator) and not self.fixed:
             mu_z, sigma_z = self._z(mu, sigma, lp)
-            chi_z = self.standardizer.transform_human(np.full(mu_z.size, float(threshold)), lp)
+            chi_z = self.standardizer.transform_human(np.array(chi, dtype=float), lp)
             # As in interval(): Q = mu + widen * (Q0 - mu), so P(Q <= chi) = P(Q0 <= mu + (chi - mu) / widen).
             chi_z = mu_z + (chi_z - mu_z) / self._widen(lp, n_refs, len(mu_z))
             return self.served.risk(mu_z, sigma_z, chi_z, lp)
         cal_mu, cal_sigma = self._gaussian(mu, sigma, lp, n_refs)
-        return translation_risk(cal_mu, cal_sigma, threshold)
+        return translation_risk(cal_mu, cal_sigma, chi)
 
     def _mixture_interval(self, mu, sigma, gamma: float, lp, n_refs) -> tuple[np.ndarray, np.ndarray]:
         """Central interval of :math:`(1 - \\pi) F_{<} + \\pi\\,\\delta_{top}` (clipped at the top): its

@@ -43,6 +43,7 @@ from scipy.special import ndtr
 
 from uamt.uncertainty.calibrators import (
     GLOBAL,
+    GRID_BLOCK,
     AffineVarianceCalibrator,
     Standardizer,
     _as_lp,
@@ -82,13 +83,20 @@ CONFORMAL_LEVELS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1,
 
 # =========================================================================== proper-score affine fit
 def _mean_scores(abs_err: np.ndarray, var: np.ndarray, score: str) -> np.ndarray:
-    """Mean Gaussian NLL or CRPS of each column of calibrated variances ``var`` [n, n_candidates]."""
-    if score == "nll":
-        return np.mean(0.5 * (_LOG_2PI + np.log(var)) + abs_err[:, None] ** 2 / (2.0 * var), axis=0)
-    sd = np.sqrt(var)
-    z = abs_err[:, None] / sd
-    pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
-    return np.mean(sd * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * pdf - _INV_SQRT_PI), axis=0)
+    """Mean Gaussian NLL or CRPS of each column of calibrated variances ``var`` [n, n_candidates]
+    (in column blocks that stay in cache, as :func:`~uamt.uncertainty.calibrators._ece_columns`)."""
+    out = np.empty(var.shape[1])
+    for start in range(0, var.shape[1], GRID_BLOCK):
+        block = var[:, start : start + GRID_BLOCK]
+        if score == "nll":
+            values = 0.5 * (_LOG_2PI + np.log(block)) + abs_err[:, None] ** 2 / (2.0 * block)
+        else:
+            sd = np.sqrt(block)
+            z = abs_err[:, None] / sd
+            pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
+            values = sd * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * pdf - _INV_SQRT_PI)
+        out[start : start + block.shape[1]] = np.mean(values, axis=0)
+    return out
 
 
 SCORES = ("nll", "crps")
@@ -158,13 +166,16 @@ def fit_variance_by_score(
             betas = np.unique(np.concatenate([negative, 3.0 * mse * np.logspace(-4.0, 0.0, grid_size)]))
         columns.extend((float(alpha), float(beta)) for beta in betas)
     params = np.asarray(columns)
-    calibrated = np.maximum(params[:, 0][None, :] * var[:, None] + params[:, 1][None, :], tiny)
-    ece = _ece_columns(abs_err, calibrated, n_levels)
-    scores = _mean_scores(abs_err, calibrated, score)
+    ece, scores = np.empty(len(params)), np.empty(len(params))
+    for start in range(0, len(params), GRID_BLOCK):  # never the whole [n, n_candidates] matrix
+        block = params[start : start + GRID_BLOCK]
+        calibrated = np.maximum(block[:, 0][None, :] * var[:, None] + block[:, 1][None, :], tiny)
+        ece[start : start + len(block)] = _ece_columns(abs_err, calibrated, n_levels)
+        scores[start : start + len(block)] = _mean_scores(abs_err, calibrated, score)
     feasible = ece <= ece.min() + ece_bound
     best = int(np.flatnonzero(feasible)[np.argmin(scores[feasible])])
     alpha, beta = params[best]
-    chosen = calibrated[:, best]
+    chosen = np.maximum(alpha * var + beta, tiny)
     return {
         "alpha": float(alpha),
         "beta": float(beta),

@@ -70,7 +70,8 @@ class PredictiveDistribution(Protocol):
     """What a served calibration offers (raw model ``mu``, ``sigma``: shape [n] on the model's scale).
 
     ``center`` returns the served mu on the human scale, ``apply`` the served ``(mu, sigma)``; ``interval`` the central
-    interval at level ``gamma``; ``risk`` P(Q <= threshold); ``is_gaussian`` whether the served
+    interval at level ``gamma``; ``risk`` P(Q <= threshold), the threshold a scalar or one per row
+    (shape [n]); ``is_gaussian`` whether the served
     distribution is the Gaussian N(mu, sigma^2) (then ``nll`` is defined).
     """
 
@@ -80,7 +81,7 @@ class PredictiveDistribution(Protocol):
 
     def interval(self, mu, sigma, gamma: float, lp=None, mode: str = ..., n_refs=None) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def risk(self, mu, sigma, threshold: float, lp=None, n_refs=None) -> np.ndarray: ...
+    def risk(self, mu, sigma, threshold, lp=None, n_refs=None) -> np.ndarray: ...
 
     def raw_sigma_on_human_scale(self, mu, sigma, lp=None) -> np.ndarray: ...
 
@@ -292,23 +293,15 @@ def served_rows(
 
 def _cdf_at(dist, mu, sigma, lp, human: np.ndarray, n_refs, bounds) -> np.ndarray:
     """[n, 2]: :math:`(F(y^-), F(y))` of the served (clipped) distribution at each row's score y:
-    1 at or above the top of the scale, 0 below its bottom, as :func:`served_rows`' risk."""
-    out = np.zeros((human.size, 2))
+    1 at or above the top of the scale, 0 below its bottom, as :func:`served_rows`' risk.  Two calls
+    of the risk, each with one threshold per row."""
     refs = None if n_refs is None else np.broadcast_to(np.asarray(n_refs), human.shape)
-
-    def cdf(rows: np.ndarray, chi: float) -> np.ndarray:
-        if bounds is not None and chi >= bounds[1]:
-            return np.ones(int(rows.sum()))
-        if bounds is not None and chi < bounds[0]:
-            return np.zeros(int(rows.sum()))
-        return np.asarray(
-            dist.risk(mu[rows], sigma[rows], chi, lp[rows], n_refs=None if refs is None else refs[rows]), dtype=float
-        )
-
-    for value in np.unique(human):  # one call per distinct score: the risk takes one threshold
-        rows = human == value
-        out[rows, 0] = cdf(rows, float(np.nextafter(value, -np.inf)))
-        out[rows, 1] = cdf(rows, float(value))
+    out = np.zeros((human.size, 2))
+    for column, chi in enumerate((np.nextafter(human, -np.inf), human)):
+        values = np.asarray(dist.risk(mu, sigma, chi, lp, n_refs=refs), dtype=float)
+        if bounds is not None:
+            values = np.where(chi >= bounds[1], 1.0, np.where(chi < bounds[0], 0.0, values))
+        out[:, column] = values
     out[:, 1] = np.maximum(out[:, 1], out[:, 0])
     return out
 
