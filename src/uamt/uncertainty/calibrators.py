@@ -378,10 +378,6 @@ class FixedVarianceCalibrator(_PerLanguagePair):
 
 
 # =========================================================================== affine variance
-#: Candidate columns a grid search evaluates at a time (:func:`_ece_columns`).
-GRID_BLOCK = 64
-
-
 def _ece_columns(abs_err: np.ndarray, var: np.ndarray, n_levels: int) -> np.ndarray:
     """ECE for each column of calibrated variances ``var`` [n, n_candidates].
 
@@ -397,21 +393,15 @@ def _ece_columns(abs_err: np.ndarray, var: np.ndarray, n_levels: int) -> np.ndar
     import torch  # lazily: the serving path imports this module but never searches a grid
 
     n, n_candidates = var.shape
+    z = abs_err[:, None] / np.sqrt(var)
+    levels = torch.special.erf(torch.from_numpy(z / math.sqrt(2.0))).numpy()
+    level_index = np.ceil(levels * (n_levels - 1)).astype(np.int64)
+    np.clip(level_index, 0, n_levels - 1, out=level_index)
+    flat = (level_index + np.arange(n_candidates)[None, :] * n_levels).ravel()
+    counts = np.bincount(flat, minlength=n_candidates * n_levels).reshape(n_candidates, n_levels)
+    observed = np.cumsum(counts, axis=1) / n
     gammas = confidence_levels(n_levels)
-    ece = np.empty(n_candidates)
-    # Column blocks that stay in cache: 3.5x faster than whole [n, n_candidates] temporaries on
-    # 29k rows x 775 candidates, and the same numbers (every step is per column).
-    for start in range(0, n_candidates, GRID_BLOCK):
-        block = var[:, start : start + GRID_BLOCK]
-        width = block.shape[1]
-        z = abs_err[:, None] / np.sqrt(block)
-        levels = torch.special.erf(torch.from_numpy(z / math.sqrt(2.0))).numpy()
-        level_index = np.ceil(levels * (n_levels - 1)).astype(np.int64)
-        np.clip(level_index, 0, n_levels - 1, out=level_index)
-        flat = (level_index + np.arange(width)[None, :] * n_levels).ravel()
-        counts = np.bincount(flat, minlength=width * n_levels).reshape(width, n_levels)
-        observed = np.cumsum(counts, axis=1) / n
-        ece[start : start + width] = np.mean(np.abs(observed - gammas[None, :]), axis=1)
+    ece = np.mean(np.abs(observed - gammas[None, :]), axis=1)
     return ece
 
 

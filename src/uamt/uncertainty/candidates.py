@@ -43,7 +43,6 @@ from scipy.special import ndtr
 
 from uamt.uncertainty.calibrators import (
     GLOBAL,
-    GRID_BLOCK,
     AffineVarianceCalibrator,
     Standardizer,
     _as_lp,
@@ -75,6 +74,10 @@ from uamt.uncertainty.metrics import (
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+#: Candidate columns the proper-score grid search evaluates at a time: [rows x 64] temporaries stay in
+#: cache, 3.5x faster than the whole [29k rows x 775 candidates] matrix, and the same numbers (every
+#: step of the ECE and the score is per column).
+GRID_BLOCK = 64
 
 #: Levels the conformal candidate is fitted for: its |z| quantile function, from which intervals at
 #: these levels and the risk (interpolated) are read.
@@ -83,20 +86,13 @@ CONFORMAL_LEVELS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1,
 
 # =========================================================================== proper-score affine fit
 def _mean_scores(abs_err: np.ndarray, var: np.ndarray, score: str) -> np.ndarray:
-    """Mean Gaussian NLL or CRPS of each column of calibrated variances ``var`` [n, n_candidates]
-    (in column blocks that stay in cache, as :func:`~uamt.uncertainty.calibrators._ece_columns`)."""
-    out = np.empty(var.shape[1])
-    for start in range(0, var.shape[1], GRID_BLOCK):
-        block = var[:, start : start + GRID_BLOCK]
-        if score == "nll":
-            values = 0.5 * (_LOG_2PI + np.log(block)) + abs_err[:, None] ** 2 / (2.0 * block)
-        else:
-            sd = np.sqrt(block)
-            z = abs_err[:, None] / sd
-            pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
-            values = sd * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * pdf - _INV_SQRT_PI)
-        out[start : start + block.shape[1]] = np.mean(values, axis=0)
-    return out
+    """Mean Gaussian NLL or CRPS of each column of calibrated variances ``var`` [n, n_candidates]."""
+    if score == "nll":
+        return np.mean(0.5 * (_LOG_2PI + np.log(var)) + abs_err[:, None] ** 2 / (2.0 * var), axis=0)
+    sd = np.sqrt(var)
+    z = abs_err[:, None] / sd
+    pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
+    return np.mean(sd * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * pdf - _INV_SQRT_PI), axis=0)
 
 
 SCORES = ("nll", "crps")

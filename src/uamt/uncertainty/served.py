@@ -267,10 +267,7 @@ def served_rows(
         )
     risk = {}
     for chi in settings.risk_thresholds:
-        values = np.asarray(dist.risk(mu, sigma, float(chi), lp, n_refs=n_refs), dtype=float)
-        if bounds is not None:
-            values = np.where(chi >= bounds[1], 1.0, np.where(chi < bounds[0], 0.0, values))
-        risk[float(chi)] = values
+        risk[float(chi)] = clipped_risk(dist, mu, sigma, lp, float(chi), n_refs, bounds)
     cdf_at_human = None
     if human is not None and getattr(dist, "has_interior_atoms", False):
         cdf_at_human = _cdf_at(dist, mu, sigma, lp, np.asarray(human, dtype=float), n_refs, bounds)
@@ -296,14 +293,18 @@ def _cdf_at(dist, mu, sigma, lp, human: np.ndarray, n_refs, bounds) -> np.ndarra
     1 at or above the top of the scale, 0 below its bottom, as :func:`served_rows`' risk.  Two calls
     of the risk, each with one threshold per row."""
     refs = None if n_refs is None else np.broadcast_to(np.asarray(n_refs), human.shape)
-    out = np.zeros((human.size, 2))
-    for column, chi in enumerate((np.nextafter(human, -np.inf), human)):
-        values = np.asarray(dist.risk(mu, sigma, chi, lp, n_refs=refs), dtype=float)
-        if bounds is not None:
-            values = np.where(chi >= bounds[1], 1.0, np.where(chi < bounds[0], 0.0, values))
-        out[:, column] = values
+    out = np.column_stack([clipped_risk(dist, mu, sigma, lp, chi, refs, bounds) for chi in (np.nextafter(human, -np.inf), human)])
     out[:, 1] = np.maximum(out[:, 1], out[:, 0])
     return out
+
+
+def clipped_risk(dist, mu, sigma, lp, chi, n_refs, bounds) -> np.ndarray:
+    """P(Q <= chi) of the served distribution clipped to the scale's ``bounds`` (1 at or above the
+    top, 0 below the bottom), shape [n]; ``chi`` a scalar or one threshold per row."""
+    values = np.asarray(dist.risk(mu, sigma, chi, lp, n_refs=n_refs), dtype=float)
+    if bounds is None:
+        return values
+    return np.where(chi >= bounds[1], 1.0, np.where(chi < bounds[0], 0.0, values))
 
 
 def served_interval(dist: PredictiveDistribution, mu, sigma, lp, gamma: float, *, bounds=None, n_refs=None):
