@@ -22,7 +22,7 @@ from tests.fakes import DIM, FEATURES, N_LAYERS, embed, signal
 from uamt.core.errors import DataError, UamtError
 from uamt.models import METHODS, FeatureSource, NonFiniteLossError, TrainConfig, get_loss, load, train
 from uamt.models.api import MANIFEST, TABLE_COLUMNS
-from uamt.models.mcd import head_mc_outputs
+from uamt.models.mcd import NoiseReplay, dropout_noise, head_mc_outputs
 
 
 def make_table(n: int, seed: int) -> pd.DataFrame:
@@ -400,6 +400,48 @@ def test_head_mc_equals_full_repeat_of_the_head(models, method, monkeypatch):
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(chunked, expected_chunked, rtol=1e-6, atol=1e-7)
     assert got.std(dim=0).min() > 0
+
+
+@pytest.mark.parametrize("p", [0.05, 0.15, 0.5, 0.9])
+def test_dropout_noise_is_what_the_dropout_module_multiplies_by(p):
+    """x * dropout_noise(x, p) is nn.Dropout(p)'s training output bit for bit, from the same RNG state,
+    and leaves the RNG where the module leaves it (the replay depends on both)."""
+    x = torch.randn(37, 19)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        expected = torch.nn.Dropout(p).train()(x)
+        after_module = torch.rand(3)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        got = x * dropout_noise(x, p)
+        after_noise = torch.rand(3)
+    assert torch.equal(got, expected)
+    assert torch.equal(after_noise, after_module)
+
+
+@pytest.mark.parametrize("method", ["mcd_head", "hts_mcd"])
+def test_replayed_dropout_noise_gives_the_drawn_samples(models, method, monkeypatch):
+    """A second batch of the same size replays the first one's noise; its samples equal, bit for bit,
+    those drawn afresh (replay off), and a batch of another size draws its own."""
+    model = load(models[method])
+    module = model.module
+    rows = model.encode(TEST, FEATURES)
+    half = len(rows) // 2
+    first, second, other = rows.batch(range(half)), rows.batch(range(half, 2 * half)), rows.batch(range(half - 1))
+    with torch.no_grad():
+        monkeypatch.setattr("uamt.models.mcd.MAX_REPLAYED_NOISE_BYTES", 0)
+        fresh = [head_mc_outputs(module, batch, 20) for batch in (first, second, other)]
+        assert not NoiseReplay._stores.get(module)  # nothing kept over the bound
+        monkeypatch.setattr("uamt.models.mcd.MAX_REPLAYED_NOISE_BYTES", 2**30)
+        recorded = head_mc_outputs(module, first, 20)
+        assert len(NoiseReplay._stores[module]) == 1
+        replayed = head_mc_outputs(module, second, 20)
+        assert len(NoiseReplay._stores[module]) == 1
+        own = head_mc_outputs(module, other, 20)
+        assert len(NoiseReplay._stores[module]) == 2
+    for got, expected in zip((recorded, replayed, own), fresh, strict=True):
+        assert torch.equal(got, expected)
+    assert not torch.equal(replayed, recorded)  # the same masks on other rows: other samples
 
 
 def test_dup_head_split_matches_its_forward(models):

@@ -3,6 +3,8 @@
 * ``mcd_head``: dropout in the feed-forward head only, on cached embeddings.  The sentence features
   and the head's layers before its first dropout are computed once, and the N passes run as one
   batched forward of that output repeated N times (chunked to bound memory), not N Python loops.
+  Every batch's passes start from the model's seed, so batches of one size draw the same dropout
+  noise: it is drawn for the first such batch and replayed for the others (:class:`NoiseReplay`).
 * ``mcd_full``: dropout through the whole network, encoder included (the paper's MCD, dropout at
   encoder, pooling and feed-forward layers): N passes of the encoder; needs the encoder at inference.
 
@@ -11,8 +13,12 @@ mu = mean of the samples, var = their population variance (1/N, as Eq. 4), repor
 
 from __future__ import annotations
 
+import weakref
+from contextlib import contextmanager
+
 import numpy as np
 import torch
+from torch import nn
 
 from uamt.core.errors import UamtError
 from uamt.models.base import Estimator
@@ -22,6 +28,9 @@ from uamt.models.point import PointEstimator
 
 #: Upper bound on rows x passes per head forward (memory of the repeated batch).
 MAX_REPEATED_ROWS = 16384
+#: Upper bound on the dropout noise kept per model for replay (bytes); a batch shape whose noise
+#: would exceed it draws its noise afresh each time, as without replay.
+MAX_REPLAYED_NOISE_BYTES = 256 * 2**20
 
 
 def n_passes(model: Estimator, n_samples: int | None) -> int:
@@ -45,6 +54,62 @@ def seeded_passes(fn):
     return wrapper
 
 
+def dropout_noise(x: torch.Tensor, p: float) -> torch.Tensor:
+    """What ``nn.Dropout(p)`` in training mode multiplies ``x`` by on the CPU, drawn as ATen draws it
+    (``bernoulli_(1 - p)`` of a tensor like ``x``, divided by ``1 - p``; 0 < p < 1): the same global-RNG
+    calls, so ``x * dropout_noise(x, p)`` equals the module's output bit for bit (tested)."""
+    return torch.empty_like(x).bernoulli_(1 - p).div_(1 - p)
+
+
+class NoiseReplay:
+    """Dropout noise of a model's head MC passes, kept per batch shape and replayed.
+
+    :func:`head_mc_outputs` seeds every batch's passes from the model's seed, so two batches with the
+    same number of rows make the head's dropout layers draw the same noise in the same order.  Drawing
+    it (Bernoulli samples for rows x passes x hidden units) costs more than the layers it masks; it is
+    drawn once per ``key`` (seed, rows, passes per chunk, the hidden state's width and dtype, the rates) and
+    multiplied in for every later batch: the same samples, bit for bit.  Noise is kept while it fits
+    :data:`MAX_REPLAYED_NOISE_BYTES`; the store goes with the model (weak reference).
+    """
+
+    _stores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @classmethod
+    @contextmanager
+    def around(cls, model: Estimator, key: tuple):
+        """Within the block, the head's active dropout layers (0 < p < 1, training mode) record their
+        noise for ``key`` (with the layers' rates) on first use and replay it afterwards, in call order."""
+        layers = [m for m in model.head.modules() if isinstance(m, nn.Dropout) and m.training and 0 < m.p < 1]
+        key = (*key, tuple(layer.p for layer in layers))
+        store = cls._stores.setdefault(model, {})
+        recorded = store.get(key)
+        drawn: list[torch.Tensor] = []
+
+        def forward(x: torch.Tensor, p: float) -> torch.Tensor:
+            if recorded is None:
+                drawn.append(dropout_noise(x, p))
+                return x * drawn[-1]
+            noise = recorded[len(drawn)]
+            if noise.shape != x.shape or noise.dtype != x.dtype:
+                raise UamtError(f"dropout replay: noise {tuple(noise.shape)} for an input {tuple(x.shape)}")
+            drawn.append(noise)
+            return x * noise
+
+        for layer in layers:
+            layer.forward = lambda x, p=layer.p: forward(x, p)
+        try:
+            yield
+        finally:
+            for layer in layers:
+                del layer.forward
+        if recorded is None and _nbytes(drawn) + sum(_nbytes(kept) for kept in store.values()) <= MAX_REPLAYED_NOISE_BYTES:
+            store[key] = tuple(drawn)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 @seeded_passes
 def head_mc_outputs(model: Estimator, batch: dict, n: int) -> torch.Tensor:
     """Head outputs [n, B, out_dim] of n dropout passes over the head (layer mix deterministic).
@@ -54,6 +119,7 @@ def head_mc_outputs(model: Estimator, batch: dict, n: int) -> torch.Tensor:
     B rows; only their output is repeated for the passes (:meth:`Estimator.head_from_dropout`).  The
     dropout layers see the same tensors in the same order as a forward of the repeated features, so
     they draw the same masks: the samples are those of ``head_forward(features.repeat(n, 1))``.
+    The masks themselves are drawn for the first batch of each size and replayed (:class:`NoiseReplay`).
     """
     features = model.sentence_features(batch)
     rows = features.shape[0]
@@ -63,9 +129,11 @@ def head_mc_outputs(model: Estimator, batch: dict, n: int) -> torch.Tensor:
     try:
         hidden = model.head_until_dropout(features, batch)
         outs = []
-        for start in range(0, n, chunk):
-            reps = min(chunk, n - start)
-            outs.append(model.head_from_dropout(hidden.repeat(reps, 1), batch, repeats=reps))
+        key = (model.cfg.seed, rows, n, chunk, hidden.shape[1:], hidden.dtype)
+        with NoiseReplay.around(model, key):
+            for start in range(0, n, chunk):
+                reps = min(chunk, n - start)
+                outs.append(model.head_from_dropout(hidden.repeat(reps, 1), batch, repeats=reps))
     finally:
         model.head.train(was_training)
     return torch.cat(outs).view(n, rows, -1)
