@@ -138,7 +138,7 @@ def test_train_config_reads_synthetic_failures(tmp_path):
 
 
 def test_train_base_stage_trains_on_the_synthetic_rows(tmp_path, monkeypatch):
-    """The stage hands train_methods d_q plus the synthetic rows of train_base.synthetic_failures."""
+    """The stage hands its trainings d_q plus the synthetic rows of train_base.synthetic_failures."""
     from uamt.models.config import TrainConfig
     from uamt.stages import train_base
 
@@ -149,9 +149,11 @@ def test_train_base_stage_trains_on_the_synthetic_rows(tmp_path, monkeypatch):
     d_q.assign(split="dev").to_parquet(prepared / "dev.parquet")
     seen = []
     monkeypatch.setattr(train_base, "open_features", lambda encode: None)
-    monkeypatch.setattr(train_base, "train_methods", lambda methods, cfg, train_df, *a, **k: seen.append(train_df) or {})
+    monkeypatch.setattr(train_base, "train_jobs", lambda jobs, load, *a, **k: seen.append((jobs, load()[0])) or {})
     pipe = train_base.load_pipeline().__class__(**{**vars(train_base.load_pipeline()), "prepared_dir": str(prepared), "datasets": ("wmt21_mqm",)})
     for fraction, extra in ((0.0, 0), (0.02, 13)):  # 0.02 x 300: 1 row per mode (7) + 6 references
         seen.clear()
         train_base.run(train_base.TrainBaseConfig(pipe, TrainConfig(synthetic_failures=fraction), None))
-        assert [len(df) for df in seen] == [len(d_q) + extra] * 2  # reference-based and QE
+        [(jobs, train_df)] = seen
+        assert len(train_df) == len(d_q) + extra
+        assert {suffix for _, _, suffix in jobs} == {"", "_qe"}  # reference-based and QE, the same rows

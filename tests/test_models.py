@@ -488,3 +488,32 @@ def test_a_missing_unbabel_comet_names_the_install_that_keeps_lightning_out(monk
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UamtError, match=r"pip install --no-deps unbabel-comet==2\.2\.7 "):
         comet_parts._comet_module("not_a_comet_module")
+
+
+def _training_inputs():
+    return TRAIN, DEV, FEATURES
+
+
+def _model_folder(root: Path, name: str) -> Path:
+    return root / name
+
+
+def test_train_jobs_in_two_processes_give_the_weights_of_one(tmp_path):
+    """train_base's trainings spread over processes (one torch thread each): the same weights bit for
+    bit as in one process, and the methods sharing a training get a copy of their source's."""
+    import functools
+    import json
+
+    from uamt.models.shared_training import train_jobs
+
+    jobs = [("mcd_head", CFG, ""), ("point", CFG, ""), ("hts", CFG, ""), ("hts", CFG.replace(reference_free=True), "_qe")]
+    runs = {
+        workers: train_jobs(jobs, _training_inputs, functools.partial(_model_folder, tmp_path / str(workers)), workers)
+        for workers in (1, 2)
+    }
+    assert list(runs[2]) == ["point", "hts", "hts_qe", "mcd_head"]  # trained, then derived
+    for name, folder in runs[2].items():
+        assert (folder / "weights.pt").read_bytes() == (runs[1][name] / "weights.pt").read_bytes(), name
+    assert (runs[2]["mcd_head"] / "weights.pt").read_bytes() == (runs[2]["point"] / "weights.pt").read_bytes()
+    assert json.loads((runs[2]["mcd_head"] / MANIFEST).read_text())["method"] == "mcd_head"
+    assert (runs[2]["hts_qe"] / "weights.pt").read_bytes() != (runs[2]["hts"] / "weights.pt").read_bytes()

@@ -8,6 +8,7 @@ by the analyses that train their own models (``uamt.experiments.methods``, ``uam
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
@@ -18,7 +19,7 @@ from uamt.models.specs import SAME_TRAINING, training_order
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SAME_TRAINING", "derive", "train_methods", "training_order"]
+__all__ = ["SAME_TRAINING", "derive", "train_jobs", "train_methods", "training_order"]
 
 def derive(source_dir: Path, method: str, out_dir: Path) -> Path:
     """Copy the trained ``source_dir`` as a model of ``method`` (atomically; manifest says the method)."""
@@ -71,16 +72,45 @@ def train_methods(
         ``{model name: model folder}`` in training order; a method of :data:`SAME_TRAINING` whose
         source is among ``methods`` gets a copy of the source's folder (:func:`derive`).
     """
-    from uamt.models.api import train
+    return train_jobs([(method, cfg, suffix) for method in methods], lambda: (train_df, dev_df, features), model_dir)
 
-    out: dict[str, Path] = {}
-    for method in training_order(methods):
-        name, started = f"{method}{suffix}", time.perf_counter()
-        source = f"{SAME_TRAINING.get(method)}{suffix}"
-        if source in out:
+
+def train_jobs(
+    jobs: Sequence[tuple[str, object, str]],
+    load: Callable[[], tuple],
+    model_dir: Callable[[str], Path],
+    workers: int = 1,
+) -> dict[str, Path]:
+    """Train every ``(method, cfg, suffix)`` of ``jobs`` as the model ``<method><suffix>``, the
+    independent trainings in ``workers`` processes, then copy the shared ones (:func:`derive`).
+
+    ``load() -> (train_df, dev_df, features)`` is read once per process
+    (:func:`uamt.core.parallel.map_in_processes`; with ``workers`` > 1 it and ``model_dir`` must be
+    picklable).  A process trains with ``cores // workers`` torch threads: the weights are the same
+    bit for bit as with every core (checked on the pipeline's models), so the number of workers
+    changes only the time.  Returns ``{model name: model folder}`` in training order.
+    """
+    from uamt.core.parallel import map_in_processes
+
+    names = {f"{method}{suffix}" for method, _, suffix in jobs}
+    shares = [f"{SAME_TRAINING.get(method)}{suffix}" in names for method, _, suffix in jobs]
+    trained = [job for job, shared in zip(jobs, shares, strict=True) if not shared]
+    folders = map_in_processes(functools.partial(_train_job, model_dir), trained, workers, load=load)
+    out = {f"{method}{suffix}": folder for (method, _, suffix), folder in zip(trained, folders, strict=True)}
+    for (method, _, suffix), shared in zip(jobs, shares, strict=True):
+        if shared:
+            name, source = f"{method}{suffix}", f"{SAME_TRAINING.get(method)}{suffix}"
             out[name] = derive(out[source], method, model_dir(name))
             log.info("%s: same training as %s, weights reused", name, source)
-            continue
-        out[name] = train(method, cfg, train_df, dev_df, features, model_dir(name))
-        log.info("trained %s on %d rows in %.1f s", name, len(train_df), time.perf_counter() - started)
     return out
+
+
+def _train_job(model_dir: Callable[[str], Path], job: tuple[str, object, str], inputs: tuple) -> Path:
+    from uamt.models.api import train
+
+    method, cfg, suffix = job
+    train_df, dev_df, features = inputs
+    name, started = f"{method}{suffix}", time.perf_counter()
+    folder = train(method, cfg, train_df, dev_df, features, model_dir(name))
+    log.info("trained %s on %d rows in %.1f s", name, len(train_df), time.perf_counter() - started)
+    return folder

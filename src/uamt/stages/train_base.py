@@ -9,6 +9,7 @@ Methods that share another's training get its weights copied (:mod:`uamt.models.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.core.naming import QE_MODEL_SUFFIX
 from uamt.encoders import EncodeConfig
 from uamt.models.config import TrainConfig, load_train_config
-from uamt.models.shared_training import train_methods
+from uamt.models.shared_training import train_jobs
 from uamt.pipeline_config import PipelineConfig, load_pipeline, open_features, read_split
 from uamt.stages._cli import stage_main
 
@@ -37,19 +38,24 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> TrainBaseConfig:
     )
 
 
-def run(cfg: TrainBaseConfig) -> dict[str, Path]:
-    """Train each method of ``cfg.pipeline.methods``, then each of ``qe_methods`` reference-free
-    (as ``<method>_qe``); returns ``{model name: model_dir}``."""
+def training_inputs(cfg: TrainBaseConfig) -> tuple:
+    """``(train_df, dev_df, features)``: d_q with the synthetic failure rows, dev, the cached embeddings."""
     pipe = cfg.pipeline
     train_df = with_synthetic_failures(
         read_split(pipe.prepared_dir, cfg.train.train_split, pipe.datasets), cfg.train.synthetic_failures, cfg.train.seed
     )
-    dev_df = read_split(pipe.prepared_dir, cfg.train.dev_split, pipe.datasets)
-    features = open_features(cfg.encode)
-    out = train_methods(pipe.methods, cfg.train, train_df, dev_df, features, pipe.model_dir)
+    return train_df, read_split(pipe.prepared_dir, cfg.train.dev_split, pipe.datasets), open_features(cfg.encode)
+
+
+def run(cfg: TrainBaseConfig) -> dict[str, Path]:
+    """Train each method of ``cfg.pipeline.methods``, then each of ``qe_methods`` reference-free
+    (as ``<method>_qe``), in ``pipeline.workers`` processes (the same weights for any number);
+    returns ``{model name: model_dir}``."""
+    pipe = cfg.pipeline
     qe_cfg = cfg.train.replace(reference_free=True)
-    out |= train_methods(pipe.qe_methods, qe_cfg, train_df, dev_df, features, pipe.model_dir, QE_MODEL_SUFFIX)
-    return out
+    jobs = [(method, cfg.train, "") for method in pipe.methods]
+    jobs += [(method, qe_cfg, QE_MODEL_SUFFIX) for method in pipe.qe_methods]
+    return train_jobs(jobs, functools.partial(training_inputs, cfg), pipe.model_dir, pipe.workers)
 
 
 def main(argv: list[str] | None = None) -> int:
