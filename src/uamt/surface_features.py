@@ -57,38 +57,61 @@ def target_language_probability(mt: Sequence[str], lp: Sequence[str]) -> np.ndar
     rows = detect_row_languages(list(mt))
     out = np.empty(len(rows))
     for i, (row, pair) in enumerate(zip(rows, lp, strict=True)):
-        target = canonical_code(str(pair).split("-")[-1])
-        out[i] = row.probability(target)
+        parts = pair.split("-") if isinstance(pair, str) else []
+        if len(parts) != 2 or not all(parts):
+            raise DataError(f"row {i}: lp={pair!r} is not a language pair 'xx-yy'; the target language probability needs it")
+        out[i] = row.probability(canonical_code(parts[1]))
     return out
 
 
-def surface_features(frame: pd.DataFrame, with_ter: bool = True) -> pd.DataFrame:
-    """The :data:`FEATURES` of every row of ``frame`` (columns ``src``, ``mt``, ``lp``, optional
-    ``ref``), in its order; raises :class:`DataError` naming a missing column.
+#: Features read off the reference (NaN for a reference-free row).
+NEEDS_REFERENCE = frozenset({"chrf", "ter", "len_ratio_ref"})
 
-    ``with_ter=False`` leaves ``ter`` NaN: sacrebleu's TER is pure Python and its shift search grows
-    quickly with length (WMT23's paragraphs: seconds per row on a busy CPU), so the other features
-    can be had without it."""
+
+def check_feature_names(names: Sequence[str], what: str = "feature") -> tuple[str, ...]:
+    """``names`` as a tuple, or ValueError naming the first unknown or repeated one and the choices."""
+    from uamt.core.config import check_names
+
+    return check_names(names, FEATURES, what)
+
+
+def surface_features(frame: pd.DataFrame, with_ter: bool = True, names: Sequence[str] | None = None) -> pd.DataFrame:
+    """The :data:`FEATURES` of every row of ``frame`` (columns ``src``, ``mt``, optional ``ref``, and
+    ``lp`` for ``target_language_prob``), in its order; raises :class:`DataError` naming a missing
+    column.
+
+    ``names``: compute only these (in this order; default every feature), e.g. to skip the language
+    identifier or TER where they are not read.  ``with_ter=False`` leaves ``ter`` NaN: sacrebleu's
+    TER is pure Python and its shift search grows quickly with length (WMT23's paragraphs: seconds
+    per row on a busy CPU), so the other features can be had without it."""
     from uamt.lexical import segment_scores
 
-    missing = [c for c in ("src", "mt", "lp") if c not in frame.columns]
+    names = FEATURES if names is None else check_feature_names(names)
+    needed = ("src", "mt", "lp") if "target_language_prob" in names else ("src", "mt")
+    missing = [c for c in needed if c not in frame.columns]
     if missing:
         raise DataError(f"surface features: column(s) {missing} missing; have {sorted(frame.columns)}")
     src = frame["src"].astype(str).tolist()
     mt = frame["mt"].astype(str).tolist()
     has_ref = "ref" in frame.columns and frame["ref"].notna().all()
+    ref = frame["ref"].astype(str).tolist() if has_ref else None
     out = pd.DataFrame(index=frame.index)
-    if has_ref:
-        ref = frame["ref"].astype(str).tolist()
-        out["chrf"] = segment_scores(mt, ref, "chrf")
-        out["ter"] = np.minimum(segment_scores(mt, ref, "ter"), 200.0) if with_ter else np.nan  # unbounded above
-        out["len_ratio_ref"] = [length_ratio(m, r) for m, r in zip(mt, ref, strict=True)]
-    else:
-        out["chrf"] = out["ter"] = out["len_ratio_ref"] = np.nan
-    out["len_ratio_src"] = [length_ratio(m, s) for m, s in zip(mt, src, strict=True)]
-    out["copy_rate"] = [copy_rate(s, m) for s, m in zip(src, mt, strict=True)]
-    out["target_language_prob"] = target_language_probability(mt, frame["lp"].astype(str).tolist())
+    for name in names:
+        if name in NEEDS_REFERENCE and ref is None:
+            out[name] = np.nan
+        elif name == "chrf":
+            out[name] = segment_scores(mt, ref, "chrf")
+        elif name == "ter":
+            out[name] = np.minimum(segment_scores(mt, ref, "ter"), 200.0) if with_ter else np.nan  # unbounded above
+        elif name == "len_ratio_ref":
+            out[name] = [length_ratio(m, r) for m, r in zip(mt, ref, strict=True)]
+        elif name == "len_ratio_src":
+            out[name] = [length_ratio(m, s) for m, s in zip(mt, src, strict=True)]
+        elif name == "copy_rate":
+            out[name] = [copy_rate(s, m) for s, m in zip(src, mt, strict=True)]
+        else:  # target_language_prob
+            out[name] = target_language_probability(mt, frame["lp"].tolist())
     return out
 
 
-__all__ = ["FEATURES", "copy_rate", "length_ratio", "surface_features", "target_language_probability"]
+__all__ = ["FEATURES", "NEEDS_REFERENCE", "check_feature_names", "copy_rate", "length_ratio", "surface_features", "target_language_probability"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -120,7 +121,27 @@ def _build(cls: type[T], values: dict[str, Any], where: str) -> T:
             kwargs[name] = _coerce(values[name], hints[name], f"{where}.{name}")
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{where}: required key {name!r} is missing")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a check of the class's own (__post_init__): name where the values came from
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def check_names(names: Sequence[str], known: Iterable[str], what: str, *, allow_empty: bool = True) -> tuple[str, ...]:
+    """``names`` as a tuple; ValueError listing the choices when one is unknown or repeated (or, without
+    ``allow_empty``, when there is none).  ``what`` names one item in the messages (``reference``)."""
+    names, known = tuple(names), set(known)
+    if not names and not allow_empty:
+        raise ValueError(f"{what} set is empty; choose from {sorted(known)}")
+    for name in names:
+        if name not in known:
+            raise ValueError(f"{what}={name!r} not supported; choose from {sorted(known)}")
+    repeated = [name for k, name in enumerate(names) if name in names[:k]]
+    if repeated:
+        raise ValueError(f"{what} set {list(names)} names {repeated[0]!r} twice")
+    return names
 
 
 def from_dict(cls: type[T], values: dict[str, Any] | None, where: str = "params") -> T:

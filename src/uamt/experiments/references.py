@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from uamt.core.config import ConfigError
+from uamt.core.config import ConfigError, check_names
 from uamt.core.errors import DataError, UamtError
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
@@ -150,15 +150,7 @@ def check_reference_names(
     names: Sequence[str], known: Sequence[str], what: str = "reference"
 ) -> tuple[str, ...]:
     """``names`` as a tuple; an empty, repeated or unknown name raises ValueError listing the choices."""
-    names = tuple(names)
-    if not names:
-        raise ValueError(f"{what} set is empty; choose from {sorted(known)}")
-    for name in names:
-        if name not in known:
-            raise ValueError(f"{what}={name!r} not supported; choose from {sorted(known)}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"{what} set {list(names)} names a reference twice")
-    return names
+    return check_names(names, known, what, allow_empty=False)
 
 
 def reference_table(frame: pd.DataFrame, names: Sequence[str], where: str = "table") -> pd.DataFrame:

@@ -46,6 +46,7 @@ from uamt.models.data import (
 )
 from uamt.models.ensemble import combine_members, run_members
 from uamt.models.mcd import head_samples
+from uamt.models.row_features import with_row_features
 from uamt.models.specs import ENSEMBLE_MEMBERS, MethodSpec, get_loss, get_method, get_spec
 
 MANIFEST = "model.json"
@@ -162,7 +163,10 @@ def _encode_pair(cfg, train_df, dev_df, features):
     dev_rows = encode_rows(
         dev_df, features, cfg.reference_free, where="dev split", expected_shape=train_rows.table.shape[1:]
     )
-    return train_rows, dev_rows
+    return (
+        with_row_features(train_rows, train_df, cfg.row_features, "training split"),
+        with_row_features(dev_rows, dev_df, cfg.row_features, "dev split"),
+    )
 
 
 def _subset(rows: EncodedRows, keep: np.ndarray | None) -> EncodedRows:
@@ -366,7 +370,9 @@ def _train_dup(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, e
     columns = {}
     for name, df, rows in (("training split", train_df, train_rows), ("dev split", dev_df, dev_rows)):
         base_rows = (
-            rows if base.cfg.reference_free == cfg.reference_free else base.encode(df, features, name)
+            with_row_features(rows, df, base.cfg.row_features, name)
+            if base.cfg.reference_free == cfg.reference_free
+            else base.encode(df, features, name)
         )
         q_hat = base.predict_standardised(base_rows)["mu"]
         z = base.scaler.transform(targets_of(df, name))
@@ -440,7 +446,8 @@ class TrainedModel:
     def encode(self, df: pd.DataFrame, features, where: str = "table") -> EncodedRows:
         """The model's input rows for ``df`` (``where`` names the table in errors)."""
         self.check_features(features)
-        return encode_rows(df, features, self.cfg.reference_free, where=where, expected_shape=self.shape)
+        rows = encode_rows(df, features, self.cfg.reference_free, where=where, expected_shape=self.shape)
+        return with_row_features(rows, df, self.cfg.row_features, where)
 
     def predict_standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
         """``{"mu", "var"[, "epistemic", "aleatoric", "q_hat"]}`` [n] on the standardised scale."""
@@ -603,7 +610,7 @@ class DUPModel(TrainedModel):
     def predict(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
         rows = self.encode(df, features)
         base_rows = (
-            rows
+            with_row_features(rows, df, self.base.cfg.row_features)
             if self.base.cfg.reference_free == self.cfg.reference_free
             else self.base.encode(df, features)
         )

@@ -45,6 +45,7 @@ from uamt.models.comet_parts import (
 )
 from uamt.models.config import TrainConfig
 from uamt.models.data import EncodedRows, make_loader, targets_of
+from uamt.models.row_features import batch_row_features
 
 
 class NonFiniteLossError(UamtError):
@@ -118,7 +119,8 @@ class Estimator(nn.Module):
             layer_transformation=cfg.layer_transformation,
         )
         self.n_sides = 4 if cfg.reference_free else 6
-        self.head = self.build_head(self.n_sides * dim)
+        self.row_features = tuple(cfg.row_features)
+        self.head = self.build_head(self.n_sides * dim + len(self.row_features))
         self.comet_encoder = None
         self.attach_encoder(None)
         self._frozen = False
@@ -206,14 +208,19 @@ class Estimator(nn.Module):
         return self.layerwise_attention(list(layers.unbind(dim=1)))
 
     def sentence_features(self, batch: dict, encoder_train: bool | None = None) -> torch.Tensor:
-        """COMET features [B, 6 * dim] (reference-based) or [B, 4 * dim] (reference-free)."""
+        """COMET features [B, 6 * dim] (reference-based) or [B, 4 * dim] (reference-free), followed by
+        the ``cfg.row_features`` columns [B, k] when the model reads any (:mod:`uamt.models.row_features`)."""
         src = self.mix(self.embed(batch, "src", encoder_train))
         mt = self.mix(self.embed(batch, "mt", encoder_train))
         prod_src, diff_src = mt * src, torch.abs(mt - src)
         if self.cfg.reference_free:
-            return torch.cat((mt, src, prod_src, diff_src), dim=1)
-        ref = self.mix(self.embed(batch, "ref", encoder_train))
-        return torch.cat((mt, ref, mt * ref, torch.abs(mt - ref), prod_src, diff_src), dim=1)
+            parts = [mt, src, prod_src, diff_src]
+        else:
+            ref = self.mix(self.embed(batch, "ref", encoder_train))
+            parts = [mt, ref, mt * ref, torch.abs(mt - ref), prod_src, diff_src]
+        if self.row_features:
+            parts.append(batch_row_features(batch, self.row_features).to(device=mt.device, dtype=mt.dtype))
+        return torch.cat(parts, dim=1)
 
     def head_forward(self, features: torch.Tensor, batch: dict, repeats: int = 1) -> torch.Tensor:
         """Head output [B * repeats, out_dim]; ``features`` already repeated ``repeats`` times.

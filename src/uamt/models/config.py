@@ -68,6 +68,12 @@ class TrainConfig:
         critical errors (omission, duplication, unrelated sentence, gibberish, untranslated, wrong
         language) at the worst score of the dataset's scale, and as many references copied as the
         translation at its best score.  0 = none.
+    row_features : tuple of str
+        Surface features of each row (:data:`uamt.surface_features.FEATURES`: ``chrf``, ``ter``,
+        ``len_ratio_ref``, ``len_ratio_src``, ``copy_rate``, ``target_language_prob``) that the head
+        reads beside the COMET features (:mod:`uamt.models.row_features`; computed from the texts
+        wherever rows are encoded).  () = none (the COMET head).  A reference-free model cannot read
+        the reference-based ones.
     init_from : str or None
         A trained single-network model folder whose weights start the training (a warm start: the
         "DA first, then MQM" recipe of COMET and MetricX trains once on direct assessments, then on
@@ -109,10 +115,16 @@ class TrainConfig:
     keep_embeddings_frozen: bool = True
     predict_batch_size: int = 256
     synthetic_failures: float = 0.0
+    row_features: tuple[str, ...] = ()
     init_from: str | None = None
     train_split: str = "d_q"
     dev_split: str = "dev"
     out_dir: str = "models/{method}"
+
+    def __post_init__(self) -> None:
+        from uamt.models.row_features import check_row_features
+
+        check_row_features(self.row_features, self.reference_free)
 
     def replace(self, **changes) -> TrainConfig:
         """A copy with ``changes`` applied (validated like the YAML)."""

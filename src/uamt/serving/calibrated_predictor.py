@@ -188,19 +188,18 @@ class CalibratedPredictor:
         averaging the per-reference predictive distributions' means and standard deviations (the
         quantile average, the analogue for Gaussians of §3.4's pointwise average of aligned samples),
         and ``n_refs`` says how many each row used (the calibration is chosen by it)."""
-        src = _text_column(frame, "src")
-        mt = _text_column(frame, "mt")
+        texts = pd.DataFrame({"src": _text_column(frame, "src"), "mt": _text_column(frame, "mt")})
+        if "lp" in frame.columns:  # read by a model whose head reads the target-language row feature
+            texts["lp"] = frame["lp"].to_numpy()
         if not self.uses_references:
             if "ref" in frame.columns or "refs" in frame.columns:
                 raise DataError("this is a reference-free (QE) model: drop the ref/refs fields")
-            return self.model.predict(pd.DataFrame({"src": src, "mt": mt}), self.features)
+            return self.model.predict(texts, self.features)
         if "ref" not in frame.columns and "refs" not in frame.columns:
             raise DataError("this model needs references: add a 'ref' (or 'refs') field, or use a QE model")
         from uamt.serving.multi_reference import predict_with_references
 
-        return predict_with_references(
-            self.model, pd.DataFrame({"src": src, "mt": mt}), self._references(frame), self.features
-        )
+        return predict_with_references(self.model, texts, self._references(frame), self.features)
 
     def predict_frame(
         self,

@@ -83,10 +83,12 @@ def combine(pred: pd.DataFrame, row: Sequence[int], n_rows: int) -> pd.DataFrame
 
 
 def predict_with_references(model, frame: pd.DataFrame, refs: Sequence[Sequence[str]], features) -> pd.DataFrame:
-    """Uncalibrated predictions of a reference-based ``model`` for ``frame`` (``src``, ``mt``), each
-    segment scored against every reference in ``refs[i]`` and the predictions averaged."""
+    """Uncalibrated predictions of a reference-based ``model`` for ``frame`` (``src``, ``mt``, optional
+    ``lp``), each segment scored against every reference in ``refs[i]`` and the predictions averaged."""
     src, mt = frame["src"].tolist(), frame["mt"].tolist()
     expanded = expand(src, mt, refs)
+    if "lp" in frame.columns:
+        expanded.insert(2, "lp", frame["lp"].to_numpy()[expanded["row"].to_numpy()])
     pred = model.predict(expanded.drop(columns="row"), features)
     return combine(pred, expanded["row"], len(frame))
 

@@ -67,6 +67,8 @@ def export_refusal(model) -> str | None:
         return "the model fine-tunes its encoder"
     if spec.yields_samples or spec.estimator.dropout_scope(cfg) is not None:
         return f"method {model.method!r} samples (MC dropout) at inference"
+    if cfg.row_features:
+        return f"the head reads row features {list(cfg.row_features)} computed from the texts"
     return None
 
 
