@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = dataclasses.replace(settings, calibration=args.calibration)
     base_cfg = load_train_config("hts", args.params)
     if args.qe:
-        base_cfg = base_cfg.replace(reference_free=True)
+        base_cfg = base_cfg.as_reference_free()
     if args.max_epochs:
         base_cfg = base_cfg.replace(max_epochs=args.max_epochs)
     if args.seed is not None:

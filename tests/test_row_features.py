@@ -160,3 +160,13 @@ def test_params_name_the_section_of_a_bad_row_feature(tmp_path):
     path.write_text(yaml.safe_dump(params), encoding="utf-8")
     with pytest.raises(ConfigError, match=rf"{path}:train_base: row_features='bleu' not supported"):
         load_train_config("hts", path)
+
+
+def test_the_qe_variant_keeps_the_features_it_can_read(tmp_path):
+    cfg = TrainConfig(hidden_sizes=(8,), max_epochs=1, row_features=("chrf", "copy_rate", "len_ratio_ref", "len_ratio_src"))
+    qe = cfg.as_reference_free()
+    assert qe.reference_free and qe.row_features == ("copy_rate", "len_ratio_src")
+    assert TrainConfig().as_reference_free() == TrainConfig().replace(reference_free=True)
+    table = _cut_table(40, 7)
+    model = load(train("hts", qe, table, _cut_table(20, 8), FEATURES, tmp_path / "qe"))
+    assert np.isfinite(model.predict(table[["src", "mt", "lp"]], FEATURES)["mu"]).all()

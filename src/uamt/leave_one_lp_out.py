@@ -95,7 +95,7 @@ def _train_one(train_cfg, lolo, job: tuple[str, str], inputs) -> dict:
     train_df, dev_df, features = inputs
     kept = train_df[train_df["lp"].astype(str) != lp]
     kept = with_synthetic_failures(kept, train_cfg.synthetic_failures, train_cfg.seed)
-    cfg = train_cfg.replace(reference_free=is_reference_free(model))
+    cfg = train_cfg.as_reference_free() if is_reference_free(model) else train_cfg.replace(reference_free=False)
     started = time.perf_counter()
     train_methods(
         (base_method(model),), cfg, kept, dev_df[dev_df["lp"].astype(str) != lp], features,

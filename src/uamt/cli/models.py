@@ -48,7 +48,7 @@ def _train(args: argparse.Namespace) -> int:
         raise UamtError(str(exc)) from exc
     cfg = load_train_config(args.method, args.params)
     if args.reference_free:
-        cfg = cfg.replace(reference_free=True)
+        cfg = cfg.as_reference_free()
     encode_cfg, features = _features(args.params)
     train_df = _read_split(encode_cfg.prepared_dir, args.train_split or cfg.train_split)
     dev_df = _read_split(encode_cfg.prepared_dir, args.dev_split or cfg.dev_split)

@@ -126,6 +126,15 @@ class TrainConfig:
 
         check_row_features(self.row_features, self.reference_free)
 
+    def as_reference_free(self) -> TrainConfig:
+        """This config for the reference-free (QE) variant on <src, mt>: the row features read off
+        the reference (chrF, TER, the reference length ratio) are left out, the others kept."""
+        from uamt.surface_features import NEEDS_REFERENCE
+
+        return self.replace(
+            reference_free=True, row_features=[name for name in self.row_features if name not in NEEDS_REFERENCE]
+        )
+
     def replace(self, **changes) -> TrainConfig:
         """A copy with ``changes`` applied (validated like the YAML)."""
         import dataclasses

@@ -52,7 +52,7 @@ def run(cfg: TrainBaseConfig) -> dict[str, Path]:
     (as ``<method>_qe``), in ``pipeline.workers`` processes (the same weights for any number);
     returns ``{model name: model_dir}``."""
     pipe = cfg.pipeline
-    qe_cfg = cfg.train.replace(reference_free=True)
+    qe_cfg = cfg.train.as_reference_free()
     jobs = [(method, cfg.train, "") for method in pipe.methods]
     jobs += [(method, qe_cfg, QE_MODEL_SUFFIX) for method in pipe.qe_methods]
     return train_jobs(jobs, functools.partial(training_inputs, cfg), pipe.model_dir, pipe.workers)
