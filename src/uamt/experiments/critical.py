@@ -295,6 +295,8 @@ def predict_over_references(
     expanded = pd.DataFrame(
         {"src": [src[i] for i, _ in pairs], "mt": [mt[i] for i, _ in pairs], "ref": [r for _, r in pairs]}
     )
+    if "lp" in rows.columns:  # read by a head with the target-language row feature
+        expanded["lp"] = rows["lp"].to_numpy()[[i for i, _ in pairs]]
     pred = model.predict(expanded, features)
     pred = pd.DataFrame({"mu": pred["mu"].to_numpy(float), "sigma": pred["sigma"].to_numpy(float)})
     pred["row"] = [i for i, _ in pairs]

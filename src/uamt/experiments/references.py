@@ -277,6 +277,8 @@ def score_references(
     for j, name in enumerate(names):
         scored = pd.DataFrame({"src": frame["src"].to_numpy(), "mt": frame["mt"].to_numpy()})
         scored["ref"] = references[name].to_numpy()
+        if "lp" in frame.columns:  # read by a head with the target-language row feature
+            scored["lp"] = frame["lp"].to_numpy()
         where = f"{model.method} with reference {name}"
         if not model.aligned_samples:  # moments only: the model's own prediction
             pred = model.predict(scored, features, n_samples)
