@@ -79,19 +79,14 @@ def row_feature_matrix(df: pd.DataFrame, names: Sequence[str], where: str = "tab
     return out
 
 
-def row_feature_columns(df: pd.DataFrame, names: Sequence[str], where: str = "table") -> dict[str, np.ndarray]:
-    """``{"row:<name>": float32 [n_rows]}`` for :meth:`uamt.models.data.EncodedRows.with_columns`."""
-    matrix = row_feature_matrix(df, names, where)
-    return {f"{COLUMN_PREFIX}{name}": matrix[:, j] for j, name in enumerate(names)}
-
-
 def with_row_features(rows, df: pd.DataFrame, names: Sequence[str], where: str = "table"):
-    """``rows`` (:class:`~uamt.models.data.EncodedRows` of ``df``) with the columns of ``names`` that
-    it lacks added; ``rows`` itself when it has them all (or ``names`` is empty)."""
+    """``rows`` (:class:`~uamt.models.data.EncodedRows` of ``df``) with the columns ``row:<name>`` of
+    ``names`` that it lacks added; ``rows`` itself when it has them all (or ``names`` is empty)."""
     missing = [name for name in names if f"{COLUMN_PREFIX}{name}" not in rows.columns]
     if not missing:
         return rows
-    return rows.with_columns(**row_feature_columns(df, missing, where))
+    matrix = row_feature_matrix(df, missing, where)
+    return rows.with_columns(**{f"{COLUMN_PREFIX}{name}": matrix[:, j] for j, name in enumerate(missing)})
 
 
 def batch_row_features(batch: dict, names: Sequence[str]):
@@ -112,7 +107,6 @@ __all__ = [
     "SCALES",
     "batch_row_features",
     "check_row_features",
-    "row_feature_columns",
     "row_feature_matrix",
     "with_row_features",
 ]
