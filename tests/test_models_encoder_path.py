@@ -227,6 +227,26 @@ def test_dup_over_a_finetuned_base(finetuned, splits, tmp_path):
     assert (pred["sigma"] > 0).all()
 
 
+def test_finetuned_deep_ensemble(tiny_dirs, splits, tmp_path):
+    """The paper's deep ensemble: every member fine-tunes its own copy of the encoder (seeds differ),
+    the caller's encoder is untouched, and the loaded ensemble runs each member's encoder."""
+    encoder = encoder_for(tiny_dirs["bert"])
+    before = encoder_tensors(encoder)
+    cfg = CFG.replace(finetune=True, ensemble_size=2, ensemble_member="hts", n_jobs=2)
+    path = train("ensemble", cfg, splits["d_q"], splits["dev"], features_from_encoder(encoder), tmp_path / "ens")
+    assert all(torch.equal(v, before[k]) for k, v in encoder_tensors(encoder).items())
+    states = [torch.load(path / "members" / k / "weights.pt", map_location="cpu", weights_only=True) for k in "01"]
+    layers = [k for k in states[0] if k.startswith("comet_encoder.") and ".encoder.layer." in k]
+    assert layers and any(not torch.equal(states[0][k], states[1][k]) for k in layers)
+    assert any(not torch.equal(states[0][k], before[k.removeprefix("comet_encoder.")]) for k in layers)
+    fresh = encoder_for(tiny_dirs["bert"])
+    model = load(path)
+    pred = model.predict(splits["test"], features_from_encoder(fresh))
+    assert pred["mu"].notna().all() and (pred["sigma"] > 0).all() and (pred["epistemic"] > 0).all()
+    members = [load(path / "members" / k, encoder=fresh).predict(splits["test"], features_from_encoder(fresh)) for k in "01"]
+    np.testing.assert_allclose(pred["mu"], (members[0]["mu"] + members[1]["mu"]) / 2, rtol=1e-6)
+
+
 def test_refuses_finetune_without_encoder(splits, tmp_path):
     def embed(texts):
         return np.zeros((len(texts), 3, 32), dtype=np.float32)

@@ -240,9 +240,9 @@ def _warm_start(module: Estimator, cfg: TrainConfig, rows: EncodedRows) -> None:
         raise UamtError(f"{weights}: cannot start from these weights ({exc})") from exc
 
 
-def _train_member(cfg, train_rows, dev_rows, train_df, dev_df, scaler, folder, encoder_id) -> float:
+def _train_member(cfg, train_rows, dev_rows, train_df, dev_df, scaler, folder, encoder_id, encoder=None) -> float:
     folder.mkdir(parents=True, exist_ok=True)
-    return _train_single(cfg, train_rows, dev_rows, train_df, dev_df, scaler, folder, encoder_id)[
+    return _train_single(cfg, train_rows, dev_rows, train_df, dev_df, scaler, folder, encoder_id, encoder)[
         "best_val_loss"
     ]
 
@@ -322,10 +322,6 @@ def _train_ensemble(cfg, train_df, dev_df, features, out_dir: Path, base_model_d
         )
     if cfg.ensemble_size < 2:
         raise UamtError(f"ensemble_size={cfg.ensemble_size}; an ensemble needs at least 2 members")
-    if cfg.finetune:
-        raise UamtError(
-            "ensemble with finetune=true is not supported; train members with the cached features"
-        )
     with atomic_dir(out_dir) as tmp:
         jobs = [
             (
@@ -340,7 +336,12 @@ def _train_ensemble(cfg, train_df, dev_df, features, out_dir: Path, base_model_d
             )
             for k in range(cfg.ensemble_size)
         ]
-        losses = run_members(_train_member, jobs, cfg.n_jobs)
+        if cfg.finetune:
+            # The paper's deep ensemble: each member fine-tunes its own copy of the encoder, one after
+            # another on the one device (a worker process could not share the caller's GPU encoder).
+            losses = [_train_member(*job, encoder) for job in jobs]
+        else:
+            losses = run_members(_train_member, jobs, cfg.n_jobs)
         members = [f"members/{k}" for k in range(cfg.ensemble_size)]
         meta = manifest(cfg, encoder_id, train_rows, scaler, members=members, member_val_losses=losses)
         write_manifest(tmp, meta)
@@ -581,8 +582,14 @@ class EnsembleModel(TrainedModel):
     def __init__(self, model_dir: Path, meta: dict, encoder=None) -> None:
         super().__init__(model_dir, meta)
         self.members = [
-            SingleModel(self.model_dir / sub, read_manifest(self.model_dir / sub)) for sub in meta["members"]
+            SingleModel(self.model_dir / sub, read_manifest(self.model_dir / sub), encoder=encoder)
+            for sub in meta["members"]
         ]
+
+    def attach_encoder(self, encoder) -> None:
+        if self.cfg.finetune:  # fine-tuned members each run their own copy of the encoder
+            for member in self.members:
+                member.attach_encoder(encoder)
 
     def predict_standardised(self, rows: EncodedRows, n_samples: int | None = None) -> dict[str, np.ndarray]:
         return combine_members([member.predict_standardised(rows) for member in self.members])
