@@ -76,6 +76,11 @@ def encoder_for(folder: Path):
     return get_encoder(EncoderConfig(name="hf", path=str(folder), batch_size=32))
 
 
+def encoder_for_same(finetuned: dict):
+    """A fresh encoder object of the fine-tuned model's base encoder."""
+    return get_encoder(finetuned["encoder"].config)
+
+
 def encoder_tensors(encoder) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in encoder.comet_encoder.state_dict().items()}
 
@@ -225,6 +230,24 @@ def test_dup_over_a_finetuned_base(finetuned, splits, tmp_path):
     base = load(finetuned["path"]).predict(splits["test"], features)
     np.testing.assert_allclose(pred["q_hat"], base["mu"], rtol=1e-9)
     assert (pred["sigma"] > 0).all()
+
+
+def test_finetuned_dup_over_a_finetuned_base(finetuned, splits, tmp_path):
+    """train_dup reads train_base's settings: with finetune on, M_E fine-tunes its own encoder copy
+    too, and the loaded DUP (as the calibrate stage loads it: no encoder given) runs both."""
+    features = features_from_encoder(finetuned["encoder"])
+    path = train(
+        "dup", CFG.replace(finetune=True), splits["d_q"], splits["dev"], features, tmp_path / "dup",
+        base_model_dir=finetuned["path"],
+    )
+    state = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
+    assert any(k.startswith("comet_encoder.") for k in state)
+    pred = load(path).predict(splits["test"], features)
+    base = load(finetuned["path"]).predict(splits["test"], features)
+    np.testing.assert_allclose(pred["q_hat"], base["mu"], rtol=1e-9)
+    assert (pred["sigma"] > 0).all()
+    again = load(path, encoder=encoder_for_same(finetuned)).predict(splits["test"], features)
+    pd.testing.assert_frame_equal(pred, again)
 
 
 def test_finetuned_deep_ensemble(tiny_dirs, splits, tmp_path):

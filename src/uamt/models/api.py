@@ -611,8 +611,13 @@ class DUPModel(TrainedModel):
 
     def __init__(self, model_dir: Path, meta: dict, encoder=None) -> None:
         super().__init__(model_dir, meta)
-        self.base = load(self.model_dir / meta["base"])
-        self.error_model = SingleModel(self.model_dir, meta)
+        self.base = load(self.model_dir / meta["base"], encoder=encoder)
+        self.error_model = SingleModel(self.model_dir, meta, encoder=encoder)
+
+    def attach_encoder(self, encoder) -> None:
+        # either network may run its own fine-tuned encoder copy (M_Q, and M_E trained with finetune)
+        self.base.attach_encoder(encoder)
+        self.error_model.attach_encoder(encoder)
 
     def predict(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
         rows = self.encode(df, features)
@@ -621,7 +626,7 @@ class DUPModel(TrainedModel):
             if self.base.cfg.reference_free == self.cfg.reference_free
             else self.base.encode(df, features)
         )
-        self.base.attach_encoder(encoder if encoder is not None else encoder_of(features))
+        self.attach_encoder(encoder if encoder is not None else encoder_of(features))
         q_hat = self.base.predict_standardised(base_rows)["mu"]
         return self.predict_rows(rows.with_columns(q_hat=q_hat), n_samples)
 

@@ -42,7 +42,8 @@ class TrainConfig:
         network including the encoder (needs the encoder).
     ensemble_size, ensemble_member, n_jobs
         Deep ensemble: K members of method ``ensemble_member`` trained with seeds seed..seed+K-1, in
-        ``n_jobs`` parallel processes.
+        ``n_jobs`` parallel processes (with ``finetune``: one after another, each fine-tuning its own
+        copy of the encoder).
     kl_missing_std : {"hts", "by_score", "mean", "floor", "drop"}
         How KL trains rows with fewer than 2 annotators (:data:`uamt.models.kl.MISSING_STD_RULES`):
         with the HTS loss on their one score (the default), a target std read off their score (binned
