@@ -133,6 +133,32 @@ def test_onnx_served_model_scores_like_torch(served):
         np.testing.assert_allclose(outs["onnx"][column], outs["onnx-without-head"][column], atol=1e-5, err_msg=column)
 
 
+def test_a_model_registered_on_a_gpu_scores_on_a_cpu(served, tmp_path, caplog, monkeypatch):
+    """A pipeline run with ``encode.encoder.device: cuda`` registers that device in the spec; where
+    torch sees no CUDA device the predictor runs the encoder on the CPU (logged), with the same
+    scores, instead of failing in torch."""
+    import shutil
+
+    import torch
+
+    from uamt.serving.predictor import load_predictor
+
+    folder = tmp_path / "pyfunc-cuda"
+    shutil.copytree(served["torch"], folder)
+    spec_path = folder / "artifacts" / "spec-torch.json"
+    spec = json.loads(spec_path.read_text())
+    spec["encoder"]["device"] = "cuda"
+    spec_path.write_text(json.dumps(spec))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    frame = sentence_table(8, 4)[["src", "mt", "ref"]]
+    with caplog.at_level("WARNING", logger="uamt.serving.calibrated_predictor"):
+        predictor = load_predictor(str(folder))
+    assert predictor.encoder.config.device == "cpu"
+    assert "registered to run on 'cuda'; torch sees no CUDA device here" in caplog.text
+    expected = load_predictor(str(served["torch"])).predict_frame(frame, confidence=0.9, risk_threshold=-5.0)
+    pd.testing.assert_frame_equal(predictor.predict_frame(frame, confidence=0.9, risk_threshold=-5.0), expected)
+
+
 @pytest.mark.parametrize(
     ("runtime", "heavy"),
     [

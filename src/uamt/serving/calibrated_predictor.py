@@ -272,6 +272,25 @@ ENCODER_ARTIFACT = "encoder"
 HEAD_ARTIFACT = "head"
 
 
+def device_here(encoder_cfg, where: str):
+    """``encoder_cfg`` to run on this machine: a model registered where its encoder ran on a GPU
+    (``encode.encoder.device: cuda``) runs it on the CPU where torch sees no CUDA device -- the same
+    weights, logged, not a crash -- and on the GPU where there is one."""
+    if encoder_cfg.device == "cpu":
+        return encoder_cfg  # torch is not imported for this: an ONNX-served model may not need it
+    import torch
+
+    if encoder_cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "%s: the model's encoder was registered to run on %r; torch sees no CUDA device here, so it runs on the CPU",
+            where, encoder_cfg.device,
+        )
+        return dataclasses.replace(encoder_cfg, device="cpu")
+    return encoder_cfg
+
+
 def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
     """The :class:`CalibratedPredictor` of a uamt model's artifacts (name -> local path): spec and
     calibration first (cheap, and a corrupt file is named), then the model and the encoder (the
@@ -311,7 +330,7 @@ def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
 
         encoder = load_onnx_encoder(artifacts[ENCODER_ARTIFACT], encoder_cfg)
     else:
-        encoder = get_encoder(encoder_cfg)
+        encoder = get_encoder(device_here(encoder_cfg, str(spec_path)))
     return CalibratedPredictor(
         model,
         calibration,
