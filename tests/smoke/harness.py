@@ -10,7 +10,7 @@ reinstalling it: nothing is downloaded and no environment is created per run).
 
 Used by ``tests/test_smoke_make_run.py``; by hand (the before/after of a fix, timings)::
 
-    python -m tests.smoke.harness /tmp/smoke [--commit REV] [--runs 2]
+    python -m tests.smoke.harness /tmp/smoke [--commit REV] [--runs 2] [--overlay more-params.yaml]
 """
 
 from __future__ import annotations
@@ -121,14 +121,15 @@ def environment(checkout: Path, mirror: Path) -> dict[str, str]:
     return env
 
 
-def prepare_clone(dest: Path, mirror: Path, commit: str = "HEAD") -> dict[str, str]:
+def prepare_clone(dest: Path, mirror: Path, commit: str = "HEAD", extra: dict | None = None) -> dict[str, str]:
     """Clone ``commit`` into ``dest`` with the smoke profile as its params.yaml and its pins cut to
-    the profile's files; returns the environment."""
+    the profile's files; ``extra`` (params sections) is merged on last, e.g. the GPU settings of
+    docs/models.md.  Returns the environment."""
     clone(dest, commit)
     params_path = dest / "params.yaml"
     params = yaml.safe_load(params_path.read_text(encoding="utf-8"))
     overlay = yaml.safe_load(OVERLAY.read_text(encoding="utf-8"))
-    params = smoke_params(params, overlay)
+    params = smoke_params(params, merge(overlay, extra or {}))
     globs_by_repo = (overlay.get("smoke") or {}).get("fetch_files")
     if globs_by_repo is not None:
         pins_path = dest / params["fetch"].get("sources_file", "data_sources.yaml")
@@ -178,11 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mirror", type=Path, default=None, help="data mirror (default: as the tests find it)"
     )
+    parser.add_argument(
+        "--overlay", type=Path, default=None, help="a YAML file of params sections merged on after the smoke profile"
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO_ROOT / "tests"))
     from conftest import find_mirror
 
-    env = prepare_clone(args.dest, args.mirror or find_mirror(), args.commit)
+    extra = yaml.safe_load(args.overlay.read_text(encoding="utf-8")) if args.overlay else None
+    env = prepare_clone(args.dest, args.mirror or find_mirror(), args.commit, extra)
     for run in range(1, args.runs + 1):
         code, seconds, _ = make_run(args.dest, env, args.dest / f"make-run-{run}.log")
         print(f"make run #{run}: exit {code} in {seconds:.0f} s (log {args.dest / f'make-run-{run}.log'})")
