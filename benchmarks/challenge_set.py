@@ -48,6 +48,14 @@ def summarise(scored: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def served_mu_and_risk(calibration, rows: pd.DataFrame, bounds, chi: float) -> tuple[np.ndarray, np.ndarray]:
+    """The served mu (clipped to ``bounds``) and risk P(MQM <= chi) of raw predictions ``rows``
+    (``mu``, ``sigma``, ``lp``) through ``calibration``."""
+    lp = rows["lp"].astype(str).to_numpy(dtype=object)
+    mu, sigma = rows["mu"].to_numpy(float), rows["sigma"].to_numpy(float)
+    return np.clip(calibration.center(mu, sigma, lp), *bounds), np.asarray(calibration.risk(mu, sigma, chi, lp))
+
+
 def score_with_pyfunc(model_uri: str, frame: pd.DataFrame, chi: float, reference_free: bool = False) -> pd.DataFrame:
     import mlflow.pyfunc
 
@@ -67,12 +75,8 @@ def score_with_model_dir(model_dir: Path, calibration_path: Path, frame: pd.Data
     encoder = get_encoder(EncoderConfig(runtime="onnx", batch_size=16))
     cache = EmbeddingCache(Path(model_dir).parent / ".challenge-cache", encoder, dtype="float16")
     raw = model.predict(frame[["src", "mt", "ref", "lp"]].reset_index(drop=True), features_from_cache(cache))
-    calibration = Calibration.load(calibration_path)
-    lp = frame["lp"].astype(str).to_numpy(dtype=object)
-    mu, sigma = raw["mu"].to_numpy(float), raw["sigma"].to_numpy(float)
-    return pd.DataFrame(
-        {"mu": np.clip(calibration.center(mu, sigma, lp), -25, 0), "risk": calibration.risk(mu, sigma, chi, lp)}
-    )
+    mu, risk = served_mu_and_risk(Calibration.load(calibration_path), raw.assign(lp=frame["lp"].to_numpy()), (-25, 0), chi)
+    return pd.DataFrame({"mu": mu, "risk": risk})
 
 
 def main(argv: list[str] | None = None) -> int:

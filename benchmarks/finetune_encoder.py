@@ -243,7 +243,7 @@ def report(args) -> int:
     from uamt.uncertainty import EvaluationSettings
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from challenge_set import summarise
+    from challenge_set import served_mu_and_risk, summarise
 
     settings = dataclasses.replace(load_section(EvaluationSettings, "evaluate", args.params), calibration="auto")
     bounds = scale_bounds(load_pipeline(args.params).datasets)
@@ -263,12 +263,7 @@ def report(args) -> int:
         print(quality[["dataset", "lp", "n", "pps", "chrf_r", "auroc_risk", "recall_worst", "width", "coverage"]].round(3).to_string(index=False))
         summary["variants"][variant]["quality"] = quality.to_dict("records")
         if "challenge" in part:
-            served = {}
-            for name in ("challenge", "challenge_original"):
-                rows = part[name]
-                lp = rows["lp"].astype(str).to_numpy(dtype=object)
-                mu, sigma = rows["mu"].to_numpy(float), rows["sigma"].to_numpy(float)
-                served[name] = (np.clip(calibration.center(mu, sigma, lp), *bounds), np.asarray(calibration.risk(mu, sigma, -5.0, lp)))
+            served = {name: served_mu_and_risk(calibration, part[name], bounds, -5.0) for name in ("challenge", "challenge_original")}
             perturbed, _ = challenge_rows(test, summary["challenge_per_mode"])
             if len(perturbed) != len(part["challenge"]):
                 raise SystemExit(f"{variant}: the challenge set drawn here ({len(perturbed)} rows) is not the one scored")

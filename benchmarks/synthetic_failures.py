@@ -41,7 +41,7 @@ from uamt.serving.model_calibration import fit_calibration
 from uamt.uncertainty import EvaluationSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from challenge_set import summarise  # noqa: E402
+from challenge_set import served_mu_and_risk, summarise  # noqa: E402
 
 
 def challenge_scores(
@@ -54,9 +54,7 @@ def challenge_scores(
     for frame in (original, perturbed):
         columns = ["src", "mt", "lp"] if reference_free else ["src", "mt", "ref", "lp"]
         raw = model.predict(frame[columns].reset_index(drop=True), features)
-        lp = frame["lp"].astype(str).to_numpy(dtype=object)
-        mu, sigma = raw["mu"].to_numpy(float), raw["sigma"].to_numpy(float)
-        rows.append((np.clip(calibration.center(mu, sigma, lp), *bounds), np.asarray(calibration.risk(mu, sigma, chi, lp))))
+        rows.append(served_mu_and_risk(calibration, raw.assign(lp=frame["lp"].to_numpy()), bounds, chi))
     (mu0, risk0), (mu1, risk1) = rows
     scored = perturbed.assign(mu=mu1, risk=risk1, mu_original=mu0, risk_original=risk0)
     return summarise(scored).drop(columns="mu_drop")
