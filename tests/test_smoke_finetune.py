@@ -25,12 +25,6 @@ from tests.test_encoders import make_tiny_bert
 
 pytestmark = pytest.mark.slow
 
-SEGMENTS = {
-    "src": ["The weather is nice today.", "He bought three apples at the market."],
-    "mt": ["Das Wetter ist heute schön.", "Er kaufte drei Äpfel."],
-    "ref": ["Heute ist das Wetter schön.", "Er hat auf dem Markt drei Äpfel gekauft."],
-}
-
 
 @pytest.fixture(scope="module")
 def finetuned_smoke(tmp_path_factory, mirror_root):
@@ -67,14 +61,7 @@ def test_every_stage_runs_with_finetuned_models(finetuned_smoke):
 @pytest.mark.parametrize(("with_refs", "model"), [(True, "uamt-comet"), (False, "uamt-comet-qe")])
 def test_uamt_score_answers_with_the_finetuned_champion(finetuned_smoke, with_refs, model):
     clone, env, _ = finetuned_smoke
-    files = []
-    for column, lines in SEGMENTS.items():
-        if column == "ref" and not with_refs:
-            continue
-        path = clone.parent / f"segments.{column}"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        files += [f"--{column}", str(path)]
-    scored = harness.uamt(clone, env, "score", *files, "--lp", "en-de", "--no-progress")
+    scored = harness.score_segments(clone, env, with_refs)
     assert scored.returncode == 0, scored.stderr
     records = [json.loads(line) for line in scored.stdout.splitlines()]
     assert records[-1]["summary"]["model"] == f"models:/{model}@champion"

@@ -31,11 +31,6 @@ from uamt.registry.store import SUMMARY_PATH
 pytestmark = pytest.mark.slow
 
 MODELS = ("uamt-comet", "uamt-comet-qe")
-SEGMENTS = {  # en-de, a language pair the smoke model is trained and calibrated on
-    "src": ["The weather is nice today.", "He bought three apples at the market."],
-    "mt": ["Das Wetter ist heute schön.", "Er kaufte drei Äpfel."],
-    "ref": ["Heute ist das Wetter schön.", "Er hat auf dem Markt drei Äpfel gekauft."],
-}
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +82,7 @@ def test_registry_show_names_the_champion(smoke, name):
 @pytest.mark.parametrize(("with_refs", "model"), [(True, "uamt-comet"), (False, "uamt-comet-qe")])
 def test_uamt_score_answers_with_the_champion(smoke, with_refs, model):
     clone, env, _ = smoke
-    files = []
-    for column, lines in SEGMENTS.items():
-        if column == "ref" and not with_refs:
-            continue
-        path = clone.parent / f"segments.{column}"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        files += [f"--{column}", str(path)]
-    scored = harness.uamt(clone, env, "score", *files, "--lp", "en-de", "--no-progress")
+    scored = harness.score_segments(clone, env, with_refs)
     assert scored.returncode == 0, scored.stderr
     records = [json.loads(line) for line in scored.stdout.splitlines()]
     segments, summary = records[:-1], records[-1]["summary"]

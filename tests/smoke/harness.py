@@ -171,6 +171,27 @@ def uamt(checkout: Path, env: dict[str, str], *args: str) -> subprocess.Complete
     )  # fmt: skip
 
 
+#: Two en-de segments (a language pair the smoke models are trained and calibrated on) for ``uamt score``.
+SEGMENTS = {
+    "src": ["The weather is nice today.", "He bought three apples at the market."],
+    "mt": ["Das Wetter ist heute schön.", "Er kaufte drei Äpfel."],
+    "ref": ["Heute ist das Wetter schön.", "Er hat auf dem Markt drei Äpfel gekauft."],
+}
+
+
+def score_segments(checkout: Path, env: dict[str, str], with_refs: bool) -> subprocess.CompletedProcess:
+    """``uamt score`` of :data:`SEGMENTS` (written beside ``checkout``; without references: the QE
+    champion answers) with ``--lp en-de``."""
+    files = []
+    for column, lines in SEGMENTS.items():
+        if column == "ref" and not with_refs:
+            continue
+        path = checkout.parent / f"segments.{column}"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        files += [f"--{column}", str(path)]
+    return uamt(checkout, env, "score", *files, "--lp", "en-de", "--no-progress")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path, help="folder to clone into (must not exist)")
