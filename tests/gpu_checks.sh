@@ -10,7 +10,7 @@
 #                                 #   --rows .gpu/finetune/rows.parquet  (the served calibration, fitted here)
 #
 # Checked on an H200 (2026-11-26): torch 2.11.0+cu130, numpy 2.5.2 and pandas 3.0.6 of the machine's
-# image with these wheels: 6 passed in 19 s; again on 2026-11-27 (21.6 s), where `finetune` ran in 405 s
+# image with these wheels: 6 passed in 19 s; again on 2026-11-27 (21.6 s), when `finetune` and `run` took 405 s together
 # (both variants; docs/quality.md, "full fine-tuning on a GPU").  Both folders are git-ignored (.git/info/exclude).
 set -euo pipefail
 cd "$(dirname "$0")/.."
