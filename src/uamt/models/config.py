@@ -61,6 +61,11 @@ class TrainConfig:
     finetune, encoder_learning_rate, layerwise_decay, nr_frozen_epochs, keep_embeddings_frozen
         Encoder-in-the-network path (GPU users): COMET's layer-wise learning-rate decay and a frozen
         encoder for the first ``nr_frozen_epochs`` epochs (fractions allowed).
+    finetune_top_layers : int
+        With ``finetune``: 0 trains every encoder block; k >= 1 trains only the top k transformer
+        blocks (the rest stays frozen), each step running just those blocks on states of the lower
+        layers computed once per text (:mod:`uamt.models.top_layers`, the CPU route).  The model is
+        served as any fine-tuned one.
     predict_batch_size : int
         Rows per forward pass at inference.
     synthetic_failures : float
@@ -114,6 +119,7 @@ class TrainConfig:
     layerwise_decay: float = 0.95
     nr_frozen_epochs: float = 0.3
     keep_embeddings_frozen: bool = True
+    finetune_top_layers: int = 0
     predict_batch_size: int = 256
     synthetic_failures: float = 0.0
     row_features: tuple[str, ...] = ()
@@ -126,6 +132,10 @@ class TrainConfig:
         from uamt.models.row_features import check_row_features
 
         check_row_features(self.row_features, self.reference_free)
+        if self.finetune_top_layers < 0:
+            raise ValueError(f"finetune_top_layers={self.finetune_top_layers}: 0 (every block) or the number of top blocks")
+        if self.finetune_top_layers and not self.finetune:
+            raise ValueError(f"finetune_top_layers={self.finetune_top_layers} needs finetune: true")
 
     def as_reference_free(self) -> TrainConfig:
         """This config for the reference-free (QE) variant on <src, mt>: the row features read off

@@ -95,6 +95,7 @@ def fit(module: Estimator, train_rows: EncodedRows, dev_rows: EncodedRows, workd
         raise DataError("dev split has no rows; early stopping needs a dev set")
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    module.before_fit(train_rows, dev_rows)
     seed_everything(cfg.seed)
     texts = module.needs_texts
     train_loader = make_loader(
