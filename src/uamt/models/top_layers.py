@@ -25,6 +25,12 @@ from torch.nn.utils.rnn import pad_sequence
 from uamt.core.errors import UamtError
 
 
+def check_top_layers(k: int, num_layers: int) -> None:
+    """ValueError unless ``1 <= k <`` the encoder's transformer blocks (``num_layers - 1``)."""
+    if not 1 <= k < num_layers - 1:
+        raise ValueError(f"finetune_top_layers={k}: choose 1 <= k < {num_layers - 1} (the encoder's transformer blocks)")
+
+
 class LowerStates:
     """What the frozen lower part of an encoder computes for each text, for training the top ``k`` blocks.
 
@@ -40,8 +46,7 @@ class LowerStates:
     """
 
     def __init__(self, encoder_id: str, num_layers: int, k: int) -> None:
-        if not 1 <= k < num_layers - 1:
-            raise ValueError(f"finetune_top_layers={k}: choose 1 <= k < {num_layers - 1} (the encoder's transformer blocks)")
+        check_top_layers(k, num_layers)
         self.encoder_id = encoder_id
         self.num_layers = num_layers
         self.k = k
