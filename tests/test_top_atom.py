@@ -165,3 +165,23 @@ def test_a_changed_atom_changes_what_is_measured(fitted):
     assert after["en-ru"]["top_probability"] < before["en-ru"]["top_probability"] - 0.3
     assert after["en-ru"]["ece"] > before["en-ru"]["ece"]
     assert after["zh-en"]["ece"] == pytest.approx(before["zh-en"]["ece"])
+
+
+def test_the_mixture_reads_every_row_at_its_own_level_as_one_call_per_level_would(fitted):
+    """The quantile below the top is read for all rows in one call (each row at its own level); it
+    equals, bit for bit, the interval of the distribution below at one level per call."""
+    _, test, _, served = fitted
+    mu, sigma, lp = test["mu"].to_numpy(), test["sigma"].to_numpy(), test["lp"].to_numpy(dtype=object)
+    pi = served.top_atom.probability(served.center(mu, sigma, lp), lp)
+    for p in (0.05, 0.3, 0.5, 0.95):
+        inside = pi + p < 1.0
+        level = p / (1.0 - pi[inside])
+        expected = np.empty(inside.sum())
+        for value in np.unique(level):
+            rows = level == value
+            gamma = min(abs(2.0 * float(value) - 1.0), 1.0)
+            lower, upper = served.below_top.interval(mu[inside][rows], sigma[inside][rows], gamma, lp[inside][rows], "conformal")
+            expected[rows] = lower if value < 0.5 else upper
+        got = served._below_top_quantile(mu, sigma, lp, None, p, pi)
+        np.testing.assert_array_equal(got[inside], np.minimum(expected, 0.0))
+        np.testing.assert_array_equal(got[~inside], 0.0)

@@ -336,3 +336,19 @@ def test_a_bad_language_pair_is_refused_naming_its_row(bad):
     with pytest.raises(ValueError, match=r"lp\[2\] = .* is not a non-empty string"):
         _as_lp(lp, 4)
     assert _as_lp(np.array(["en-de", "zh-en"], dtype=object), 2).tolist() == ["en-de", "zh-en"]
+
+
+def test_lp_groups_are_the_sorted_distinct_lps_with_their_rows():
+    from uamt.uncertainty.calibrators import lp_groups
+
+    lp = np.array(["zh-en", "en-de", "zh-en", "he-en", "en-de"], dtype=object)
+    groups = lp_groups(lp)
+    assert [name for name, _ in groups] == ["en-de", "he-en", "zh-en"]
+    for name, rows in groups:
+        np.testing.assert_array_equal(rows, lp == name)
+    assert lp_groups(np.array([], dtype=object)) == []
+    with_missing = np.array(["en-de", None, "en-de"], dtype=object)  # factorize drops None: compared one by one
+    assert [(name, rows.tolist()) for name, rows in lp_groups(with_missing)] == [
+        (None, [False, True, False]),  # sorted as its text, "None"
+        ("en-de", [True, False, True]),
+    ]

@@ -609,3 +609,30 @@ def test_cross_fitting_refits_the_mu_line_on_each_fold():
     )
     np.testing.assert_allclose(spread_h, human_z)
     assert np.mean((human_z - mu_z) ** 2) < 0.8 * np.mean((spread_h - spread_mu) ** 2)
+
+
+@pytest.mark.parametrize("kind", ["split_conformal", "mondrian_conformal", "signed_mondrian_conformal"])
+def test_interval_at_reads_one_level_per_row_as_it_reads_one_level(kind):
+    from uamt.uncertainty.candidates import MondrianConformalCalibrator, SignedMondrianConformalCalibrator
+
+    rng = np.random.default_rng(7)
+    human, mu, sigma = skewed(rng, 900)
+    lp = np.where(rng.random(900) < 0.4, "en-de", "zh-en").astype(object)
+    make = {
+        "split_conformal": lambda: ConformalCalibrator(gammas=(0.5, 0.8, 0.9)),
+        "mondrian_conformal": lambda: MondrianConformalCalibrator(**COMMON),
+        "signed_mondrian_conformal": lambda: SignedMondrianConformalCalibrator(**COMMON),
+    }
+    fitted = make[kind]().fit(human, mu, sigma, lp=lp)
+    levels = rng.choice([0.0, 0.1, 0.5, 0.85, 0.9, 0.999, 1.0], size=900)
+    low, high = fitted.interval_at(mu, sigma, levels, lp)
+    for gamma in np.unique(levels):
+        rows = levels == gamma
+        one_low, one_high = fitted.interval_at(mu[rows], sigma[rows], float(gamma), lp[rows])
+        np.testing.assert_array_equal(low[rows], one_low)
+        np.testing.assert_array_equal(high[rows], one_high)
+    assert np.all(np.isinf(low[levels == 1.0]))  # beyond every fitted level: unbounded
+    with pytest.raises(ValueError, match=r"confidence level gamma\[1\]=1.5 must lie in \[0, 1\]"):
+        fitted.interval_at(mu[:3], sigma[:3], np.array([0.5, 1.5, 0.2]), lp[:3])
+    with pytest.raises(ValueError, match=r"gamma must be one level or one per row \(3\), got shape \(2,\)"):
+        fitted.interval_at(mu[:3], sigma[:3], np.array([0.5, 0.2]), lp[:3])

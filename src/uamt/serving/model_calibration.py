@@ -367,7 +367,8 @@ class Calibration:
 
     def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "gaussian", n_refs=None):
         """Central interval at ``gamma`` on the human scale: Gaussian-calibrated or split-conformal
-        (with a point mass at the top, the served mixture's, whatever ``mode``)."""
+        (with a point mass at the top, the served mixture's, whatever ``mode``).  ``gamma``: one
+        level, or, where the served distribution is a conformal one, one per row (shape [n])."""
         if mode not in INTERVAL_MODES:
             raise ValueError(f"interval={mode!r} not supported; choose from {sorted(INTERVAL_MODES)}")
         if self.isotonic is not None:
@@ -453,13 +454,22 @@ class Calibration:
         out = np.full(mu.size, top)
         lps = None if lp is None else (np.full(mu.size, lp, dtype=object) if isinstance(lp, str) else np.asarray(lp, dtype=object))
         refs = None if n_refs is None else np.broadcast_to(np.asarray(n_refs), mu.shape)
-        mode = "gaussian" if self.below_top.is_gaussian else "conformal"
-        # pi is constant within an (LP, mu bin): one call of the calibration below per distinct level.
+        if not inside.any():
+            return out
+        if not self.below_top.is_gaussian:  # a conformal distribution below: every row's own level in one call
+            gamma = np.minimum(np.abs(2.0 * level[inside] - 1.0), 1.0)
+            lower, upper = self.below_top.interval(
+                mu[inside], sigma[inside], gamma, None if lps is None else lps[inside], "conformal",
+                n_refs=None if refs is None else refs[inside],
+            )
+            out[inside] = np.where(level[inside] < 0.5, lower, upper)
+            return np.minimum(out, top)
+        # pi is constant within an (LP, mu bin): one call of the Gaussian below per distinct level.
         for value in np.unique(level[inside]):
             rows = inside & (level == value)
             gamma = min(abs(2.0 * float(value) - 1.0), 1.0)
             lower, upper = self.below_top.interval(
-                mu[rows], sigma[rows], gamma, None if lps is None else lps[rows], mode,
+                mu[rows], sigma[rows], gamma, None if lps is None else lps[rows], "gaussian",
                 n_refs=None if refs is None else refs[rows],
             )
             out[rows] = lower if value < 0.5 else upper

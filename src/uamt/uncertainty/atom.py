@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from uamt.uncertainty.calibrators import GLOBAL
+from uamt.uncertainty.calibrators import GLOBAL, lp_groups
 
 
 @dataclass
@@ -91,8 +91,7 @@ class TopAtom:
         else:
             lps = np.asarray(lp, dtype=object)
         out = np.empty(center.size)
-        for name in set(lps.tolist()):
-            rows = lps == name
+        for name, rows in lp_groups(lps):
             params = self.lp_params.get(str(name)) or self.global_params
             bins = np.searchsorted(np.asarray(params["edges"], dtype=float), center[rows])
             out[rows] = np.asarray(params["rates"], dtype=float)[bins]

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+import pandas as pd
 
 from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
@@ -73,6 +74,20 @@ def _as_lp(lp, n: int) -> np.ndarray:
         i, value = next((i, v) for i, v in enumerate(array) if not isinstance(v, str) or not v)
         raise ValueError(f"lp[{i}] = {value!r} is not a non-empty string")
     return array
+
+
+def lp_groups(lp: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """``(name, rows)`` for each distinct value of ``lp`` (shape [n]), names sorted, ``rows`` a
+    boolean mask of shape [n].  One hash pass and an integer comparison per LP: comparing a column
+    of Python strings with each name costs ~0.16 ms per 13k rows and LP, and the served distribution
+    asks for its LPs' rows a dozen times per interval."""
+    lp = np.asarray(lp, dtype=object)
+    codes, names = pd.factorize(lp)
+    if codes.size and codes.min() < 0:  # a missing value (None, NaN), which factorize leaves out: compare each
+        names = list(dict.fromkeys(lp.tolist()))
+        return [(name, lp == name) for name in sorted(names, key=str)]
+    names = names.tolist()
+    return [(names[k], codes == k) for k in sorted(range(len(names)), key=lambda k: str(names[k]))]
 
 
 def _encode(params: dict[str, float]) -> dict[str, float | None]:
@@ -121,8 +136,7 @@ class _PerLanguagePair:
         self.global_params = global_params
         self.lp_params = {}
         if self.per_lp and lp is not None:
-            for name in sorted(set(lp_arr.tolist())):
-                rows = lp_arr == name
+            for name, rows in lp_groups(lp_arr):
                 if rows.sum() < self.min_lp_rows:
                     continue
                 params = self._fit_group(**{k: v[rows] for k, v in arrays.items()})
@@ -142,8 +156,7 @@ class _PerLanguagePair:
         """Call ``func(rows_mask, params)`` for each LP present, filling an output of length n."""
         lp_arr = _as_lp(lp, n)
         out = np.empty(n, dtype=float)
-        for name in sorted(set(lp_arr.tolist())):
-            rows = lp_arr == name
+        for name, rows in lp_groups(lp_arr):
             params, _ = self.params_for(None if name == GLOBAL else name)
             out[rows] = func(rows, params)
         return out

@@ -47,6 +47,7 @@ from uamt.uncertainty.calibrators import (
     Standardizer,
     _as_lp,
     _ece_columns,
+    lp_groups,
 )
 from uamt.uncertainty.conformal import (
     ConformalCalibrator,
@@ -54,6 +55,7 @@ from uamt.uncertainty.conformal import (
     _signed_key,
     cdf_knots,
     conformal_quantile,
+    interpolated_half_width,
     signed_cdf_knots,
     signed_conformal_quantiles,
 )
@@ -61,6 +63,7 @@ from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
     _as_1d,
     _check_gamma,
+    _check_row_gammas,
     _check_same_length,
     _triple,
     expected_calibration_error,
@@ -290,26 +293,26 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             raise RuntimeError("MondrianConformalCalibrator is not fitted; call fit() on dev first")
         scale = self.variance.transform(mu, sigma, lp)
         lp_arr = _as_lp(lp, mu.size)
-        for name in sorted(set(lp_arr.tolist())):
+        for name, in_lp in lp_groups(lp_arr):
             params, _ = self.params_for(None if name == GLOBAL else name)
             bins = np.searchsorted([params[f"edge{k}"] for k in range(1, self.n_bins)], mu)
             for b in range(self.n_bins):
-                rows = (lp_arr == name) & (bins == b)
+                rows = in_lp & (bins == b)
                 if rows.any():
                     yield rows, f"b{b}:", params, scale
 
     def interval(self, mu, sigma, gamma: float, lp=None) -> tuple[np.ndarray, np.ndarray]:
         return self.interval_at(mu, sigma, gamma, lp)
 
-    def interval_at(self, mu, sigma, gamma: float, lp=None) -> tuple[np.ndarray, np.ndarray]:
-        """Interval ``(lower, upper)`` at level gamma, each shape [n] (thresholds interpolated between levels)."""
+    def interval_at(self, mu, sigma, gamma, lp=None) -> tuple[np.ndarray, np.ndarray]:
+        """Interval ``(lower, upper)`` at level gamma (one, or one per row: shape [n]), each shape [n]
+        (thresholds interpolated between levels)."""
         mu = _as_1d("mu", mu)
-        gamma = _check_gamma(gamma)
+        gamma = _check_row_gammas(gamma, mu.size)
         half = np.empty(mu.size)
         for rows, prefix, params, scale in self._cells(mu, sigma, lp):
             levels, knots = cdf_knots(params, self.gammas, prefix)
-            q = float(np.interp(gamma, levels, knots)) if gamma <= levels[-1] else math.inf
-            half[rows] = np.inf if math.isinf(q) else q * scale[rows]
+            half[rows] = interpolated_half_width(gamma[rows], levels, knots, scale[rows])
         return mu - half, mu + half
 
     def risk(self, mu, sigma, threshold, lp=None) -> np.ndarray:
@@ -367,8 +370,8 @@ class SignedMondrianConformalCalibrator(MondrianConformalCalibrator):
             params[_signed_key("lo", g)], params[_signed_key("hi", g)] = lo, hi
         return params
 
-    def interval_at(self, mu, sigma, gamma: float, lp=None) -> tuple[np.ndarray, np.ndarray]:
-        """Interval ``(lower, upper)`` at level gamma, each shape [n]: :math:`\\hat\\mu + F^{-1}((1 \\mp \\gamma)/2)\\,s`.
+    def interval_at(self, mu, sigma, gamma, lp=None) -> tuple[np.ndarray, np.ndarray]:
+        """Interval ``(lower, upper)`` at level gamma (one, or one per row: shape [n]), each shape [n]: :math:`\\hat\\mu + F^{-1}((1 \\mp \\gamma)/2)\\,s`.
 
         :math:`F^{-1}` is linear in probability between the knots, so a fitted level gives its
         ``lo``/``hi`` exactly and the bounds of other levels are interpolated between the two nearest
@@ -376,15 +379,19 @@ class SignedMondrianConformalCalibrator(MondrianConformalCalibrator):
         largest level with finite bounds.
         """
         mu = _as_1d("mu", mu)
-        gamma = _check_gamma(gamma)
+        gamma = _check_row_gammas(gamma, mu.size)
         lower, upper = np.empty(mu.size), np.empty(mu.size)
         for rows, prefix, params, scale in self._cells(mu, sigma, lp):
             probs, knots = signed_cdf_knots(params, self.gammas, prefix)
-            if probs.size == 0 or gamma > probs[-1] - probs[0] + 1e-12:
+            if probs.size == 0:
                 lower[rows], upper[rows] = -np.inf, np.inf
                 continue
-            lo, hi = np.interp([(1.0 - gamma) / 2.0, (1.0 + gamma) / 2.0], probs, knots)
-            lower[rows], upper[rows] = mu[rows] + lo * scale[rows], mu[rows] + hi * scale[rows]
+            level = gamma[rows]
+            unbounded = level > probs[-1] - probs[0] + 1e-12
+            lo = np.interp((1.0 - level) / 2.0, probs, knots)
+            hi = np.interp((1.0 + level) / 2.0, probs, knots)
+            lower[rows] = np.where(unbounded, -np.inf, mu[rows] + lo * scale[rows])
+            upper[rows] = np.where(unbounded, np.inf, mu[rows] + hi * scale[rows])
         return lower, upper
 
     def risk(self, mu, sigma, threshold, lp=None) -> np.ndarray:

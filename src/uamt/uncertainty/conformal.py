@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from uamt.uncertainty.calibrators import DEFAULT_MIN_LP_ROWS, GLOBAL, _as_lp, _PerLanguagePair
+from uamt.uncertainty.calibrators import DEFAULT_MIN_LP_ROWS, GLOBAL, _as_lp, _PerLanguagePair, lp_groups
 from uamt.uncertainty.metrics import (
     _as_1d,
     _check_gamma,
+    _check_row_gammas,
     _check_same_length,
     _z_abs,
     gaussian_interval,
@@ -121,6 +122,12 @@ def signed_cdf_knots(params: dict[str, float], gammas: Sequence[float], prefix: 
     return np.array(probs), np.array(lows + highs)
 
 
+def interpolated_half_width(gamma: np.ndarray, levels: np.ndarray, knots: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Half-widths :math:`G^{-1}(\\gamma)\\,s`, shape [n], of the |z| CDF through ``(levels, knots)``
+    (:func:`cdf_knots`) at each row's level ``gamma`` (shape [n]); ``+inf`` above the last finite level."""
+    return np.where(gamma <= levels[-1], np.interp(gamma, levels, knots) * scale, np.inf)
+
+
 def cdf_knots(params: dict[str, float], gammas: Sequence[float], prefix: str = "") -> tuple[np.ndarray, np.ndarray]:
     """``(levels, thresholds)`` of the piecewise-linear CDF of |z| through (0, 0) and the finite
     fitted thresholds ``params[prefix + "q@<gamma>"]``."""
@@ -189,27 +196,25 @@ class ConformalCalibrator(_PerLanguagePair):
         self.quantile(gamma)  # fail early on an unfitted level
         lp_arr = _as_lp(lp, mu.size)
         half = np.empty(mu.size)
-        for name in sorted(set(lp_arr.tolist())):
-            rows = lp_arr == name
+        for name, rows in lp_groups(lp_arr):
             q = self.quantile(gamma, None if name == GLOBAL else name)
             half[rows] = np.inf if math.isinf(q) else q * sigma[rows]
         return mu - half, mu + half
 
 
-    def interval_at(self, mu, sigma, gamma: float, lp=None) -> tuple[np.ndarray, np.ndarray]:
+    def interval_at(self, mu, sigma, gamma, lp=None) -> tuple[np.ndarray, np.ndarray]:
         """Interval at any level: the threshold interpolated linearly between the fitted levels
-        (the inverse of the CDF :meth:`risk` uses); ``+inf`` above the last finite threshold."""
+        (the inverse of the CDF :meth:`risk` uses); ``+inf`` above the last finite threshold.
+        ``gamma``: one level, or one per row (shape [n])."""
         mu = _as_1d("mu", mu)
         sigma = _as_1d("sigma", sigma, nonnegative=True)
         _check_same_length(mu=mu, sigma=sigma)
-        gamma = _check_gamma(gamma)
+        gamma = _check_row_gammas(gamma, mu.size)
         lp_arr = _as_lp(lp, mu.size)
         half = np.empty(mu.size)
-        for name in sorted(set(lp_arr.tolist())):
-            rows = lp_arr == name
+        for name, rows in lp_groups(lp_arr):
             levels, knots = self._cdf_knots(None if name == GLOBAL else name)
-            q = float(np.interp(gamma, levels, knots)) if gamma <= levels[-1] else math.inf
-            half[rows] = np.inf if math.isinf(q) else q * sigma[rows]
+            half[rows] = interpolated_half_width(gamma[rows], levels, knots, sigma[rows])
         return mu - half, mu + half
 
     def _cdf_knots(self, lp: str | None) -> tuple[np.ndarray, np.ndarray]:
@@ -233,8 +238,7 @@ class ConformalCalibrator(_PerLanguagePair):
         lp_arr = _as_lp(lp, mu.size)
         cdf = np.empty(mu.size)
         t = _z_abs(np.abs(chi - mu), sigma)
-        for name in sorted(set(lp_arr.tolist())):
-            rows = lp_arr == name
+        for name, rows in lp_groups(lp_arr):
             levels, knots = self._cdf_knots(None if name == GLOBAL else name)
             cdf[rows] = np.interp(t[rows], knots, levels)
         return 0.5 + 0.5 * np.sign(chi - mu) * cdf

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from uamt.uncertainty.calibrators import GLOBAL
+from uamt.uncertainty.calibrators import GLOBAL, lp_groups
 
 
 def _thresholds(human: np.ndarray, max_thresholds: int, keep) -> np.ndarray:
@@ -113,8 +113,7 @@ class IsotonicDistribution:
             lps = np.full(center.size, GLOBAL if lp is None else lp, dtype=object)
         else:
             lps = np.asarray(lp, dtype=object)
-        for name in set(lps.tolist()):
-            rows = lps == name
+        for name, rows in lp_groups(lps):
             yield rows, self.lp_params.get(str(name)) or self.global_params
 
     @staticmethod

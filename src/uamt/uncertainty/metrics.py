@@ -64,6 +64,19 @@ def _check_gamma(gamma: float) -> float:
     return gamma
 
 
+def _check_row_gammas(gamma, n: int) -> np.ndarray:
+    """Levels of shape [n]: one ``gamma`` for every row, or one per row (an array of shape [n])."""
+    if np.ndim(gamma) == 0:
+        return np.full(n, _check_gamma(gamma))
+    levels = np.asarray(gamma, dtype=float)
+    if levels.shape != (n,):
+        raise ValueError(f"gamma must be one level or one per row ({n}), got shape {levels.shape}")
+    bad = np.flatnonzero(~((levels >= 0.0) & (levels <= 1.0)))
+    if bad.size:
+        raise ValueError(f"confidence level gamma[{bad[0]}]={levels[bad[0]]!r} must lie in [0, 1]")
+    return levels
+
+
 # --------------------------------------------------------------------------- building blocks
 def probit(p):
     """Standard-normal quantile function, as written in the paper (Eq. 1).
