@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['mu_drop']:.2f} | {' '.join(goals)} |"
         )
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         scored.to_parquet(args.out)
         args.out.with_suffix(".json").write_text(json.dumps({"model": label, "seconds": seconds, "modes": table.to_dict("records")}, indent=1))
     return 0

@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-mode", type=int, default=300)
     parser.add_argument("--qe", action="store_true", help="train the reference-free (QE) variant")
     parser.add_argument("--row-features", nargs="+", default=[], help="also train each fraction with these row features")
+    parser.add_argument(
+        "--row-features-only", action="store_true", help="train only the variants with --row-features (training is seeded: "
+        "the plain variants' numbers are those of an earlier run with the same seed)"
+    )
     args = parser.parse_args(argv)
 
     pipe = load_pipeline(args.params)
@@ -101,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     bounds = scale_bounds(pipe.datasets)
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {}
-    variants = [(f, ()) for f in args.fractions]
+    if args.row_features_only and not args.row_features:
+        parser.error("--row-features-only needs --row-features")
+    variants = [] if args.row_features_only else [(f, ()) for f in args.fractions]
     if args.row_features:
         variants += [(f, tuple(args.row_features)) for f in args.fractions]
     for fraction, row_features in variants:

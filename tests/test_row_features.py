@@ -12,7 +12,7 @@ from tests.fakes import FEATURES
 from uamt.core.errors import DataError
 from uamt.models import TrainConfig, load, train
 from uamt.models.row_features import SCALES, row_feature_matrix
-from uamt.serving.onnx_head import export_refusal
+from uamt.serving.onnx_head import export_head, export_refusal, load_onnx_head
 
 
 def _frame(**columns) -> pd.DataFrame:
@@ -119,9 +119,18 @@ def test_dup_on_a_base_without_row_features_predicts(cut_models):
     assert np.isfinite(out[["mu", "sigma"]].to_numpy()).all()
 
 
-def test_a_head_that_reads_row_features_is_served_through_torch(cut_models):
-    assert export_refusal(load(cut_models["len_ratio_ref"])) == "the head reads row features ['len_ratio_ref'] computed from the texts"
-    assert export_refusal(load(cut_models["plain"])) is None
+def test_a_head_that_reads_row_features_is_exported_and_predicts_like_torch(cut_models, tmp_path):
+    assert export_refusal(load(cut_models["lp"])) is None
+    head = load_onnx_head(export_head(cut_models["lp"], tmp_path / "head"), cut_models["lp"])
+    assert sorted(item.name for item in head.session.get_inputs()) == ["mt", "ref", "rows", "src"]
+    test = _cut_table(40, 9)
+    want = load(cut_models["lp"]).predict(test, FEATURES)
+    got = head.predict(test, FEATURES)
+    for column in want.columns:
+        np.testing.assert_allclose(got[column], want[column], rtol=1e-5, atol=1e-6, err_msg=column)
+    assert np.corrcoef(got["mu"], test["score"])[0, 1] > 0.9  # it reads the length ratio
+    with pytest.raises(DataError, match=r"column\(s\) \['lp'\] missing"):
+        head.predict(test.drop(columns="lp"), FEATURES)
 
 
 class _FakeEncoder:

@@ -8,8 +8,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from uamt.challenge import PERTURBATIONS
 from uamt.core.errors import DataError
-from uamt.surface_features import FEATURES, copy_rate, length_ratio, surface_features
+from uamt.surface_features import (
+    FEATURES,
+    copy_rate,
+    length_ratio,
+    number_mismatch,
+    numbers,
+    surface_features,
+)
 
 
 @pytest.mark.parametrize(
@@ -29,6 +37,49 @@ def test_length_ratio_is_a_signed_log():
     assert length_ratio("abc", "abc") == 0.0
     assert length_ratio("a" * 9, "") == pytest.approx(math.log(10))
     assert length_ratio("", "a" * 9) == pytest.approx(-math.log(10))
+
+
+def test_numbers_read_separators_and_any_scripts_digits_alike():
+    assert numbers("In 2019, 1,250 people (１２ of them 3.5 %)") == {"2019": 1, "1250": 1, "12": 1, "35": 1}
+    assert numbers("1.250 und 1,250") == {"1250": 2}
+    assert numbers("no numbers here") == {}
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("Sales rose 12 % to 7 million.", "Der Umsatz stieg um 12 % auf 7 Millionen.", 0.0),
+        (
+            "Sales rose 12 % to 8 million.",
+            "Der Umsatz stieg um 12 % auf 7 Millionen.",
+            0.5,
+        ),  # {8} and {7} of 4
+        ("Sales rose 12 %.", "Der Umsatz stieg um 12 % auf 7 Millionen.", 1 / 3),  # 7 omitted: 1 of 3
+        ("It rained.", "Es regnete.", 0.0),  # no numbers: nothing to disagree on
+        ("2 2 2", "2", 0.5),  # multisets: two extra 2s of 4
+        ("In 2020.", "Im Jahr 2021.", 1.0),
+    ],
+)
+def test_number_mismatch_hand_computed(a, b, expected):
+    assert number_mismatch(a, b) == pytest.approx(expected)
+    assert number_mismatch(b, a) == pytest.approx(expected)  # symmetric
+
+
+def test_a_changed_number_raises_the_mismatch_with_the_reference():
+    rows = pd.DataFrame(
+        {
+            "src": ["Er kaufte 3 Äpfel für 12 Euro.", "Am 4. Mai kamen 250 Gäste."],
+            "mt": ["He bought 3 apples for 12 euros.", "On 4 May, 250 guests came."],
+            "ref": ["He bought 3 apples for 12 euros.", "250 guests arrived on 4 May."],
+            "lp": ["de-en", "de-en"],
+        }
+    )
+    rng = np.random.default_rng(0)
+    changed = rows.assign(mt=[PERTURBATIONS["number"](row, None, rng) for _, row in rows.iterrows()])
+    names = ["number_mismatch_ref", "number_mismatch_src"]
+    before, after = surface_features(rows, names=names), surface_features(changed, names=names)
+    assert (after.to_numpy() > before.to_numpy()).all()
+    assert before["number_mismatch_src"].tolist() == [0.0, 0.0]
 
 
 def _frame() -> pd.DataFrame:
@@ -54,8 +105,10 @@ def test_surface_features_flag_copies_and_wrong_languages():
 
 def test_without_reference_or_ter_the_reference_columns_are_nan():
     out = surface_features(_frame().drop(columns=["ref"]))
-    assert out[["chrf", "ter", "len_ratio_ref"]].isna().all().all()
-    assert np.isfinite(out[["len_ratio_src", "copy_rate", "target_language_prob"]].to_numpy()).all()
+    assert out[["chrf", "ter", "len_ratio_ref", "number_mismatch_ref"]].isna().all().all()
+    assert np.isfinite(
+        out[["len_ratio_src", "copy_rate", "target_language_prob", "number_mismatch_src"]].to_numpy()
+    ).all()
     no_ter = surface_features(_frame(), with_ter=False)
     assert no_ter["ter"].isna().all() and no_ter["chrf"].notna().all()
 

@@ -14,6 +14,10 @@ Per row (columns of :func:`surface_features`):
 ``target_language_prob``
     the language identifier's probability (:mod:`uamt.core.langid`) that the translation is in the
     language pair's target language (wrong-language output scores ~0).
+``number_mismatch_ref``, ``number_mismatch_src``
+    share of the numbers of mt and ref / src that the other text does not have (:func:`number_mismatch`):
+    0 when they write the same numbers, 1 when they share none.  A wrong number is a critical error
+    (MQM, the WMT critical-error categories) that a pooled sentence vector barely registers.
 
 ``benchmarks/surface_features.py`` measures what they add to the served mu (a per-LP linear stack
 fitted on dev, scored on test).
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,9 +36,21 @@ import pandas as pd
 
 from uamt.core.errors import DataError
 
-FEATURES = ("chrf", "ter", "len_ratio_ref", "len_ratio_src", "copy_rate", "target_language_prob")
+FEATURES = (
+    "chrf",
+    "ter",
+    "len_ratio_ref",
+    "len_ratio_src",
+    "copy_rate",
+    "target_language_prob",
+    "number_mismatch_ref",
+    "number_mismatch_src",
+)
 
 _WORD = re.compile(r"\w+", re.UNICODE)
+# A number: digits (any script's decimal digits, e.g. full-width ones in Chinese text) with the
+# group or decimal separators between them ("1,250.5", "1.250,5").
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
 def copy_rate(src: str, mt: str) -> float:
@@ -43,6 +61,27 @@ def copy_rate(src: str, mt: str) -> float:
         return 0.0
     source = {w.casefold() for w in _WORD.findall(src)}
     return sum(w in source for w in words) / len(words)
+
+
+def numbers(text: str) -> Counter[str]:
+    """The numbers written with digits in ``text``, as a multiset of their digit strings: separators
+    dropped and every decimal digit read as ASCII, so "1,250", "1.250" and "１２５０" are one number."""
+    return Counter(
+        "".join(str(unicodedata.digit(c)) for c in match if c.isdigit()) for match in _NUMBER.findall(text)
+    )
+
+
+def number_mismatch(a: str, b: str) -> float:
+    """Share of the numbers of ``a`` and ``b`` that the other text does not have.
+
+    With ``A``, ``B`` the multisets of :func:`numbers`: ``|A - B| + |B - A|`` over ``|A| + |B|``, in
+    [0, 1]; 0 when neither writes a number.  One changed number among ``k`` shared ones gives ``1/k``.
+    """
+    a_numbers, b_numbers = numbers(a), numbers(b)
+    total = sum(a_numbers.values()) + sum(b_numbers.values())
+    if total == 0:
+        return 0.0
+    return (sum((a_numbers - b_numbers).values()) + sum((b_numbers - a_numbers).values())) / total
 
 
 def length_ratio(a: str, b: str) -> float:
@@ -65,7 +104,7 @@ def target_language_probability(mt: Sequence[str], lp: Sequence[str]) -> np.ndar
 
 
 #: Features read off the reference (NaN for a reference-free row).
-NEEDS_REFERENCE = frozenset({"chrf", "ter", "len_ratio_ref"})
+NEEDS_REFERENCE = frozenset({"chrf", "ter", "len_ratio_ref", "number_mismatch_ref"})
 
 
 def check_feature_names(names: Sequence[str], what: str = "feature") -> tuple[str, ...]:
@@ -109,9 +148,23 @@ def surface_features(frame: pd.DataFrame, with_ter: bool = True, names: Sequence
             out[name] = [length_ratio(m, s) for m, s in zip(mt, src, strict=True)]
         elif name == "copy_rate":
             out[name] = [copy_rate(s, m) for s, m in zip(src, mt, strict=True)]
+        elif name == "number_mismatch_ref":
+            out[name] = [number_mismatch(m, r) for m, r in zip(mt, ref, strict=True)]
+        elif name == "number_mismatch_src":
+            out[name] = [number_mismatch(m, s) for m, s in zip(mt, src, strict=True)]
         else:  # target_language_prob
             out[name] = target_language_probability(mt, frame["lp"].tolist())
     return out
 
 
-__all__ = ["FEATURES", "NEEDS_REFERENCE", "check_feature_names", "copy_rate", "length_ratio", "surface_features", "target_language_probability"]
+__all__ = [
+    "FEATURES",
+    "NEEDS_REFERENCE",
+    "check_feature_names",
+    "copy_rate",
+    "length_ratio",
+    "number_mismatch",
+    "numbers",
+    "surface_features",
+    "target_language_probability",
+]

@@ -10,14 +10,17 @@ and the torch path serves models without a head export.
 Folder::
 
     head.onnx        inputs src, mt [, ref]: float32 [batch, num_layers, dim], the pooled layers of
-                     each side; outputs the method's predict_distribution keys (mu, var [, aleatoric,
+                     each side [, rows: float32 [batch, k], the config's row features on their fixed
+                     scales (uamt.models.row_features), computed from the texts as torch computes
+                     them]; outputs the method's predict_distribution keys (mu, var [, aleatoric,
                      epistemic]): float32 [batch], on the standardised training scale
     head_meta.json   format_version, method, config (the TrainConfig), encoder_id, num_layers, dim,
                      target_mean, target_std, outputs, sha256 of head.onnx and of the checkpoint's
                      weights.pt, max_error of the export check, onnxruntime_version
 
-Only deterministic single networks are exported (point, hts, kl: one pass, no sampling); MC dropout,
-ensembles, DUP and fine-tuned encoders keep the torch path (:func:`export_refusal` says why).
+Only deterministic single networks are exported (point, hts, kl: one pass, no sampling; with or
+without row features); MC dropout, ensembles, DUP and fine-tuned encoders keep the torch path
+(:func:`export_refusal` says why).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from uamt.core.fileio import atomic_write_json, check_recorded_sha256, read_meta
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "head.onnx"
+#: The graph input holding a head's row features [batch, k] (in the config's ``row_features`` order).
+ROWS_INPUT = "rows"
 #: The checkpoint's weights file (:data:`uamt.models.api.WEIGHTS`; importing it from there loads torch).
 CHECKPOINT_WEIGHTS = "weights.pt"
 META_FILE = "head_meta.json"
@@ -67,8 +72,6 @@ def export_refusal(model) -> str | None:
         return "the model fine-tunes its encoder"
     if spec.yields_samples or spec.estimator.dropout_scope(cfg) is not None:
         return f"method {model.method!r} samples (MC dropout) at inference"
-    if cfg.row_features:
-        return f"the head reads row features {list(cfg.row_features)} computed from the texts"
     return None
 
 
@@ -98,11 +101,23 @@ def export_head(model_dir: str | Path, folder: str | Path, *, check_rows: int = 
         log.info("%s: no ONNX head (%s); served through torch", model_dir, reason)
         return None
     module = model.module.eval()
+    from uamt.models.row_features import COLUMN_PREFIX
+
     sides = ["src", "mt"] + ([] if model.cfg.reference_free else ["ref"])
+    row_features = list(model.cfg.row_features)
+    inputs = sides + ([ROWS_INPUT] if row_features else [])
     generator = torch.Generator().manual_seed(seed)
     example = {side: 0.25 * torch.randn((check_rows, *model.shape), generator=generator) for side in sides}
+    if row_features:  # the fixed scales put every row feature in [-3, 3]; most in [0, 1]
+        example[ROWS_INPUT] = torch.rand((check_rows, len(row_features)), generator=generator)
+
+    def as_batch(values: dict) -> dict:
+        batch = {side: values[side] for side in sides}
+        batch.update({f"{COLUMN_PREFIX}{name}": values[ROWS_INPUT][:, j] for j, name in enumerate(row_features)})
+        return batch
+
     with torch.no_grad():
-        reference = module.predict_distribution(dict(example))
+        reference = module.predict_distribution(as_batch(example))
     outputs = list(reference)
 
     class HeadGraph(torch.nn.Module):
@@ -110,8 +125,8 @@ def export_head(model_dir: str | Path, folder: str | Path, *, check_rows: int = 
             super().__init__()
             self.network = module
 
-        def forward(self, *pooled):
-            out = self.network.predict_distribution(dict(zip(sides, pooled, strict=True)))
+        def forward(self, *tensors):
+            out = self.network.predict_distribution(as_batch(dict(zip(inputs, tensors, strict=True))))
             return tuple(out[name] for name in outputs)
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -119,17 +134,17 @@ def export_head(model_dir: str | Path, folder: str | Path, *, check_rows: int = 
     with torch.no_grad():
         torch.onnx.export(
             HeadGraph().eval(),
-            tuple(example[side] for side in sides),
+            tuple(example[name] for name in inputs),
             str(path),
-            input_names=sides,
+            input_names=inputs,
             output_names=outputs,
-            dynamic_axes={name: {0: "batch"} for name in sides + outputs},
+            dynamic_axes={name: {0: "batch"} for name in inputs + outputs},
             opset_version=OPSET,
             dynamo=False,
             do_constant_folding=True,
         )
     session = _session(path, threads=1)
-    found = session.run(outputs, {side: example[side].numpy() for side in sides})
+    found = session.run(outputs, {name: example[name].numpy() for name in inputs})
     error = max(
         float(np.nanmax(np.abs(np.asarray(got, dtype=np.float64) - want) / np.maximum(1.0, np.abs(want)), initial=0.0))
         for name, got in zip(outputs, found, strict=True)
@@ -228,10 +243,12 @@ class OnnxHeadModel:
         self.shape = (int(meta["num_layers"]), int(meta["dim"]))
         self.outputs = [str(name) for name in meta["outputs"]]
         self.sides = ["src", "mt"] + ([] if self.cfg.reference_free else ["ref"])
+        self.row_features = tuple(self.cfg.row_features)
+        expected = sorted(self.sides + ([ROWS_INPUT] if self.row_features else []))
         self.session = _session(self.folder / MODEL_FILE)
         found = sorted(item.name for item in self.session.get_inputs())
-        if found != sorted(self.sides):
-            raise UamtError(f"{self.folder / MODEL_FILE}: inputs {found}, expected {sorted(self.sides)}")
+        if found != expected:
+            raise UamtError(f"{self.folder / MODEL_FILE}: inputs {found}, expected {expected}")
 
     def __repr__(self) -> str:
         return f"OnnxHeadModel(method={self.method!r}, folder={str(self.folder)!r})"
@@ -248,13 +265,18 @@ class OnnxHeadModel:
                 f"features come from {found!r}"
             )
 
-    def predict_standardised(self, table: np.ndarray, indices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The graph's outputs [n_rows] (standardised scale) for rows indexing ``table`` per side."""
+    def predict_standardised(
+        self, table: np.ndarray, indices: dict[str, np.ndarray], rows: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        """The graph's outputs [n_rows] (standardised scale) for rows indexing ``table`` per side;
+        ``rows``: their row features [n_rows, k] when the network reads any."""
         n_rows = len(indices["src"])
         step = max(int(self.cfg.predict_batch_size), 1)
         parts: dict[str, list[np.ndarray]] = {name: [] for name in self.outputs}
         for start in range(0, n_rows, step):
             feeds = {side: table[indices[side][start : start + step]] for side in self.sides}
+            if self.row_features:
+                feeds[ROWS_INPUT] = rows[start : start + step]
             for name, values in zip(self.outputs, self.session.run(self.outputs, feeds), strict=True):
                 parts[name].append(np.asarray(values, dtype=np.float64))
         return {
@@ -268,10 +290,12 @@ class OnnxHeadModel:
         parts, on the ``score`` scale.  ``n_samples`` and ``encoder`` are accepted for the same
         signature and unused (the network is deterministic and reads cached embeddings)."""
         from uamt.models.data import index_rows, to_score_scale
+        from uamt.models.row_features import row_feature_matrix
 
         self.check_features(features)
         table, _, indices = index_rows(df, features, self.cfg.reference_free, expected_shape=self.shape)
-        return to_score_scale(self.predict_standardised(table, indices), self.scaler)
+        rows = row_feature_matrix(df, self.row_features) if self.row_features else None
+        return to_score_scale(self.predict_standardised(table, indices, rows), self.scaler)
 
 
 def load_onnx_head(folder: str | Path, model_dir: str | Path | None = None) -> OnnxHeadModel:
