@@ -93,6 +93,7 @@ def export_head(model_dir: str | Path, folder: str | Path, *, check_rows: int = 
 
     from uamt.encoders.onnx_runtime import OPSET
     from uamt.models.api import load
+    from uamt.models.row_features import COLUMN_PREFIX
 
     model_dir, folder = Path(model_dir), Path(folder)
     model = load(model_dir)
@@ -101,8 +102,6 @@ def export_head(model_dir: str | Path, folder: str | Path, *, check_rows: int = 
         log.info("%s: no ONNX head (%s); served through torch", model_dir, reason)
         return None
     module = model.module.eval()
-    from uamt.models.row_features import COLUMN_PREFIX
-
     sides = ["src", "mt"] + ([] if model.cfg.reference_free else ["ref"])
     row_features = list(model.cfg.row_features)
     inputs = sides + ([ROWS_INPUT] if row_features else [])
