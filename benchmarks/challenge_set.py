@@ -32,14 +32,17 @@ RISK_GOAL_MODES = ("omission_end", "omission_sentence", "unrelated", "gibberish"
 
 
 def summarise(scored: pd.DataFrame) -> pd.DataFrame:
-    """Per mode (and ``all``): n, share below the original, mean risks, mean mu drop."""
+    """Per mode (and ``all``): n, share below the original with its binomial standard error
+    sqrt(p (1 - p) / n), mean risks, mean mu drop."""
     rows = []
     for mode, part in list(scored.groupby("mode", sort=False)) + [("all", scored)]:
+        below = float((part["mu"] < part["mu_original"]).mean())
         rows.append(
             {
                 "mode": mode,
                 "n": len(part),
-                "below_original": float((part["mu"] < part["mu_original"]).mean()),
+                "below_original": below,
+                "below_original_se": float(np.sqrt(below * (1 - below) / max(len(part), 1))),
                 "risk": float(part["risk"].mean()),
                 "risk_original": float(part["risk_original"].mean()),
                 "mu_drop": float((part["mu_original"] - part["mu"]).mean()),
@@ -64,17 +67,24 @@ def score_with_pyfunc(model_uri: str, frame: pd.DataFrame, chi: float, reference
     return model.predict(frame[columns], params={"risk_threshold": chi})
 
 
-def score_with_model_dir(model_dir: Path, calibration_path: Path, frame: pd.DataFrame, chi: float) -> pd.DataFrame:
-    """Raw mu/sigma of a local model folder on the rows, served through ``calibration_path``."""
-    from uamt.encoders import EmbeddingCache, EncoderConfig, get_encoder
+def score_with_model_dir(
+    model_dir: Path, calibration_path: Path, frame: pd.DataFrame, chi: float, params: Path = Path("params.yaml")
+) -> pd.DataFrame:
+    """Raw mu/sigma of a local model folder on the rows, served through ``calibration_path``.  The
+    texts are encoded by ``params``' ``encode:`` encoder (the one the pipeline's models are trained
+    on) into a cache beside the model folder, so the pipeline's cache is left as DVC recorded it."""
+    import dataclasses
+
+    from uamt.core.config import load_section
+    from uamt.encoders import EncodeConfig
     from uamt.models import load as load_model
-    from uamt.models.data import features_from_cache
+    from uamt.pipeline_config import open_features
     from uamt.serving.model_calibration import Calibration
 
     model = load_model(model_dir)
-    encoder = get_encoder(EncoderConfig(runtime="onnx", batch_size=16))
-    cache = EmbeddingCache(Path(model_dir).parent / ".challenge-cache", encoder, dtype="float16")
-    raw = model.predict(frame[["src", "mt", "ref", "lp"]].reset_index(drop=True), features_from_cache(cache))
+    encode = load_section(EncodeConfig, "encode", params)
+    features = open_features(dataclasses.replace(encode, cache_dir=str(Path(model_dir).parent / ".challenge-cache")))
+    raw = model.predict(frame[["src", "mt", "ref", "lp"]].reset_index(drop=True), features)
     mu, risk = served_mu_and_risk(Calibration.load(calibration_path), raw.assign(lp=frame["lp"].to_numpy()), (-25, 0), chi)
     return pd.DataFrame({"mu": mu, "risk": risk})
 
@@ -84,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="models:/uamt-comet/1", help="MLflow model URI (pinned version)")
     parser.add_argument("--model-dir", type=Path, default=None, help="score a local model folder instead")
     parser.add_argument("--calibration", type=Path, default=None, help="calibration JSON of --model-dir")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="encode: section for --model-dir")
     parser.add_argument("--qe", action="store_true", help="the model is reference-free (no ref column sent)")
     parser.add_argument("--test", type=Path, default=Path("data/prepared/test.parquet"))
     parser.add_argument("--datasets", nargs="+", default=["wmt21_mqm", "wmt23_mqm"])
@@ -101,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     frame = pd.concat([originals, perturbed], ignore_index=True)
     start = time.perf_counter()
     if args.model_dir is not None:
-        scores = score_with_model_dir(args.model_dir, args.calibration, frame, args.chi)
+        scores = score_with_model_dir(args.model_dir, args.calibration, frame, args.chi, args.params)
         label = str(args.model_dir)
     else:
         scores = score_with_pyfunc(args.model, frame, args.chi, reference_free=args.qe)
@@ -116,14 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     table = summarise(scored)
     print(f"model {label}: {len(frame):,} segments scored in {seconds:.0f} s ({len(frame) / seconds:.1f} seg/s)")
     print(f"challenge set: test rows of {', '.join(args.datasets)} rated >= {args.min_score:g}, seed {args.seed}\n")
-    print("| mode | n | below original | mean risk P(MQM≤−5) (original) | mean μ drop | goals |")
+    print("| mode | n | below original (± s.e.) | mean risk P(MQM≤−5) (original) | mean μ drop | goals |")
     print("|---|---|---|---|---|---|")
     for row in table.to_dict("records"):
         goals = [f"≥95 % {'✓' if row['below_original'] >= 0.95 else '✗'}"]
         if row["mode"] in RISK_GOAL_MODES:
             goals.append(f"risk≥.5 {'✓' if row['risk'] >= 0.5 else '✗'}")
         print(
-            f"| {row['mode']} | {row['n']} | {row['below_original']:.3f} | {row['risk']:.3f} ({row['risk_original']:.3f}) | "
+            f"| {row['mode']} | {row['n']} | {row['below_original']:.3f} ± {row['below_original_se']:.3f} | "
+            f"{row['risk']:.3f} ({row['risk_original']:.3f}) | "
             f"{row['mu_drop']:.2f} | {' '.join(goals)} |"
         )
     if args.out:

@@ -12,6 +12,7 @@ from uamt.challenge import (
     Pools,
     challenge_set,
     perturb,
+    sentences,
     synthetic_failures,
     synthetic_score_range,
     with_synthetic_failures,
@@ -25,7 +26,7 @@ def _rows() -> pd.DataFrame:
         [
             ("wmt21_mqm", "en-de", "The cat is on the mat.", "Die Katze ist auf der Matte.", "Die Katze ist auf der Matte.", "d1", 0.0),
             ("wmt21_mqm", "en-ru", "The cat is on the mat.", "Кошка не на коврике.", "Кошка на коврике.", "d1", -1.0),
-            ("wmt21_mqm", "en-de", "He paid 40 dollars. She left.", "Er zahlte 40 Dollar. Sie ging.", "Er hat 40 Dollar bezahlt. Sie ging.", "d2", -0.5),
+            ("wmt21_mqm", "en-de", "He paid 40 dollars. She left.", "Er zahlte 40 Dollar. Sie ging danach heim.", "Er hat 40 Dollar bezahlt. Sie ging.", "d2", -0.5),
             ("wmt21_mqm", "en-ru", "Prices rose by 3 percent today.", "Цены выросли на 3 процента сегодня.", "Цены сегодня выросли на 3 процента.", "d3", -7.0),
             ("wmt21_mqm", "zh-en", "他没有来。", "He was not here today at all.", "He did not come.", "d4", 0.0),
             ("wmt21_mqm", "zh-en", "价格上涨。", "Prices went up sharply in May.", "Prices rose.", "d5", -2.0),
@@ -56,11 +57,45 @@ def test_each_mode_on_a_row(mode, row, expected):
     assert out == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # a title, a day, an initial, a list number and a full stop alone end no sentence
+        ("Mr. Oldman hat viele Figuren gespielt. Es ist schwer zu sagen.", ["Mr. Oldman hat viele Figuren gespielt.", "Es ist schwer zu sagen."]),
+        ("Knowsley wurde am 15. Mai gegründet. Es ist sehr schön dort.", ["Knowsley wurde am 15. Mai gegründet.", "Es ist sehr schön dort."]),
+        ("Er sprach mit J. Smith darüber. Dann ging er heim.", ["Er sprach mit J. Smith darüber.", "Dann ging er heim."]),
+        ("1. Einleitung des Berichts. 2. Methoden der Studie.", ["1. Einleitung des Berichts.", "2. Methoden der Studie."]),
+        ("Wir werden sehen, dass sie aufstocken werden. .", ["Wir werden sehen, dass sie aufstocken werden. ."]),
+        # lower case after the mark: the sentence goes on
+        ("Wenn er sterben würde... wären die Folgen erheblich. Das ist klar so.", ["Wenn er sterben würde... wären die Folgen erheblich.", "Das ist klar so."]),
+        # a closing quote after the mark, Cyrillic capitals, a year
+        ("„Wir gehen jetzt nach Hause.“ Sie sagte: „Nein, noch nicht.“", ["„Wir gehen jetzt nach Hause.“", "Sie sagte: „Nein, noch nicht.“"]),
+        ("Он пришёл домой поздно. Мы ждали его весь вечер.", ["Он пришёл домой поздно.", "Мы ждали его весь вечер."]),
+        ("The price rose in 1989. The next year it fell.", ["The price rose in 1989.", "The next year it fell."]),
+        # pieces of < 3 words join the next one, or the one before at the end
+        ("Warum? Weil es regnet und kalt ist.", ["Warum? Weil es regnet und kalt ist."]),
+        ("Er kam nach Hause. Sie ging.", ["Er kam nach Hause. Sie ging."]),
+        ("Ja.", ["Ja."]),
+        ("", []),
+    ],
+)
+def test_sentences(text, expected):
+    assert sentences(text) == expected
+
+
+def test_omission_drops_a_whole_sentence_never_a_title_or_a_full_stop():
+    df = _rows()
+    row = df.iloc[0].copy()
+    row["mt"] = "Prof. Dr. Müller kam am 12. Juli nach Berlin. Er blieb dort drei Wochen."
+    outs = {perturb(row, "omission_sentence", Pools.from_rows(df), np.random.default_rng(seed)) for seed in range(20)}
+    assert outs == {"Prof. Dr. Müller kam am 12. Juli nach Berlin.", "Er blieb dort drei Wochen."}
+
+
 def test_random_modes_draw_from_the_right_pools():
     df = _rows()
     pools, rng = Pools.from_rows(df), np.random.default_rng(0)
     sentence = perturb(df.iloc[2], "omission_sentence", pools, rng)
-    assert sentence in {"Er zahlte 40 Dollar.", "Sie ging."}
+    assert sentence in {"Er zahlte 40 Dollar.", "Sie ging danach heim."}
     number = perturb(df.iloc[2], "number", pools, rng)
     assert number != df.iloc[2]["mt"] and "40" not in number
     unrelated = perturb(df.iloc[0], "unrelated", pools, rng)
@@ -84,6 +119,14 @@ def test_challenge_set_keeps_good_rows_and_the_original():
     assert counts["duplication"] == 4  # the 4 rows rated >= -1
     assert counts["wrong_language"] == 2  # the shared source, both directions
     assert "omission_sentence" in counts and counts["omission_sentence"] == 1
+
+
+def test_each_mode_draws_the_same_rows_alone_or_with_the_others():
+    df = pd.concat([_rows()] * 5, ignore_index=True)
+    together = challenge_set(df, MODES, per_mode=3, seed=4, min_score=None)
+    for mode in ("omission_end", "number", "duplication"):
+        alone = challenge_set(df, (mode,), per_mode=3, seed=4, min_score=None)
+        pd.testing.assert_frame_equal(together[together["mode"] == mode].reset_index(drop=True), alone)
 
 
 def test_synthetic_failures_counts_and_scores():
