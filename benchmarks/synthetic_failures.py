@@ -5,7 +5,8 @@ For each ``--fractions`` value f, trains the HTS model (train_base's settings of
 pipeline's d_q rows (``--train-rows``: a seeded random subset, stated in the output) plus
 ``uamt.challenge.with_synthetic_failures(d_q, f)``, early-stopped on dev; with ``--row-features``
 each fraction is trained twice, without and with those surface features read by the head
-(``train_base.row_features``, :mod:`uamt.models.row_features`).  Each variant predicts its
+(``train_base.row_features``, :mod:`uamt.models.row_features`); ``--nll-beta`` trains every variant
+with that beta-NLL weight (``train_base.nll_beta``, :func:`uamt.models.losses.nll_weights`).  Each variant predicts its
 calibration splits (evaluate.calibration_splits: dev and d_e, as the pipeline calibrates a d_q
 model) and test; fits the served calibration there (evaluate's settings, ``--calibration`` pins the
 candidate so every variant is served the same way); and reports the quality table (uamt.quality)
@@ -57,7 +58,7 @@ def challenge_scores(
         rows.append(served_mu_and_risk(calibration, raw.assign(lp=frame["lp"].to_numpy()), bounds, chi))
     (mu0, risk0), (mu1, risk1) = rows
     scored = perturbed.assign(mu=mu1, risk=risk1, mu_original=mu0, risk_original=risk0)
-    return summarise(scored).drop(columns="mu_drop")
+    return summarise(scored)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="training seed (default: train_base.seed)")
     parser.add_argument("--calibration", default="auto", help="evaluate.calibration for every variant")
     parser.add_argument("--per-mode", type=int, default=300)
+    parser.add_argument("--nll-beta", type=float, default=None, help="train_base.nll_beta of every variant (default: params.yaml)")
     parser.add_argument("--qe", action="store_true", help="train the reference-free (QE) variant")
     parser.add_argument("--row-features", nargs="+", default=[], help="also train each fraction with these row features")
     parser.add_argument(
@@ -92,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         base_cfg = base_cfg.replace(max_epochs=args.max_epochs)
     if args.seed is not None:
         base_cfg = base_cfg.replace(seed=args.seed)
+    if args.nll_beta is not None:
+        base_cfg = base_cfg.replace(nll_beta=args.nll_beta)
     encode = load_section(EncodeConfig, "encode", args.params)
     if args.cache is not None:
         encode = dataclasses.replace(encode, cache_dir=str(args.cache))
@@ -111,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.row_features:
         variants += [(f, tuple(args.row_features)) for f in args.fractions]
     for fraction, row_features in variants:
-        name = f"hts{'_qe' if args.qe else ''}_synthetic{fraction:g}{'+rows' if row_features else ''}"
+        beta = f"_beta{base_cfg.nll_beta:g}" if base_cfg.nll_beta else ""
+        name = f"hts{'_qe' if args.qe else ''}{beta}_synthetic{fraction:g}{'+rows' if row_features else ''}"
         cfg = base_cfg.replace(row_features=list(row_features))
         train_df = with_synthetic_failures(d_q, fraction, seed=base_cfg.seed)
         start = time.perf_counter()
@@ -128,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[name] = {
             "fraction": fraction,
             "seed": base_cfg.seed,
+            "nll_beta": base_cfg.nll_beta,
             "train_rows": len(d_q),
             "synthetic_rows": len(train_df) - len(d_q),
             "row_features": list(row_features),

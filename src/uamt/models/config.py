@@ -52,6 +52,11 @@ class TrainConfig:
     kl_std_floor : float
         Lower bound on the KL target std, in ``score`` units (annotators who agree exactly would make
         log(sigma_hat^2 / sigma*^2) infinite).
+    nll_beta : float
+        beta of beta-NLL (Seitzer et al. 2022, :func:`uamt.models.losses.nll_weights`) for the
+        methods trained with a Gaussian likelihood (``hts``, hence ``hts_mcd``, and ``kl``): each
+        row's loss weighted by sigma_hat^(2 beta), held constant in the gradient, so hard rows still
+        pull mu.  0 = the papers' Eq. 2 / Eq. 3; in [0, 1].  Not read by DUP's second stage.
     dup_loss : {"abs", "sq", "hts"}
         DUP second-stage loss (Eqs. 5, 6, 7).
     bottleneck_size : int
@@ -112,6 +117,7 @@ class TrainConfig:
     n_jobs: int = 1
     kl_missing_std: Literal["hts", "by_score", "mean", "floor", "drop"] = "hts"
     kl_std_floor: float = 0.01
+    nll_beta: float = 0.0
     dup_loss: str = "hts"
     bottleneck_size: int = 256
     base_model_dir: str | None = None
@@ -133,6 +139,8 @@ class TrainConfig:
         from uamt.models.row_features import check_row_features
 
         check_row_features(self.row_features, self.reference_free)
+        if not 0.0 <= self.nll_beta <= 1.0:
+            raise ValueError(f"nll_beta={self.nll_beta}: must be in [0, 1] (0 = Eq. 2, 1 = the squared error's gradient for mu)")
         if self.finetune_top_layers < 0:
             raise ValueError(f"finetune_top_layers={self.finetune_top_layers}: 0 (every block) or the number of top blocks")
         if self.finetune_top_layers and not self.finetune:

@@ -12,7 +12,7 @@ LOG_VAR_RANGE = (-30.0, 30.0)
 
 
 class HTSEstimator(Estimator):
-    """Two outputs (mu, log sigma^2) trained with L_HTS; sigma^2 is aleatoric."""
+    """Two outputs (mu, log sigma^2) trained with L_HTS (beta-NLL with ``nll_beta`` > 0); sigma^2 is aleatoric."""
 
     out_dim = 2
     has_variance_output = True
@@ -23,7 +23,7 @@ class HTSEstimator(Estimator):
 
     def loss(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
         mu, log_var = self.split(output)
-        return hts_loss(mu, log_var, batch["y"])
+        return hts_loss(mu, log_var, batch["y"], beta=self.cfg.nll_beta)
 
     def predict_distribution(self, batch: dict, n_samples: int | None = None) -> dict[str, torch.Tensor]:
         mu, log_var = self.split(self(batch))

@@ -227,4 +227,4 @@ class KLEstimator(HTSEstimator):
 
     def loss(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
         mu, log_var = self.split(output)
-        return kl_hts_loss(mu, log_var, batch["y"], batch["y_std"], batch["y_has_std"])
+        return kl_hts_loss(mu, log_var, batch["y"], batch["y_std"], batch["y_has_std"], beta=self.cfg.nll_beta)

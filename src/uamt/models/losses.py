@@ -13,9 +13,25 @@ def mse_loss(mu: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.mean((target - mu) ** 2)
 
 
-def hts_loss(mu: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Heteroscedastic loss, Eq. 2: (q* - mu)^2 / (2 sigma^2) + log(sigma^2) / 2."""
-    return torch.mean((target - mu) ** 2 / (2 * torch.exp(log_var)) + 0.5 * log_var)
+def nll_weights(log_var: torch.Tensor, beta: float) -> torch.Tensor | float:
+    """beta-NLL row weights sigma_hat^(2 beta), held constant in the gradient (Seitzer et al. 2022).
+
+    Under Eq. 2 the gradient of mu is (mu - q*) / sigma^2: a row the network finds hard is given a
+    large sigma and then barely pulls mu (a critical error trained at the worst score lands a few
+    points below the others, its error absorbed by sigma).  Weighting each row's loss by
+    sigma^(2 beta) makes that gradient (mu - q*) / sigma^(2 - 2 beta): beta = 0 is Eq. 2, beta = 1
+    fits mu as the squared error does while sigma^2 still learns the squared residual.  Returns the
+    scalar 1.0 for beta = 0 so Eq. 2 stays bit-identical.
+    """
+    if beta == 0.0:
+        return 1.0
+    return torch.exp(beta * log_var).detach()
+
+
+def hts_loss(mu: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor, beta: float = 0.0) -> torch.Tensor:
+    """Heteroscedastic loss, Eq. 2: (q* - mu)^2 / (2 sigma^2) + log(sigma^2) / 2; with ``beta`` > 0
+    each row is weighted by :func:`nll_weights` (beta-NLL)."""
+    return torch.mean(nll_weights(log_var, beta) * ((target - mu) ** 2 / (2 * torch.exp(log_var)) + 0.5 * log_var))
 
 
 def kl_loss(
@@ -40,19 +56,20 @@ def kl_hts_loss(
     target_mu: torch.Tensor,
     target_std: torch.Tensor,
     has_std: torch.Tensor,
+    beta: float = 0.0,
 ) -> torch.Tensor:
     """Eq. 3 (:func:`kl_loss`) on rows with ``has_std`` = 1, Eq. 2 (:func:`hts_loss`) on the others.
 
     Eq. 2 is Eq. 3 as sigma* -> 0 less the model-free constant -log(sigma*) - 1/2: the KL to a point
     mass at the one score a single-rater row has.  ``target_std`` of the Eq. 2 rows is not read
-    (any finite value).
+    (any finite value).  ``beta`` > 0 weights every row by :func:`nll_weights` (beta-NLL).
     """
     target_var = target_std**2
     inv_two_var = 1.0 / (2 * torch.exp(log_var))
     squared = (target_mu - mu) ** 2
     kl = (squared + target_var) * inv_two_var + 0.5 * (log_var - torch.log(target_var)) - 0.5
     hts = squared * inv_two_var + 0.5 * log_var
-    return torch.mean(torch.where(has_std > 0.5, kl, hts))
+    return torch.mean(nll_weights(log_var, beta) * torch.where(has_std > 0.5, kl, hts))
 
 
 def dup_abs_loss(eps_hat: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:

@@ -141,14 +141,16 @@ METHODS: dict[str, MethodSpec] = {
             cost=CostClass(passes="ensemble_size", networks="ensemble_size"), yields_samples=True,
             train_keys=("ensemble_size", "ensemble_member"),
         ),
-        MethodSpec("hts", HTSEstimator, "network", label="HTS", cost_label="HTS", ensemble_member=True),
+        MethodSpec(
+            "hts", HTSEstimator, "network", label="HTS", cost_label="HTS", ensemble_member=True, train_keys=("nll_beta",)
+        ),
         MethodSpec(
             "hts_mcd", HTSMCDEstimator, "network", label="HTS+MCD", cost_label="HTS+MCD-{mc_samples} (head)",
             cost=_MC, same_training_as="hts", yields_samples=True,
         ),
         MethodSpec(
             "kl", KLEstimator, "network", label="KL", cost_label="KL", ensemble_member=True,
-            train_keys=("kl_missing_std", "kl_std_floor"),
+            train_keys=("kl_missing_std", "kl_std_floor", "nll_beta"),
         ),
         MethodSpec(
             "dup", DUPEstimator, "second_stage", label="DUP L_{LOSS}", cost_label="DUP ({loss})",
