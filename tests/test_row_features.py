@@ -133,6 +133,36 @@ def test_a_head_that_reads_row_features_is_exported_and_predicts_like_torch(cut_
         head.predict(test.drop(columns="lp"), FEATURES)
 
 
+def test_a_head_that_reads_row_features_scores_without_torch(cut_models, tmp_path):
+    # The served path: the ONNX head computes the row features with numpy, torch never loaded.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    folder = export_head(cut_models["lp"], tmp_path / "head")
+    test = _cut_table(12, 9)
+    test.to_parquet(tmp_path / "rows.parquet")
+    code = (
+        "import sys, json;"
+        "import pandas as pd;"
+        "from tests.fakes import FEATURES;"
+        "from uamt.serving.onnx_head import load_onnx_head;"
+        f"rows = pd.read_parquet({str(tmp_path / 'rows.parquet')!r});"
+        f"out = load_onnx_head({str(folder)!r}, {str(cut_models['lp'])!r}).predict(rows, FEATURES);"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'mu': out['mu'].tolist()}))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "src")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=repo)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["torch"] is False
+    want = load(cut_models["lp"]).predict(test, FEATURES)["mu"]
+    np.testing.assert_allclose(result["mu"], want, rtol=1e-5, atol=1e-6)
+
+
 class _FakeEncoder:
     encoder_id = FEATURES.encoder_id
 
