@@ -16,6 +16,8 @@ from uamt.surface_features import (
     length_ratio,
     number_mismatch,
     numbers,
+    sentence_ratio,
+    sentences,
     surface_features,
 )
 
@@ -37,6 +39,49 @@ def test_length_ratio_is_a_signed_log():
     assert length_ratio("abc", "abc") == 0.0
     assert length_ratio("a" * 9, "") == pytest.approx(math.log(10))
     assert length_ratio("", "a" * 9) == pytest.approx(-math.log(10))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # a title, a day, an initial, a list number and a full stop alone end no sentence
+        ("Mr. Oldman hat viele Figuren gespielt. Es ist schwer zu sagen.", ["Mr. Oldman hat viele Figuren gespielt.", "Es ist schwer zu sagen."]),
+        ("Knowsley wurde am 15. Mai gegründet. Es ist sehr schön dort.", ["Knowsley wurde am 15. Mai gegründet.", "Es ist sehr schön dort."]),
+        ("Er sprach mit J. Smith darüber. Dann ging er heim.", ["Er sprach mit J. Smith darüber.", "Dann ging er heim."]),
+        ("1. Einleitung des Berichts. 2. Methoden der Studie.", ["1. Einleitung des Berichts.", "2. Methoden der Studie."]),
+        ("Wir werden sehen, dass sie aufstocken werden. .", ["Wir werden sehen, dass sie aufstocken werden. ."]),
+        # lower case after the mark: the sentence goes on
+        ("Wenn er sterben würde... wären die Folgen erheblich. Das ist klar so.", ["Wenn er sterben würde... wären die Folgen erheblich.", "Das ist klar so."]),
+        # a closing quote after the mark, Cyrillic capitals, a year
+        ("„Wir gehen jetzt nach Hause.“ Sie sagte: „Nein, noch nicht.“", ["„Wir gehen jetzt nach Hause.“", "Sie sagte: „Nein, noch nicht.“"]),
+        ("Он пришёл домой поздно. Мы ждали его весь вечер.", ["Он пришёл домой поздно.", "Мы ждали его весь вечер."]),
+        ("The price rose in 1989. The next year it fell.", ["The price rose in 1989.", "The next year it fell."]),
+        # pieces of < 3 words join the next one, or the one before at the end
+        ("Warum? Weil es regnet und kalt ist.", ["Warum? Weil es regnet und kalt ist."]),
+        ("Er kam nach Hause. Sie ging.", ["Er kam nach Hause. Sie ging."]),
+        ("Ja.", ["Ja."]),
+        ("", []),
+    ],
+)
+def test_sentences(text, expected):
+    assert sentences(text) == expected
+
+
+def test_sentence_ratio_is_a_signed_log_of_sentence_counts():
+    two, three = "Er kam nach Hause. Sie ging dann weg.", "Er kam nach Hause. Sie ging dann weg. Es war spät am Abend."
+    assert sentence_ratio(two, two) == 0.0
+    assert sentence_ratio(two, three) == pytest.approx(math.log(2 / 3))
+    assert sentence_ratio(three, two) == pytest.approx(math.log(3 / 2))
+    assert sentence_ratio("", three) == pytest.approx(math.log(1 / 3))  # an empty text counts as one
+    # a title or a date is no sentence: the same count
+    assert sentence_ratio("Prof. Dr. Müller kam am 12. Juli an. Er blieb lange dort.", "Müller kam an. Er blieb lange.") == 0.0
+
+
+def test_a_dropped_sentence_lowers_the_sentence_ratio():
+    row = pd.DataFrame({"src": ["x"], "mt": ["Er kam nach Hause. Sie ging dann weg. Es war spät am Abend."], "ref": ["Er kam heim. Sie ging weg. Es war spät."], "lp": ["en-de"]})
+    original = surface_features(row, names=["sentence_ratio_ref"])["sentence_ratio_ref"].item()
+    dropped = surface_features(row.assign(mt=["Er kam nach Hause. Es war spät am Abend."]), names=["sentence_ratio_ref"])
+    assert original == 0.0 and dropped["sentence_ratio_ref"].item() == pytest.approx(math.log(2 / 3))
 
 
 def test_numbers_read_separators_and_any_scripts_digits_alike():
@@ -101,7 +146,7 @@ def test_surface_features_flag_copies_and_wrong_languages():
 
 def test_without_reference_or_ter_the_reference_columns_are_nan():
     out = surface_features(_frame().drop(columns=["ref"]))
-    assert out[["chrf", "ter", "len_ratio_ref", "number_mismatch_ref"]].isna().all().all()
+    assert out[["chrf", "ter", "len_ratio_ref", "number_mismatch_ref", "sentence_ratio_ref"]].isna().all().all()
     read_without_reference = ["len_ratio_src", "copy_rate", "target_language_prob", "number_mismatch_src"]
     assert np.isfinite(out[read_without_reference].to_numpy()).all()
     no_ter = surface_features(_frame(), with_ter=False)

@@ -6,8 +6,8 @@ negation flips and number changes as in the critical-error challenge sets of the
 ``omission_end``
     the last half of the words cut (at least 2 words; translations of >= 4 words).
 ``omission_sentence``
-    one sentence removed (translations of >= 2 sentences of >= 3 words, :func:`sentences`: mostly
-    WMT23's paragraphs).
+    one sentence removed (translations of >= 2 sentences of >= 3 words,
+    :func:`uamt.surface_features.sentences`: mostly WMT23's paragraphs).
 ``duplication``
     the translation repeated twice.
 ``unrelated``
@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
+from uamt.surface_features import sentences
 
 MODES = (
     "omission_end",
@@ -57,16 +58,6 @@ MODES = (
 #: Modes MetricX-23 trains on (negation and number changes stay test-only challenges).
 TRAINING_MODES = ("omission_end", "omission_sentence", "duplication", "unrelated", "gibberish", "untranslated", "wrong_language")
 
-# White space after a sentence-final mark, or after one followed by a closing quote or bracket.
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？…])\s+|(?<=[.!?。！？…][\"'”“»’)\]])\s+")
-#: A piece of fewer words (tokens with a letter or digit) is not a sentence of its own (:func:`sentences`).
-MIN_SENTENCE_WORDS = 3
-# A full stop after these ends no sentence: a day or ordinal ("am 15. Mai"), an initial, or a title
-# or abbreviation that is followed by a capitalised word (English, German and Russian news text).
-_NO_SENTENCE_END = re.compile(
-    r"(?:\d{1,2}|[^\W\d_]|Dr|Mr|Mrs|Ms|Prof|St|Mt|Jr|Sr|Nr|No|Co|Inc|Ltd|Rep|Sen|Gen|Gov|Jan|Feb|Aug|Sept|Oct|Nov"
-    r"|Dec|Chr|bzw|ca|vs|etc|z\.B|u\.a|d\.h|г|гг|т\.е|им)\.$"
-)
 _NUMBER = re.compile(r"\d+")
 
 # (pattern, replacement) per target language, tried in order; the first that matches is applied once.
@@ -137,42 +128,6 @@ def _omission_end(row, pools, rng) -> str | None:
     if len(words) < 4:
         return None
     return " ".join(words[: len(words) - max(2, len(words) // 2)])
-
-
-def _words(text: str) -> int:
-    return sum(any(c.isalnum() for c in token) for token in text.split())
-
-
-def sentences(text: str) -> list[str]:
-    """The sentences of ``text``: split after ``. ! ? 。 ！ ？ …`` (and a closing quote or bracket)
-    and white space, except where what follows starts with a lower-case letter or the full stop
-    ends a day, an initial or a title (:data:`_NO_SENTENCE_END`); a piece of fewer than
-    :data:`MIN_SENTENCE_WORDS` words is joined to the next one (to the one before at the end).
-
-    Split on the mark alone, 13 % of the pieces of d_q's multi-sentence translations had < 3 words
-    (801 a lone ".", then "Prof.", "Am 12.", "1.", "U.S."), so dropping "one sentence" often
-    dropped a title or a full stop.
-    """
-    merged: list[str] = []
-    pending = ""  # a piece that does not stand alone, waiting for the next
-    for piece in _SENTENCE_END.split(str(text).strip()):
-        if not piece:
-            continue
-        piece = f"{pending} {piece}" if pending else piece
-        pending = ""
-        letter = next((c for c in piece if c.isalpha()), "")
-        if merged and letter.islower():
-            merged[-1] = f"{merged[-1]} {piece}"
-        elif _words(piece) < MIN_SENTENCE_WORDS or _NO_SENTENCE_END.fullmatch(piece.split()[-1].lstrip("\"'(„“«‘")):
-            pending = piece
-        else:
-            merged.append(piece)
-    if pending:
-        if merged:
-            merged[-1] = f"{merged[-1]} {pending}"
-        else:
-            merged.append(pending)
-    return merged
 
 
 def _omission_sentence(row, pools, rng) -> str | None:
@@ -383,12 +338,10 @@ __all__ = [
     "MODES",
     "PERTURBATIONS",
     "TRAINING_MODES",
-    "MIN_SENTENCE_WORDS",
     "Pools",
     "challenge_set",
     "check_mode",
     "perturb",
-    "sentences",
     "synthetic_failures",
     "synthetic_score_range",
     "target_language",

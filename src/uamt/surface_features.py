@@ -18,6 +18,11 @@ Per row (columns of :func:`surface_features`):
     share of the numbers of mt and ref / src that the other text does not have (:func:`number_mismatch`):
     0 when they write the same numbers, 1 when they share none.  A wrong number is a critical error
     (MQM, the WMT critical-error categories) that a pooled sentence vector barely registers.
+``sentence_ratio_ref``
+    log of the number of sentences of mt over that of ref (:func:`sentences`): a paragraph whose
+    translation lost or merged sentences (WMT23 en-de test: 15 % of the paragraphs, mean MQM −16.8
+    against −5.1, which the champion's mu misses by 11 points on average).  No source-side
+    variant: Chinese sources do not separate sentences by white space.
 
 ``benchmarks/surface_features.py`` measures what they add to the served mu (a per-LP linear stack
 fitted on dev, scored on test).
@@ -45,9 +50,20 @@ FEATURES = (
     "target_language_prob",
     "number_mismatch_ref",
     "number_mismatch_src",
+    "sentence_ratio_ref",
 )
 
 _WORD = re.compile(r"\w+", re.UNICODE)
+# White space after a sentence-final mark, or after one followed by a closing quote or bracket.
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？…])\s+|(?<=[.!?。！？…][\"'”“»’)\]])\s+")
+#: A piece of fewer words (tokens with a letter or digit) is not a sentence of its own (:func:`sentences`).
+MIN_SENTENCE_WORDS = 3
+# A full stop after these ends no sentence: a day or ordinal ("am 15. Mai"), an initial, or a title
+# or abbreviation that is followed by a capitalised word (English, German and Russian news text).
+_NO_SENTENCE_END = re.compile(
+    r"(?:\d{1,2}|[^\W\d_]|Dr|Mr|Mrs|Ms|Prof|St|Mt|Jr|Sr|Nr|No|Co|Inc|Ltd|Rep|Sen|Gen|Gov|Jan|Feb|Aug|Sept|Oct|Nov"
+    r"|Dec|Chr|bzw|ca|vs|etc|z\.B|u\.a|d\.h|г|гг|т\.е|им)\.$"
+)
 # A number: digits (any script's decimal digits, e.g. full-width ones in Chinese text) with the
 # group or decimal separators between them ("1,250.5", "1.250,5").
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -84,6 +100,48 @@ def number_mismatch(a: str, b: str) -> float:
     return (sum((a_numbers - b_numbers).values()) + sum((b_numbers - a_numbers).values())) / total
 
 
+def _words(text: str) -> int:
+    return sum(any(c.isalnum() for c in token) for token in text.split())
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of ``text``: split after ``. ! ? 。 ！ ？ …`` (and a closing quote or bracket)
+    and white space, except where what follows starts with a lower-case letter or the full stop
+    ends a day, an initial or a title (:data:`_NO_SENTENCE_END`); a piece of fewer than
+    :data:`MIN_SENTENCE_WORDS` words is joined to the next one (to the one before at the end).
+
+    Split on the mark alone, 13 % of the pieces of d_q's multi-sentence translations had < 3 words
+    (801 a lone ".", then "Prof.", "Am 12.", "1.", "U.S."), so dropping "one sentence" often
+    dropped a title or a full stop.
+    """
+    merged: list[str] = []
+    pending = ""  # a piece that does not stand alone, waiting for the next
+    for piece in _SENTENCE_END.split(str(text).strip()):
+        if not piece:
+            continue
+        piece = f"{pending} {piece}" if pending else piece
+        pending = ""
+        letter = next((c for c in piece if c.isalpha()), "")
+        if merged and letter.islower():
+            merged[-1] = f"{merged[-1]} {piece}"
+        elif _words(piece) < MIN_SENTENCE_WORDS or _NO_SENTENCE_END.fullmatch(piece.split()[-1].lstrip("\"'(„“«‘")):
+            pending = piece
+        else:
+            merged.append(piece)
+    if pending:
+        if merged:
+            merged[-1] = f"{merged[-1]} {pending}"
+        else:
+            merged.append(pending)
+    return merged
+
+
+def sentence_ratio(a: str, b: str) -> float:
+    """``log(n(a) / n(b))`` with ``n`` the number of :func:`sentences` (at least 1): 0 for as many
+    sentences, ``log(2/3)`` for a translation of 2 sentences against a reference of 3."""
+    return math.log(max(1, len(sentences(a))) / max(1, len(sentences(b))))
+
+
 def length_ratio(a: str, b: str) -> float:
     """``log((len(a) + 1) / (len(b) + 1))`` in characters: 0 for equal lengths, symmetric in sign."""
     return math.log((len(a) + 1) / (len(b) + 1))
@@ -104,7 +162,7 @@ def target_language_probability(mt: Sequence[str], lp: Sequence[str]) -> np.ndar
 
 
 #: Features read off the reference (NaN for a reference-free row).
-NEEDS_REFERENCE = frozenset({"chrf", "ter", "len_ratio_ref", "number_mismatch_ref"})
+NEEDS_REFERENCE = frozenset({"chrf", "ter", "len_ratio_ref", "number_mismatch_ref", "sentence_ratio_ref"})
 
 
 def check_feature_names(names: Sequence[str], what: str = "feature") -> tuple[str, ...]:
@@ -152,6 +210,8 @@ def surface_features(frame: pd.DataFrame, with_ter: bool = True, names: Sequence
             out[name] = [number_mismatch(m, r) for m, r in zip(mt, ref, strict=True)]
         elif name == "number_mismatch_src":
             out[name] = [number_mismatch(m, s) for m, s in zip(mt, src, strict=True)]
+        elif name == "sentence_ratio_ref":
+            out[name] = [sentence_ratio(m, r) for m, r in zip(mt, ref, strict=True)]
         else:  # target_language_prob
             out[name] = target_language_probability(mt, frame["lp"].tolist())
     return out
@@ -163,8 +223,11 @@ __all__ = [
     "check_feature_names",
     "copy_rate",
     "length_ratio",
+    "MIN_SENTENCE_WORDS",
     "number_mismatch",
     "numbers",
+    "sentence_ratio",
+    "sentences",
     "surface_features",
     "target_language_probability",
 ]
