@@ -161,6 +161,15 @@ def target_language_probability(mt: Sequence[str], lp: Sequence[str]) -> np.ndar
     return out
 
 
+#: Features that compare mt with one other text, row by row: name -> (measure(mt, other), "ref" | "src").
+_MT_AGAINST = {
+    "len_ratio_ref": (length_ratio, "ref"),
+    "len_ratio_src": (length_ratio, "src"),
+    "number_mismatch_ref": (number_mismatch, "ref"),
+    "number_mismatch_src": (number_mismatch, "src"),
+    "sentence_ratio_ref": (sentence_ratio, "ref"),
+}
+
 #: Features read off the reference (NaN for a reference-free row).
 NEEDS_REFERENCE = frozenset({"chrf", "ter", "len_ratio_ref", "number_mismatch_ref", "sentence_ratio_ref"})
 
@@ -200,18 +209,11 @@ def surface_features(frame: pd.DataFrame, with_ter: bool = True, names: Sequence
             out[name] = segment_scores(mt, ref, "chrf")
         elif name == "ter":
             out[name] = np.minimum(segment_scores(mt, ref, "ter"), 200.0) if with_ter else np.nan  # unbounded above
-        elif name == "len_ratio_ref":
-            out[name] = [length_ratio(m, r) for m, r in zip(mt, ref, strict=True)]
-        elif name == "len_ratio_src":
-            out[name] = [length_ratio(m, s) for m, s in zip(mt, src, strict=True)]
+        elif name in _MT_AGAINST:
+            measure, side = _MT_AGAINST[name]
+            out[name] = [measure(m, other) for m, other in zip(mt, ref if side == "ref" else src, strict=True)]
         elif name == "copy_rate":
             out[name] = [copy_rate(s, m) for s, m in zip(src, mt, strict=True)]
-        elif name == "number_mismatch_ref":
-            out[name] = [number_mismatch(m, r) for m, r in zip(mt, ref, strict=True)]
-        elif name == "number_mismatch_src":
-            out[name] = [number_mismatch(m, s) for m, s in zip(mt, src, strict=True)]
-        elif name == "sentence_ratio_ref":
-            out[name] = [sentence_ratio(m, r) for m, r in zip(mt, ref, strict=True)]
         else:  # target_language_prob
             out[name] = target_language_probability(mt, frame["lp"].tolist())
     return out
