@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -135,12 +140,6 @@ def test_a_head_that_reads_row_features_is_exported_and_predicts_like_torch(cut_
 
 def test_a_head_that_reads_row_features_scores_without_torch(cut_models, tmp_path):
     # The served path: the ONNX head computes the row features with numpy, torch never loaded.
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     repo = Path(__file__).resolve().parents[1]
     folder = export_head(cut_models["lp"], tmp_path / "head")
     test = _cut_table(12, 9)
