@@ -12,8 +12,11 @@ from uamt.challenge import PERTURBATIONS
 from uamt.core.errors import DataError
 from uamt.surface_features import (
     FEATURES,
+    NEEDS_REFERENCE,
     copy_rate,
     length_ratio,
+    negation_mismatch,
+    negations,
     number_mismatch,
     numbers,
     sentence_ratio,
@@ -123,6 +126,60 @@ def test_a_changed_number_raises_the_mismatch_with_the_reference():
     assert before["number_mismatch_src"].tolist() == [0.0, 0.0]
 
 
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("He is not here and never was.", 2),
+        ("He doesn't know; she can’t say.", 2),  # "n't" with either apostrophe
+        ("Nobody knows nothing.", 2),
+        ("Er ist nicht da, kein Problem.", 2),
+        ("Im Mai kam niemand.", 1),  # "Mai" (May) is no cue, although Italian "mai" is "never"
+        ("Он не знает, и нет ответа.", 2),
+        ("No sabe nada.", 2),
+        ("Il n'a rien dit.", 2),  # French "ne ... rien": elided n' and rien
+        ("הוא לא יודע ושלא אכפת לו", 2),  # Hebrew, with the prefix "and that"
+        ("他不知道，非常好。", 1),  # 不 negates; 非常 ("very") does not
+        ("我们的未来没有问题，特别是在莫斯科。", 1),  # 没; not 未来 (future), 特别, 莫斯科 (Moscow)
+        ("The cat sat on the mat.", 0),
+        ("", 0),
+    ],
+)
+def test_negations_hand_counted(text, expected):
+    assert negations(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("He is here.", "He is not here.", 1.0),  # a negation dropped
+        ("He is not here.", "He isn't here.", 0.0),  # the same negation, written otherwise
+        ("He is not here, not now.", "He is not here.", 1 / 3),
+        ("It rained.", "Es regnete.", 0.0),  # no negation: nothing to disagree on
+        ("Er kommt nicht.", "He is not coming.", 0.0),  # across languages
+        ("他没有来。", "He came.", 1.0),
+    ],
+)
+def test_negation_mismatch_hand_computed(a, b, expected):
+    assert negation_mismatch(a, b) == pytest.approx(expected)
+    assert negation_mismatch(b, a) == pytest.approx(expected)  # symmetric
+
+
+def test_a_negation_flip_raises_the_mismatch_with_the_reference():
+    rows = pd.DataFrame(
+        {
+            "src": ["He will come tomorrow.", "The plan is not new.", "Он не может прийти."],
+            "mt": ["Er wird morgen kommen.", "The plan is not new.", "He cannot come."],
+            "ref": ["Er kommt morgen.", "The plan is not a new one.", "He can't come."],
+            "lp": ["en-de", "de-en", "ru-en"],
+        }
+    )
+    flipped = rows.assign(mt=[PERTURBATIONS["negation"](row, None, None) for _, row in rows.iterrows()])
+    assert flipped["mt"].tolist() == ["Er wird nicht morgen kommen.", "The plan is new.", "He can come."]
+    before = surface_features(rows, names=["negation_mismatch_ref"])["negation_mismatch_ref"]
+    after = surface_features(flipped, names=["negation_mismatch_ref"])["negation_mismatch_ref"]
+    assert before.tolist() == [0.0, 0.0, 0.0] and after.tolist() == [1.0, 1.0, 1.0]
+
 def _frame() -> pd.DataFrame:
     return pd.DataFrame(
         {
@@ -146,8 +203,8 @@ def test_surface_features_flag_copies_and_wrong_languages():
 
 def test_without_reference_or_ter_the_reference_columns_are_nan():
     out = surface_features(_frame().drop(columns=["ref"]))
-    assert out[["chrf", "ter", "len_ratio_ref", "number_mismatch_ref", "sentence_ratio_ref"]].isna().all().all()
-    read_without_reference = ["len_ratio_src", "copy_rate", "target_language_prob", "number_mismatch_src"]
+    assert out[sorted(NEEDS_REFERENCE)].isna().all().all()
+    read_without_reference = [name for name in FEATURES if name not in NEEDS_REFERENCE]
     assert np.isfinite(out[read_without_reference].to_numpy()).all()
     no_ter = surface_features(_frame(), with_ter=False)
     assert no_ter["ter"].isna().all() and no_ter["chrf"].notna().all()

@@ -18,6 +18,10 @@ Per row (columns of :func:`surface_features`):
     share of the numbers of mt and ref / src that the other text does not have (:func:`number_mismatch`):
     0 when they write the same numbers, 1 when they share none.  A wrong number is a critical error
     (MQM, the WMT critical-error categories) that a pooled sentence vector barely registers.
+``negation_mismatch_ref``, ``negation_mismatch_src``
+    share of the negations of mt and ref / src that the other text does not have
+    (:func:`negation_mismatch`, counted by :func:`negations`): a negation dropped or added flips the
+    meaning (a WMT critical-error category), which a pooled sentence vector barely registers.
 ``sentence_ratio_ref``
     log of the number of sentences of mt over that of ref (:func:`sentences`): a paragraph whose
     translation lost or merged sentences (WMT23 en-de test: 15 % of the paragraphs, mean MQM −16.8
@@ -50,6 +54,8 @@ FEATURES = (
     "target_language_prob",
     "number_mismatch_ref",
     "number_mismatch_src",
+    "negation_mismatch_ref",
+    "negation_mismatch_src",
     "sentence_ratio_ref",
 )
 
@@ -98,6 +104,53 @@ def number_mismatch(a: str, b: str) -> float:
     if total == 0:
         return 0.0
     return (sum((a_numbers - b_numbers).values()) + sum((b_numbers - a_numbers).values())) / total
+
+
+# Negation cues per language, as whole words (case-folded).  Words that are a cue in one language
+# and a common word in another of this data are left out ("mai": Italian "never", German "May";
+# Italian "ne": "of it"); "n't" is counted apart.  Text in another language counts no cue.
+NEGATION_WORDS: dict[str, frozenset[str]] = {
+    lang: frozenset(words.split())
+    for lang, words in {
+        "en": "not no never nobody nothing none neither nor nowhere cannot",
+        "de": "nicht kein keine keinen keinem keiner keines nie niemals niemand nichts nirgends nirgendwo weder",
+        "ru": "не нет ни никогда никто ничего ничто нигде никак нельзя",
+        "es": "no nunca nada nadie ni tampoco ningún ninguna ninguno jamás",
+        "pt": "não nunca nada ninguém nenhum nenhuma nem jamais",
+        "it": "non nessuno nessuna niente nulla né",
+        "fr": "ne n jamais rien aucun aucune ni",
+        "cs": "ne nikdy nic nikdo žádný žádná žádné není nejsou nebyl nebyla nebylo",
+    }.items()
+}
+_NEGATION_WORD = frozenset().union(*NEGATION_WORDS.values())
+_CONTRACTED_NOT = re.compile(r"n[’']t\b")
+# Hebrew: a negation word after the prefixes "and", "that", "when".
+_HEBREW_NEGATION = re.compile(r"(?:ו|ש|וש|כש|וכש)?(?:לא|אין|אינו|אינה|אינם|אינן|בלי|ללא)")
+# Chinese writes no spaces: negating characters, after removing words in which they do not negate
+# ("非常" very, "不同" different, "未来" future, "莫斯科" Moscow, "特别" special, "是否" whether, ...).
+_CHINESE_NEGATION = re.compile(r"[不没沒未无無别別非勿莫]")
+_CHINESE_NOT_NEGATING = re.compile(
+    "非常|非洲|不过|不過|不同|不断|不斷|不仅|不僅|不管|不少|不久|不得不|无论|無論|未来|未來|莫斯科|别人|別人|特别|特別"
+    "|区别|區別|分别|分別|差别|差別|级别|級別|类别|類別|识别|識別|个别|個別|告别|告別|是否|能否|否则|否則"
+)
+
+
+def negations(text: str) -> int:
+    """Number of negation cues in ``text``: the words of :data:`NEGATION_WORDS` (any of its
+    languages), English "n't", Hebrew negation words and Chinese negating characters."""
+    folded = str(text).casefold()
+    count = len(_CONTRACTED_NOT.findall(folded))
+    for word in _WORD.findall(folded):
+        count += word in _NEGATION_WORD or _HEBREW_NEGATION.fullmatch(word) is not None
+    return count + len(_CHINESE_NEGATION.findall(_CHINESE_NOT_NEGATING.sub("", folded)))
+
+
+def negation_mismatch(a: str, b: str) -> float:
+    """``|n(a) - n(b)| / (n(a) + n(b))`` with ``n`` = :func:`negations`, in [0, 1]; 0 when neither
+    has a negation, 1 when only one has (a negation added or dropped)."""
+    a_count, b_count = negations(a), negations(b)
+    total = a_count + b_count
+    return abs(a_count - b_count) / total if total else 0.0
 
 
 def _words(text: str) -> int:
@@ -167,11 +220,15 @@ _MT_AGAINST = {
     "len_ratio_src": (length_ratio, "src"),
     "number_mismatch_ref": (number_mismatch, "ref"),
     "number_mismatch_src": (number_mismatch, "src"),
+    "negation_mismatch_ref": (negation_mismatch, "ref"),
+    "negation_mismatch_src": (negation_mismatch, "src"),
     "sentence_ratio_ref": (sentence_ratio, "ref"),
 }
 
 #: Features read off the reference (NaN for a reference-free row).
-NEEDS_REFERENCE = frozenset({"chrf", "ter", "len_ratio_ref", "number_mismatch_ref", "sentence_ratio_ref"})
+NEEDS_REFERENCE = frozenset(
+    {"chrf", "ter", "len_ratio_ref", "number_mismatch_ref", "negation_mismatch_ref", "sentence_ratio_ref"}
+)
 
 
 def check_feature_names(names: Sequence[str], what: str = "feature") -> tuple[str, ...]:
@@ -226,6 +283,9 @@ __all__ = [
     "copy_rate",
     "length_ratio",
     "MIN_SENTENCE_WORDS",
+    "NEGATION_WORDS",
+    "negation_mismatch",
+    "negations",
     "number_mismatch",
     "numbers",
     "sentence_ratio",

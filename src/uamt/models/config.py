@@ -82,7 +82,8 @@ class TrainConfig:
     row_features : tuple of str
         Surface features of each row (:data:`uamt.surface_features.FEATURES`: ``chrf``, ``ter``,
         ``len_ratio_ref``, ``len_ratio_src``, ``copy_rate``, ``target_language_prob``,
-        ``number_mismatch_ref``, ``number_mismatch_src``, ``sentence_ratio_ref``) that the head
+        ``number_mismatch_ref``, ``number_mismatch_src``, ``negation_mismatch_ref``,
+        ``negation_mismatch_src``, ``sentence_ratio_ref``) that the head
         reads beside the COMET features (:mod:`uamt.models.row_features`; computed from the texts
         wherever rows are encoded).  () = none (the COMET head).  A reference-free model cannot read
         the reference-based ones.

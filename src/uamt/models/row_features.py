@@ -24,7 +24,7 @@ from uamt.surface_features import FEATURES, NEEDS_REFERENCE, check_feature_names
 
 #: Per feature, ``(divide by, clip to ±)`` in the feature's own units: chrF and TER are on sacrebleu's
 #: 0-100 scale (TER capped at 200), the length and sentence ratios are logs (±3 = 20 times more or fewer),
-#: copy rate, language probability and number mismatches are shares.
+#: copy rate, language probability and number and negation mismatches are shares.
 SCALES: dict[str, tuple[float, float]] = {
     "chrf": (100.0, 1.0),
     "ter": (100.0, 2.0),
@@ -34,6 +34,8 @@ SCALES: dict[str, tuple[float, float]] = {
     "target_language_prob": (1.0, 1.0),
     "number_mismatch_ref": (1.0, 1.0),
     "number_mismatch_src": (1.0, 1.0),
+    "negation_mismatch_ref": (1.0, 1.0),
+    "negation_mismatch_src": (1.0, 1.0),
     "sentence_ratio_ref": (1.0, 3.0),
 }
 assert set(SCALES) == set(FEATURES)
