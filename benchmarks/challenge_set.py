@@ -13,6 +13,10 @@ hallucination, untranslated and wrong-language) are marked.
 
 ``--model-dir`` scores a local model folder (a trained ``models/<method>``) with a calibration file
 (``--calibration``) instead, for models that are not registered (the training variants compared).
+The baseline every method is credited against, the point estimate + the served calibration:
+
+    python benchmarks/challenge_set.py --model-dir models/point \
+        --calibration "calibration/baselines/point+signed_mondrian_conformal.json"
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def served_mu_and_risk(calibration, rows: pd.DataFrame, bounds, chi: float) -> t
     (``mu``, ``sigma``, ``lp``) through ``calibration``."""
     lp = rows["lp"].astype(str).to_numpy(dtype=object)
     mu, sigma = rows["mu"].to_numpy(float), rows["sigma"].to_numpy(float)
+    sigma = np.where(np.isfinite(sigma), sigma, 1.0)  # the point estimate's placeholder sigma (as uamt.quality)
     return np.clip(calibration.center(mu, sigma, lp), *bounds), np.asarray(calibration.risk(mu, sigma, chi, lp))
 
 

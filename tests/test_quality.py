@@ -15,6 +15,7 @@ from uamt.quality import (
     goal_checks,
     join_texts,
     quality_table,
+    read_model,
     worst_recall_score,
 )
 
@@ -117,3 +118,30 @@ def test_join_texts_names_the_missing_row():
     prepared = _table(4).iloc[:3]
     with pytest.raises(DataError, match=r"predictions/test/hts: 1 prediction row\(s\) have no prepared test row"):
         join_texts(predictions, prepared, "predictions/test/hts")
+
+
+def _calibration():
+    from uamt.serving.model_calibration import Calibration
+    from uamt.uncertainty import AffineVarianceCalibrator, FixedVarianceCalibrator, Standardizer
+
+    standardizer, affine, fixed = Standardizer(), AffineVarianceCalibrator(), FixedVarianceCalibrator()
+    standardizer.global_params = {"human_mean": -2.0, "human_std": 2.0, "pred_mean": 0.0, "pred_std": 1.0}
+    affine.global_params = {"alpha": 1.0, "beta": 0.0, "var_floor": 1e-6}
+    fixed.global_params = {"var": 1.0}
+    return Calibration(standardizer, affine, fixed, None)
+
+
+def test_read_model_reads_a_baseline_as_the_point_predictions_and_its_baseline_calibration(tmp_path):
+    (tmp_path / "predictions" / "test").mkdir(parents=True)
+    point = pd.DataFrame({"mu": [0.1, -0.3], "sigma": [np.nan, np.nan], "lp": ["en-de", "en-de"]})
+    point.to_parquet(tmp_path / "predictions" / "test" / "point.parquet")
+    (tmp_path / "calibration" / "baselines").mkdir(parents=True)
+    name = "point+signed_mondrian_conformal"
+    with pytest.raises(DataError, match=r"baselines/point\+signed_mondrian_conformal\.json: no calibration"):
+        read_model(tmp_path / "predictions", tmp_path / "calibration", name)
+    _calibration().save(tmp_path / "calibration" / "baselines" / f"{name}.json")
+    table, _ = read_model(tmp_path / "predictions", tmp_path / "calibration", name)
+    assert table["mu"].tolist() == [0.1, -0.3]
+    assert table["sigma"].tolist() == [1.0, 1.0]  # the point estimate's placeholder sigma
+    with pytest.raises(DataError, match="no test predictions for model 'hts'"):
+        read_model(tmp_path / "predictions", tmp_path / "calibration", "hts")

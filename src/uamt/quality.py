@@ -230,16 +230,22 @@ def goal_checks(row: dict[str, Any], goals: QualityGoals, gamma: float = 0.9) ->
 def read_model(
     predictions_dir: str | Path, calibration_dir: str | Path, model: str, split: str = "test"
 ) -> tuple[pd.DataFrame, Any]:
-    """``(predictions, calibration)`` of ``model`` as the pipeline wrote them."""
+    """``(predictions, calibration)`` of ``model`` as the pipeline wrote them.
+
+    ``model`` may also name a baseline, ``<point>+<candidate>`` (e.g.
+    ``point+signed_mondrian_conformal``): the point model's predictions served through the
+    calibration the evaluate stage fitted for it (``calibration/baselines/<model>.json``), the
+    baseline every uncertainty method is credited against."""
     from uamt.serving.model_calibration import Calibration, with_model_sigma
 
-    path = Path(predictions_dir) / split / f"{model}.parquet"
+    predicted, _, _ = model.partition("+")
+    path = Path(predictions_dir) / split / f"{predicted}.parquet"
     if not path.is_file():
-        raise DataError(f"{path}: no {split} predictions for model {model!r}")
-    calibration_path = Path(calibration_dir) / f"{model}.json"
+        raise DataError(f"{path}: no {split} predictions for model {predicted!r}")
+    calibration_path = Path(calibration_dir) / ("baselines" if "+" in model else "") / f"{model}.json"
     if not calibration_path.is_file():
         raise DataError(f"{calibration_path}: no calibration for model {model!r}")
-    return with_model_sigma(pd.read_parquet(path), model), Calibration.load(calibration_path)
+    return with_model_sigma(pd.read_parquet(path), predicted), Calibration.load(calibration_path)
 
 
 __all__ = [
