@@ -60,7 +60,6 @@ def served_mu_and_risk(calibration, rows: pd.DataFrame, bounds, chi: float) -> t
     (``mu``, ``sigma``, ``lp``) through ``calibration``."""
     lp = rows["lp"].astype(str).to_numpy(dtype=object)
     mu, sigma = rows["mu"].to_numpy(float), rows["sigma"].to_numpy(float)
-    sigma = np.where(np.isfinite(sigma), sigma, 1.0)  # the point estimate's placeholder sigma (as uamt.quality)
     return np.clip(calibration.center(mu, sigma, lp), *bounds), np.asarray(calibration.risk(mu, sigma, chi, lp))
 
 
@@ -84,12 +83,13 @@ def score_with_model_dir(
     from uamt.encoders import EncodeConfig
     from uamt.models import load as load_model
     from uamt.pipeline_config import open_features
-    from uamt.serving.model_calibration import Calibration
+    from uamt.serving.model_calibration import Calibration, with_model_sigma
 
     model = load_model(model_dir)
     encode = load_section(EncodeConfig, "encode", params)
     features = open_features(dataclasses.replace(encode, cache_dir=str(Path(model_dir).parent / ".challenge-cache")))
-    raw = model.predict(frame[["src", "mt", "ref", "lp"]].reset_index(drop=True), features)
+    # A point model has no sigma: its placeholder 1, as the pipeline's baseline is served.
+    raw = with_model_sigma(model.predict(frame[["src", "mt", "ref", "lp"]].reset_index(drop=True), features), model.method)
     mu, risk = served_mu_and_risk(Calibration.load(calibration_path), raw.assign(lp=frame["lp"].to_numpy()), (-25, 0), chi)
     return pd.DataFrame({"mu": mu, "risk": risk})
 

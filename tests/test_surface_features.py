@@ -126,7 +126,6 @@ def test_a_changed_number_raises_the_mismatch_with_the_reference():
     assert before["number_mismatch_src"].tolist() == [0.0, 0.0]
 
 
-
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -179,6 +178,7 @@ def test_a_negation_flip_raises_the_mismatch_with_the_reference():
     before = surface_features(rows, names=["negation_mismatch_ref"])["negation_mismatch_ref"]
     after = surface_features(flipped, names=["negation_mismatch_ref"])["negation_mismatch_ref"]
     assert before.tolist() == [0.0, 0.0, 0.0] and after.tolist() == [1.0, 1.0, 1.0]
+
 
 def _frame() -> pd.DataFrame:
     return pd.DataFrame(

@@ -127,11 +127,11 @@ _CONTRACTED_NOT = re.compile(r"n[’']t\b")
 # Hebrew: a negation word after the prefixes "and", "that", "when".
 _HEBREW_NEGATION = re.compile(r"(?:ו|ש|וש|כש|וכש)?(?:לא|אין|אינו|אינה|אינם|אינן|בלי|ללא)")
 # Chinese writes no spaces: negating characters, after removing words in which they do not negate
-# ("非常" very, "不同" different, "未来" future, "莫斯科" Moscow, "特别" special, "是否" whether, ...).
+# ("非常" very, "不同" different, "未来" future, "莫斯科" Moscow, "特别" special, ...).
 _CHINESE_NEGATION = re.compile(r"[不没沒未无無别別非勿莫]")
 _CHINESE_NOT_NEGATING = re.compile(
     "非常|非洲|不过|不過|不同|不断|不斷|不仅|不僅|不管|不少|不久|不得不|无论|無論|未来|未來|莫斯科|别人|別人|特别|特別"
-    "|区别|區別|分别|分別|差别|差別|级别|級別|类别|類別|识别|識別|个别|個別|告别|告別|是否|能否|否则|否則"
+    "|区别|區別|分别|分別|差别|差別|级别|級別|类别|類別|识别|識別|个别|個別|告别|告別"
 )
 
 
