@@ -6,7 +6,8 @@ pipeline's d_q rows (``--train-rows``: a seeded random subset, stated in the out
 ``uamt.challenge.with_synthetic_failures(d_q, f)``, early-stopped on dev; with ``--row-features``
 each fraction is trained twice, without and with those surface features read by the head
 (``train_base.row_features``, :mod:`uamt.models.row_features`); ``--nll-beta`` trains every variant
-with that beta-NLL weight (``train_base.nll_beta``, :func:`uamt.models.losses.nll_weights`).  Each variant predicts its
+with that beta-NLL weight (``train_base.nll_beta``, :func:`uamt.models.losses.nll_weights`) and
+``--synthetic-nll-beta`` gives the synthetic rows their own (``train_base.synthetic_nll_beta``).  Each variant predicts its
 calibration splits (evaluate.calibration_splits: dev and d_e, as the pipeline calibrates a d_q
 model) and test; fits the served calibration there (evaluate's settings, ``--calibration`` pins the
 candidate so every variant is served the same way); and reports the quality table (uamt.quality)
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration", default="auto", help="evaluate.calibration for every variant")
     parser.add_argument("--per-mode", type=int, default=300)
     parser.add_argument("--nll-beta", type=float, default=None, help="train_base.nll_beta of every variant (default: params.yaml)")
+    parser.add_argument(
+        "--synthetic-nll-beta", type=float, default=None,
+        help="train_base.synthetic_nll_beta of every variant: the synthetic rows' own beta (default: params.yaml)",
+    )
     parser.add_argument("--qe", action="store_true", help="train the reference-free (QE) variant")
     parser.add_argument("--row-features", nargs="+", default=[], help="also train each fraction with these row features")
     parser.add_argument(
@@ -96,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         base_cfg = base_cfg.replace(seed=args.seed)
     if args.nll_beta is not None:
         base_cfg = base_cfg.replace(nll_beta=args.nll_beta)
+    if args.synthetic_nll_beta is not None:
+        base_cfg = base_cfg.replace(synthetic_nll_beta=args.synthetic_nll_beta)
     encode = load_section(EncodeConfig, "encode", args.params)
     if args.cache is not None:
         encode = dataclasses.replace(encode, cache_dir=str(args.cache))
@@ -116,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         variants += [(f, tuple(args.row_features)) for f in args.fractions]
     for fraction, row_features in variants:
         beta = f"_beta{base_cfg.nll_beta:g}" if base_cfg.nll_beta else ""
+        if base_cfg.synthetic_nll_beta is not None:
+            beta += f"_synthbeta{base_cfg.synthetic_nll_beta:g}"
         name = f"hts{'_qe' if args.qe else ''}{beta}_synthetic{fraction:g}{'+rows' if row_features else ''}"
         cfg = base_cfg.replace(row_features=list(row_features))
         train_df = with_synthetic_failures(d_q, fraction, seed=base_cfg.seed)
@@ -134,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             "fraction": fraction,
             "seed": base_cfg.seed,
             "nll_beta": base_cfg.nll_beta,
+            "synthetic_nll_beta": base_cfg.synthetic_nll_beta,
             "train_rows": len(d_q),
             "synthetic_rows": len(train_df) - len(d_q),
             "row_features": list(row_features),

@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from tests.fakes import FEATURES, synthetic_table
+from uamt.core.naming import is_synthetic
 from uamt.models import TrainConfig, load, train
+from uamt.models.hts import with_row_beta
 from uamt.models.losses import hts_loss, kl_hts_loss, nll_weights
 
 
@@ -81,3 +84,43 @@ def test_trained_models_read_and_record_beta(tmp_path):
             assert model.cfg.nll_beta == beta  # recorded with the model
             mus[beta] = model.predict(test, FEATURES)["mu"].to_numpy()
         assert np.abs(mus[0.0] - mus[1.0]).max() > 1e-4, method
+
+
+def test_per_row_beta_by_hand():
+    # one beta per row: row 0 (beta 0) weighs 1, row 1 (beta 1) weighs its sigma^2 = 4
+    mu, target = torch.zeros(2), torch.tensor([1.0, 2.0])
+    log_var = torch.log(torch.tensor([1.0, 4.0]))
+    rows = torch.tensor([0.5, 0.5 + math.log(2.0)])  # Eq. 2 per row: 1 / 2 + 0; 4 / 8 + log(4) / 2
+    expected = (1.0 * rows[0] + 4.0 * rows[1]) / 2
+    assert hts_loss(mu, log_var, target, beta=torch.tensor([0.0, 1.0])).item() == pytest.approx(expected.item())
+    assert nll_weights(log_var, torch.tensor([0.0, 1.0])).tolist() == pytest.approx([1.0, 4.0])
+
+
+def test_synthetic_rows_get_their_own_beta():
+    df = pd.DataFrame({"system": ["Online-W", "synthetic-gibberish", "synthetic-reference", "synthetic"]})
+    assert is_synthetic(df).tolist() == [False, True, True, False]
+    assert not is_synthetic(df.drop(columns="system")).any()
+    columns = {"y": np.zeros(4, dtype=np.float32)}
+    assert with_row_beta(columns, df, TrainConfig(nll_beta=0.25)) is columns  # no synthetic beta: unchanged
+    betas = with_row_beta(columns, df, TrainConfig(nll_beta=0.25, synthetic_nll_beta=1.0))["y_beta"]
+    assert betas.tolist() == [0.25, 1.0, 1.0, 0.25]
+    with pytest.raises(ValueError, match=r"synthetic_nll_beta=2.0: must be in \[0, 1\] or null"):
+        TrainConfig(synthetic_nll_beta=2.0)
+
+
+def test_synthetic_beta_moves_only_models_trained_on_synthetic_rows(tmp_path):
+    # Seeded and deterministic: a synthetic beta changes nothing without synthetic rows (the weights
+    # are exactly 1), and changes the network when a fifth of the rows are synthetic at a far score.
+    train_rows, dev, test = (synthetic_table(n, seed).assign(system="sys") for n, seed in ((160, 1), (40, 2), (30, 3)))
+    with_synthetic = train_rows.assign(
+        system=np.where(train_rows.index % 5 == 0, "synthetic-gibberish", "sys"),
+        score=np.where(train_rows.index % 5 == 0, -5.0, train_rows["score"]),
+    )
+    cfg = TrainConfig(hidden_sizes=(16, 8), max_epochs=2, batch_size=16)
+
+    def mu(rows, name, **changes):
+        model = load(train("hts", cfg.replace(**changes), rows, dev, FEATURES, tmp_path / name))
+        return model.predict(test, FEATURES)["mu"].to_numpy()
+
+    assert np.array_equal(mu(train_rows, "plain"), mu(train_rows, "plain_synth", synthetic_nll_beta=1.0))
+    assert np.abs(mu(with_synthetic, "synth") - mu(with_synthetic, "synth_beta", synthetic_nll_beta=1.0)).max() > 1e-4

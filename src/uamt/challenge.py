@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
+from uamt.core.naming import SYNTHETIC_SYSTEM_PREFIX
 from uamt.surface_features import sentences
 
 MODES = (
@@ -274,13 +275,13 @@ def synthetic_failures(
     per_mode = max(1, n // len(modes))
     bad = challenge_set(df, modes=modes, per_mode=per_mode, seed=seed, min_score=None)
     bad = bad.drop(columns=["mt_original", "mode"]).assign(
-        score=float(worst_score), system=["synthetic-" + m for m in bad["mode"]]
+        score=float(worst_score), system=[SYNTHETIC_SYSTEM_PREFIX + m for m in bad["mode"]]
     )
     rng = np.random.default_rng(seed + 1)
     good = df.iloc[rng.choice(len(df), size=min(n, len(df)), replace=False)].copy()
     good["mt"] = good["ref"]
     good["score"] = float(best_score)
-    good["system"] = "synthetic-reference"
+    good["system"] = SYNTHETIC_SYSTEM_PREFIX + "reference"
     out = pd.concat([bad, good], ignore_index=True)
     for column in ("score_raw", "score_std"):
         if column in out.columns:

@@ -1,4 +1,5 @@
-"""How models are named, in one place: pipeline model names and registered model names.
+"""How models are named, in one place: pipeline model names and registered model names (and
+how the synthetic training rows are told apart by their ``system``).
 
 Two different suffixes mark a reference-free (QE) model, one per namespace:
 
@@ -13,10 +14,15 @@ Nothing here imports torch or MLflow, so the scoring path can read it.
 
 from __future__ import annotations
 
+import numpy as np
+
 #: Suffix of a reference-free pipeline model (and folder) name: ``hts_qe`` is ``hts`` on <src, mt>.
 QE_MODEL_SUFFIX = "_qe"
 #: Suffix of the reference-free registered model's name: ``uamt-comet-qe`` next to ``uamt-comet``.
 QE_REGISTERED_SUFFIX = "-qe"
+#: The ``system`` of every synthetic training row (:func:`uamt.challenge.synthetic_failures`)
+#: starts with this, then its mode or "reference".
+SYNTHETIC_SYSTEM_PREFIX = "synthetic-"
 
 
 def qe_model_name(method: str) -> str:
@@ -38,3 +44,11 @@ def qe_registered_name(name: str) -> str:
     """The registered name of the QE model next to the registered model ``name``
     (``uamt-comet`` -> ``uamt-comet-qe``)."""
     return f"{name}{QE_REGISTERED_SUFFIX}"
+
+
+def is_synthetic(rows):
+    """Boolean array [n_rows]: the rows of the DataFrame ``rows`` that
+    :func:`uamt.challenge.synthetic_failures` made (read off ``system``; none without that column)."""
+    if "system" not in rows.columns:
+        return np.zeros(len(rows), dtype=bool)
+    return rows["system"].astype(str).str.startswith(SYNTHETIC_SYSTEM_PREFIX).to_numpy()

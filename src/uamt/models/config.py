@@ -57,6 +57,11 @@ class TrainConfig:
         methods trained with a Gaussian likelihood (``hts``, hence ``hts_mcd``, and ``kl``): each
         row's loss weighted by sigma_hat^(2 beta), held constant in the gradient, so hard rows still
         pull mu.  0 = the papers' Eq. 2 / Eq. 3; in [0, 1].  Not read by DUP's second stage.
+    synthetic_nll_beta : float or None
+        The beta-NLL beta of the synthetic failure rows alone (``synthetic_failures``; the natural
+        rows keep ``nll_beta``).  Under Eq. 2 a critical error trained at the worst score is
+        explained by a large sigma and moves mu only a few points; 1 fits mu to those rows as the
+        squared error does while the natural rows keep the papers' loss.  None = ``nll_beta``.
     dup_loss : {"abs", "sq", "hts"}
         DUP second-stage loss (Eqs. 5, 6, 7).
     bottleneck_size : int
@@ -119,6 +124,7 @@ class TrainConfig:
     kl_missing_std: Literal["hts", "by_score", "mean", "floor", "drop"] = "hts"
     kl_std_floor: float = 0.01
     nll_beta: float = 0.0
+    synthetic_nll_beta: float | None = None
     dup_loss: str = "hts"
     bottleneck_size: int = 256
     base_model_dir: str | None = None
@@ -142,6 +148,8 @@ class TrainConfig:
         check_row_features(self.row_features, self.reference_free)
         if not 0.0 <= self.nll_beta <= 1.0:
             raise ValueError(f"nll_beta={self.nll_beta}: must be in [0, 1] (0 = Eq. 2, 1 = the squared error's gradient for mu)")
+        if self.synthetic_nll_beta is not None and not 0.0 <= self.synthetic_nll_beta <= 1.0:
+            raise ValueError(f"synthetic_nll_beta={self.synthetic_nll_beta}: must be in [0, 1] or null (= nll_beta)")
         if self.finetune_top_layers < 0:
             raise ValueError(f"finetune_top_layers={self.finetune_top_layers}: 0 (every block) or the number of top blocks")
         if self.finetune_top_layers and not self.finetune:

@@ -36,7 +36,7 @@ import torch
 
 from uamt.core.errors import DataError
 from uamt.models.data import targets_of
-from uamt.models.hts import HTSEstimator
+from uamt.models.hts import HTSEstimator, row_beta, with_row_beta
 from uamt.models.losses import kl_hts_loss
 
 #: ``by_score``: at most this many quantile bins of the rater scores ...
@@ -219,12 +219,13 @@ class KLEstimator(HTSEstimator):
         filled = np.maximum(filled, cfg.kl_std_floor)
         has_std = valid if rule.hts else np.ones(len(df), dtype=bool)
         keep = valid if rule.drop else None
-        return {
+        columns = {
             "y": scaler.transform(scores),
             "y_std": filled / scaler.std,
             "y_has_std": has_std.astype(np.float32),
-        }, keep
+        }
+        return with_row_beta(columns, df, cfg), keep
 
     def loss(self, output: torch.Tensor, batch: dict) -> torch.Tensor:
         mu, log_var = self.split(output)
-        return kl_hts_loss(mu, log_var, batch["y"], batch["y_std"], batch["y_has_std"], beta=self.cfg.nll_beta)
+        return kl_hts_loss(mu, log_var, batch["y"], batch["y_std"], batch["y_has_std"], beta=row_beta(batch, self.cfg))

@@ -13,7 +13,7 @@ def mse_loss(mu: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.mean((target - mu) ** 2)
 
 
-def nll_weights(log_var: torch.Tensor, beta: float) -> torch.Tensor | float:
+def nll_weights(log_var: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor | float:
     """beta-NLL row weights sigma_hat^(2 beta), held constant in the gradient (Seitzer et al. 2022).
 
     Under Eq. 2 the gradient of mu is (mu - q*) / sigma^2: a row the network finds hard is given a
@@ -21,14 +21,17 @@ def nll_weights(log_var: torch.Tensor, beta: float) -> torch.Tensor | float:
     points below the others, its error absorbed by sigma).  Weighting each row's loss by
     sigma^(2 beta) makes that gradient (mu - q*) / sigma^(2 - 2 beta): beta = 0 is Eq. 2, beta = 1
     fits mu as the squared error does while sigma^2 still learns the squared residual.  Returns the
-    scalar 1.0 for beta = 0 so Eq. 2 stays bit-identical.
+    scalar 1.0 for beta = 0 so Eq. 2 stays bit-identical.  ``beta`` may be a tensor [B], one beta
+    per row (``train_base.synthetic_nll_beta``: the synthetic failure rows apart).
     """
-    if beta == 0.0:
+    if not isinstance(beta, torch.Tensor) and beta == 0.0:
         return 1.0
     return torch.exp(beta * log_var).detach()
 
 
-def hts_loss(mu: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor, beta: float = 0.0) -> torch.Tensor:
+def hts_loss(
+    mu: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor, beta: float | torch.Tensor = 0.0
+) -> torch.Tensor:
     """Heteroscedastic loss, Eq. 2: (q* - mu)^2 / (2 sigma^2) + log(sigma^2) / 2; with ``beta`` > 0
     each row is weighted by :func:`nll_weights` (beta-NLL)."""
     return torch.mean(nll_weights(log_var, beta) * ((target - mu) ** 2 / (2 * torch.exp(log_var)) + 0.5 * log_var))
@@ -56,7 +59,7 @@ def kl_hts_loss(
     target_mu: torch.Tensor,
     target_std: torch.Tensor,
     has_std: torch.Tensor,
-    beta: float = 0.0,
+    beta: float | torch.Tensor = 0.0,
 ) -> torch.Tensor:
     """Eq. 3 (:func:`kl_loss`) on rows with ``has_std`` = 1, Eq. 2 (:func:`hts_loss`) on the others.
 

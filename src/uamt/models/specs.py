@@ -142,7 +142,8 @@ METHODS: dict[str, MethodSpec] = {
             train_keys=("ensemble_size", "ensemble_member"),
         ),
         MethodSpec(
-            "hts", HTSEstimator, "network", label="HTS", cost_label="HTS", ensemble_member=True, train_keys=("nll_beta",)
+            "hts", HTSEstimator, "network", label="HTS", cost_label="HTS", ensemble_member=True,
+            train_keys=("nll_beta", "synthetic_nll_beta"),
         ),
         MethodSpec(
             "hts_mcd", HTSMCDEstimator, "network", label="HTS+MCD", cost_label="HTS+MCD-{mc_samples} (head)",
@@ -150,7 +151,7 @@ METHODS: dict[str, MethodSpec] = {
         ),
         MethodSpec(
             "kl", KLEstimator, "network", label="KL", cost_label="KL", ensemble_member=True,
-            train_keys=("kl_missing_std", "kl_std_floor", "nll_beta"),
+            train_keys=("kl_missing_std", "kl_std_floor", "nll_beta", "synthetic_nll_beta"),
         ),
         MethodSpec(
             "dup", DUPEstimator, "second_stage", label="DUP L_{LOSS}", cost_label="DUP ({loss})",
