@@ -67,12 +67,12 @@ def pipeline_run(tmp_path_factory, mirror_root):
 @pytest.mark.slow
 def test_chain_writes_metrics_for_every_method_and_lp(pipeline_run):
     test = json.loads((pipeline_run / "metrics" / "test.json").read_text())
-    assert set(test) == {"point", "mcd_head", "ensemble", "hts", "hts_mcd", "dup", "hts_qe"}
+    assert set(test) == {"point", "mcd_head", "ensemble", "hts", "hts_mcd", "dup", "hts_qe", "point_qe"}
     for method, by_lp in test.items():
         assert {"avg", "en-de", "zh-en"} <= set(by_lp), method
         for key in ("pps", "ece", "sharpness", "crps", "coverage@0.9", "miss_below@0.9"):
             assert by_lp["avg"][key] is not None, (method, key)
-        if method != "point":  # the point estimate has no sigma of its own to correlate
+        if method not in ("point", "point_qe"):  # the point estimate has no sigma of its own to correlate
             assert by_lp["avg"]["ups_raw"] is not None, method
     ood = json.loads((pipeline_run / "metrics" / "ood.json").read_text())
     assert set(ood) == set(test)
@@ -82,11 +82,11 @@ def test_chain_writes_metrics_for_every_method_and_lp(pipeline_run):
         assert {"en-de", "zh-en"} <= set(summary["per_lp"]), method
         assert summary["candidates"] and len(summary["goals"]) == 9, method
         assert summary["served"] in (*summary["candidates"], "fixed_variance"), method
-        if method not in ("point", "hts_qe"):  # hts_qe: no reference-free point model in this profile
-            assert summary["baseline"]["name"].startswith("point+"), method
+        if method not in ("point", "point_qe"):  # each model against its point estimate, with or without a reference
+            assert summary["baseline"]["name"].startswith("point_qe+" if method == "hts_qe" else "point+"), method
     # the gate reads dev metrics cross-fitted over documents, with the baselines beside the models
     dev = json.loads((pipeline_run / "metrics" / "dev.json").read_text())
-    assert {f"point+{conditional['hts']['served']}", *test} <= set(dev)
+    assert {f"point+{conditional['hts']['served']}", f"point_qe+{conditional['hts_qe']['served']}", *test} <= set(dev)
     # the served models' unseen-LP widening is fitted with train_lolo's models (each LP left out of
     # model and calibration), and evaluate measures them on the held-out LPs' test rows
     manifest = json.loads((pipeline_run / "models" / "lolo" / "manifest.json").read_text())
