@@ -60,8 +60,8 @@ class TrainConfig:
     synthetic_nll_beta : float or None
         The beta-NLL beta of the synthetic failure rows alone (``synthetic_failures``; the natural
         rows keep ``nll_beta``).  Under Eq. 2 a critical error trained at the worst score is
-        explained by a large sigma and moves mu only a few points; 1 fits mu to those rows as the
-        squared error does while the natural rows keep the papers' loss.  None = ``nll_beta``.
+        explained by a large sigma and moves mu only a few points; 1 gives those rows the squared
+        error's gradient for mu while the natural rows keep the papers' loss.  None = ``nll_beta``.
     dup_loss : {"abs", "sq", "hts"}
         DUP second-stage loss (Eqs. 5, 6, 7).
     bottleneck_size : int
