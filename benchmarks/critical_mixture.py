@@ -22,7 +22,12 @@ of good test rows per mode, seed 0, as benchmarks/challenge_set.py).  The detect
 test row; the challenge set's perturbations come from the same generators as the training rows, so
 its numbers are an upper bound on what the detector finds in the wild (as for the head itself).
 
-    python benchmarks/critical_mixture.py --cache /tmp/embeddings [--qe] [--C 0.1] [--json out.json]
+    python benchmarks/critical_mixture.py --cache /tmp/embeddings [--qe] [--detector mlp --C 1 --seed 42] \
+        [--variants="-2,-10"] [--leave-one-mode-out] [--json out.json]
+
+``--leave-one-mode-out`` also trains the detector without each critical mode's synthetic rows in
+turn and scores that mode's challenge rows with it: how far the detector reaches beyond the
+failures it was shown.
 
 Embeddings: the ``encode:`` section's encoder and cache (``--cache`` overrides the folder; the
 perturbed texts are encoded into it, so give it a copy of ``cache/embeddings``).
@@ -36,6 +41,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -194,6 +200,32 @@ def quality_rows(test: pd.DataFrame, table: pd.DataFrame, answers: Mixed, chi: f
     return out
 
 
+def leave_one_mode_out(args, seed, x_train, train_rows, labels, x_perturbed, perturbed, served_perturbed, extra) -> list[dict]:
+    """For each critical mode: the detector (last ``--C``) trained without that mode's synthetic rows,
+    scored on the challenge set's rows of that mode -- does it find a failure it never saw?"""
+    out = []
+    systems = train_rows["system"].astype(str).to_numpy()
+    C = args.C[-1]
+    for mode in RISK_GOAL_MODES:
+        keep = systems != SYNTHETIC_SYSTEM_PREFIX + mode
+        detector = make_detector(args.detector, C, seed).fit(x_train[keep], labels[keep])
+        rows = (perturbed["mode"] == mode).to_numpy()
+        logit = detector_logit(detector, x_perturbed[rows])
+        row = {"mode": mode, "training_rows_dropped": int((~keep).sum()), "n": int(rows.sum())}
+        for shift, atom in [(0.0, NON_TRANSLATION_MQM), *extra]:
+            sub = SimpleNamespace(
+                center=served_perturbed.center[rows], probs=served_perturbed.probs, quantiles=served_perturbed.quantiles[rows],
+                risk={k: v[rows] for k, v in served_perturbed.risk.items()},
+            )
+            mixed = mixed_answers(sub, expit(logit + shift), args.chi, 0.9, atom=atom)
+            row[f"p shift={shift:g}"] = float(expit(logit + shift).mean())
+            row[f"risk shift={shift:g} atom={atom:g}"] = float(mixed.risk.mean())
+        out.append(row)
+    table = pd.DataFrame(out)
+    print(f"\n## leave one mode out (detector {args.detector}, C={C:g}): each mode scored by a detector trained without it\n" + table.round(3).to_string(index=False))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -211,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--per-mode", type=int, default=300)
     parser.add_argument("--chi", type=float, default=-5.0)
+    parser.add_argument("--leave-one-mode-out", action="store_true", help="also train the detector without each critical mode in turn")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -313,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             "quality": quality.to_dict("records"),
             "challenge": challenge.to_dict("records"),
         }
+    if args.leave_one_mode_out:
+        report["leave_one_mode_out"] = leave_one_mode_out(
+            args, args.seed if args.seed is not None else train_cfg.seed, x_train, train_rows, labels, inputs["perturbed"], perturbed, served["perturbed"], extra)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=float))
     return 0
