@@ -234,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qe", action="store_true", help="the reference-free model (models/hts_qe) and detector")
     parser.add_argument("--layers", default="-1", help="encoder layers averaged for the detector, e.g. -1 or 6,12")
     parser.add_argument("--detector", default="logistic", help="logistic or mlp")
+    parser.add_argument(
+        "--detector-fraction", type=float, default=None,
+        help="share of synthetic failure rows the detector trains on (default: train_base.synthetic_failures, as the head)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="the MLP detector's seed (default: train_base.seed)")
     parser.add_argument("--C", type=float, nargs="+", default=[0.1], help="inverse L2 strength of the detector")
     parser.add_argument("--shifts", type=float, nargs="+", default=[0.0, -1.0, -2.0, -3.0, -4.0, -6.0], help="logit shifts tried on the calibration rows")
@@ -263,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     calibration = Calibration.load(Path("calibration") / f"{method}.json")
 
     d_q = read_split(args.prepared, "d_q", pipe.datasets)
-    train_rows = with_synthetic_failures(d_q, train_cfg.synthetic_failures, seed=train_cfg.seed)
+    # The detector's own rows: the pipeline's synthetic share (what the head saw) unless --detector-fraction
+    fraction = train_cfg.synthetic_failures if args.detector_fraction is None else args.detector_fraction
+    train_rows = with_synthetic_failures(d_q, fraction, seed=train_cfg.seed)
     labels = critical_labels(train_rows)
     start = time.perf_counter()
     x_train = detector_inputs(cache, train_rows, layers, args.qe)
@@ -280,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     raw["test"] = raw["test"].assign(human=test["score"].to_numpy(float))
     print(f"{method}: {len(d_q):,} d_q rows + {int(labels.sum())} synthetic critical errors; features in {time.perf_counter() - start:.0f} s")
 
-    report: dict = {"method": method, "detector": args.detector, "seed": args.seed, "layers": layers, "train_rows": len(train_rows), "critical_rows": int(labels.sum()), "runs": {}}
+    report: dict = {"method": method, "detector": args.detector, "seed": args.seed, "detector_fraction": fraction, "layers": layers, "train_rows": len(train_rows), "critical_rows": int(labels.sum()), "runs": {}}
     extra = [tuple(map(float, v.split(","))) for v in args.variants.split()]
     thresholds = sorted({args.chi, NON_TRANSLATION_MQM, *args.atoms, *(atom for _, atom in extra)})
     served = {name: served_base(calibration, raw[name], bounds, thresholds) for name in frames}

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import integrate, stats
@@ -188,6 +188,9 @@ finite = st.floats(min_value=-100, max_value=100, allow_nan=False, allow_infinit
     ),
     seed=st.integers(0, 2**32 - 1),
 )
+# Found by CI (2026-11-29): sigmas one ulp apart made UPS depend on the rows' order (0.577 vs 0.816)
+# while the means were summed pairwise.
+@example(data=[(0.0, 0.0, 0.01), (0.0, 0.0, 0.01), (0.0, 1.0, 0.010000000000000002)], seed=0)
 def test_metrics_are_invariant_to_row_order(data, seed):
     human, mu, sigma = (np.array(column) for column in zip(*data, strict=True))
     order = np.random.default_rng(seed).permutation(len(human))
@@ -346,3 +349,16 @@ def test_sigma_spread_ratio_by_hand():
     assert sigma_spread_ratio(np.array([0.0, 0.0, 1.0])) == math.inf
     with pytest.raises(ValueError, match=r"lower=0.9 must be below upper=0.1"):
         sigma_spread_ratio(sigma, upper=0.1, lower=0.9)
+
+
+def test_pearson_scores_are_exactly_order_invariant_for_values_ulps_apart():
+    # sigma 0.01, 0.01, 0.01 + 1 ulp: every order of the rows gives the same UPS, to the bit
+    human = np.zeros(3)
+    mu = np.array([0.0, 0.0, 1.0])
+    sigma = np.array([0.01, 0.01, np.nextafter(0.01, 1.0)])
+    values = {
+        uncertainty_pearson_score(human[list(order)], mu[list(order)], sigma[list(order)])
+        for order in ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
+    }
+    assert len(values) == 1
+    assert values.pop() == pytest.approx(math.sqrt(2.0 / 3.0))
