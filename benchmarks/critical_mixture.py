@@ -56,15 +56,16 @@ from uamt.core.naming import SYNTHETIC_SYSTEM_PREFIX, is_synthetic
 from uamt.data.datasets import scale_bounds
 from uamt.encoders import EmbeddingCache, EncodeConfig, get_encoder
 from uamt.models import load, load_train_config
+from uamt.models.data import features_from_cache
 from uamt.models.row_features import row_feature_matrix
 from uamt.pipeline_config import load_pipeline, read_split
-from uamt.quality import auroc_score, sentence_chrf, worst_recall_score
+from uamt.quality import auroc_score, group_metrics, sentence_chrf
 from uamt.serving.model_calibration import Calibration
 from uamt.uncertainty import EvaluationSettings
 from uamt.uncertainty.served import ServedRows, ServedSettings, quantile_crps, served_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from challenge_set import RISK_GOAL_MODES  # noqa: E402
+from challenge_set import RISK_GOAL_MODES, summarise  # noqa: E402
 
 #: Surface features the detector reads beside the embeddings (uamt.models.row_features).
 DETECTOR_ROW_FEATURES = ("len_ratio_src", "copy_rate", "target_language_prob")
@@ -98,7 +99,7 @@ def detector_inputs(cache: EmbeddingCache, rows: pd.DataFrame, layers: list[int]
 
 def make_detector(kind: str, C: float, seed: int):
     """The classifier: ``logistic`` (L2, inverse strength ``C``) or ``mlp`` (one hidden layer of
-    256, L2 ``1 / C`` per row, early-stopped on a 10 % split of the training rows)."""
+    256, L2 strength ``alpha = 1 / (1000 C)``, early-stopped on a 10 % split of the training rows)."""
     if kind == "logistic":
         return LogisticRegression(C=C, max_iter=3000)
     if kind == "mlp":
@@ -179,24 +180,17 @@ def mixed_answers(rows: ServedRows, p: np.ndarray, chi: float, gamma: float, k: 
 
 
 def quality_rows(test: pd.DataFrame, table: pd.DataFrame, answers: Mixed, chi: float, label: str) -> list[dict]:
+    """benchmarks/quality.py's numbers (:func:`uamt.quality.group_metrics`) of the mixed answers per
+    dataset x LP and pooled, plus the mean CRPS."""
     human = table["human"].to_numpy(float)
     crps = quantile_crps(human, answers.probs, answers.quantiles)
     chrf = sentence_chrf(test["mt"], test["ref"])
+    served = {"center": answers.center, "risk": answers.risk, "lower": answers.lower, "upper": answers.upper}
     out = []
     groups = list(test.groupby(["dataset", "lp"], sort=True).indices.items()) + [(("all", "all"), np.arange(len(test)))]
     for (dataset, lp), index in groups:
-        y = human[index]
-        inside = (answers.lower[index] <= y) & (y <= answers.upper[index])
-        out.append({
-            "detector": label, "dataset": dataset, "lp": lp, "n": index.size,
-            "pps": float(np.corrcoef(answers.center[index], y)[0, 1]),
-            "chrf_r": float(np.corrcoef(chrf[index], y)[0, 1]),
-            "auroc_risk": auroc_score(answers.risk[index], y <= chi),
-            "recall_worst": worst_recall_score(answers.center[index], y),
-            "crps": float(crps[index].mean()),
-            "coverage": float(inside.mean()),
-            "width": float((answers.upper[index] - answers.lower[index]).mean()),
-        })
+        metrics = group_metrics(human[index], {k: v[index] for k, v in served.items()}, chrf[index], chi=chi)
+        out.append({"detector": label, "dataset": dataset, "lp": lp, **metrics, "crps": float(crps[index].mean())})
     return out
 
 
@@ -258,8 +252,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.cache is not None:
         encode = dataclasses.replace(encode, cache_dir=str(args.cache))
     cache = EmbeddingCache(encode.cache_dir, get_encoder(encode.encoder), dtype=encode.dtype)
-    from uamt.models.data import features_from_cache
-
     features = features_from_cache(cache)
     layers = [int(x) for x in args.layers.split(",")]
     bounds = scale_bounds(pipe.datasets)
@@ -325,14 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         quality, challenge = [], []
         for label, answer in answers.items():
             quality += quality_rows(test, raw["test"], answer["test"], args.chi, label)
-            scored = perturbed.assign(mu=answer["perturbed"].center, risk=answer["perturbed"].risk, mu0=answer["original"].center, p=p[label]["perturbed"])
-            for mode, part in scored.groupby("mode", sort=False):
-                challenge.append({
-                    "detector": label, "mode": mode, "n": len(part),
-                    "below_original": float((part["mu"] < part["mu0"]).mean()),
-                    "risk": float(part["risk"].mean()),
-                    "p": float(part["p"].mean()),
-                })
+            scored = perturbed.assign(
+                mu=answer["perturbed"].center, risk=answer["perturbed"].risk,
+                mu_original=answer["original"].center, risk_original=answer["original"].risk,
+            )
+            modes = summarise(scored)
+            modes = modes[modes["mode"] != "all"].assign(detector=label)
+            modes["p"] = modes["mode"].map(pd.Series(p[label]["perturbed"]).groupby(perturbed["mode"].to_numpy()).mean())
+            challenge += modes.to_dict("records")
             real = p[label]["test"]
             if label != "none":
                 print(f"{label}: real test rows p mean {real.mean():.4f}, p > .5 on {(real > .5).sum()} rows; "
