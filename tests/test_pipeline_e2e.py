@@ -1,5 +1,5 @@
 """The whole stage chain on a small real slice: fetch -> prepare -> encode -> train_base -> train_dup
--> train_lolo -> calibrate -> evaluate -> register, with the default encoder (MiniLM) and tiny heads."""
+-> train_lolo -> calibrate -> evaluate -> calibrate_campaigns -> register, with the default encoder (MiniLM) and tiny heads."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import yaml
 from tests.conftest import REPO_ROOT
 from uamt.registry.store import SUMMARY_PATH
 
-STAGES = ("fetch", "prepare", "encode", "train_base", "train_dup", "train_lolo", "calibrate", "evaluate", "register")
+STAGES = ("fetch", "prepare", "encode", "train_base", "train_dup", "train_lolo", "calibrate", "evaluate", "calibrate_campaigns", "register")
 
 
 def small_params(tmp_path: Path, mirror: Path) -> Path:
@@ -142,6 +142,20 @@ def test_registered_champion_scores_new_text(pipeline_run):
         frame.assign(refs=[["The dog is barking.", "The dog barks."]] * 2).drop(columns="ref")
     )
     assert len(multi) == 2
+    # the per-campaign calibration travels with the model: a row naming its campaign gets it
+    campaigns = json.loads((pipeline_run / "metrics" / "campaigns.json").read_text())
+    assert set(campaigns) == {"hts", "hts_qe"}
+    assert predictor.metadata()["calibration"]["campaigns"] == campaigns["hts"]["known_campaigns"]
+    assert "wmt21_mqm" in campaigns["hts"]["known_campaigns"]["en-de"]
+    lp = frame.assign(lp="en-de")
+    named = predictor.predict_frame(lp.assign(campaign=["wmt21_mqm", None]), confidence=0.9, risk_threshold=-5.0)
+    plain = predictor.predict_frame(lp, confidence=0.9, risk_threshold=-5.0)
+    # one campaign per LP here (WMT21 only): keyed by campaign, the same rows get the same fit
+    pd.testing.assert_frame_equal(named, plain)
+    from uamt.core.errors import DataError
+
+    with pytest.raises(DataError, match="row 0: campaign 'wmt99' has no calibration for lp 'en-de'"):
+        predictor.predict_frame(lp.assign(campaign="wmt99"))
 
 
 @pytest.mark.slow

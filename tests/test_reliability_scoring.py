@@ -686,6 +686,7 @@ def test_metadata_says_what_the_model_was_trained_and_calibrated_on(uamt_model, 
         "reference_factors": {},
         "known_lps": [],
         "unseen_lp_sigma_factor": 1.0,
+        "campaigns": {},  # registered without a per-campaign calibration
     }
     assert json.loads(json.dumps(metadata)) == metadata  # JSON as it is
 

@@ -31,7 +31,7 @@ def openapi_of(predictor) -> dict:
 
 @pytest.mark.parametrize(
     ("uses_references", "record_fields", "required"),
-    [(True, {"src", "mt", "ref", "refs", "lp"}, {"src", "mt"}), (False, {"src", "mt", "lp"}, {"src", "mt"})],
+    [(True, {"src", "mt", "ref", "refs", "lp", "campaign"}, {"src", "mt"}), (False, {"src", "mt", "lp", "campaign"}, {"src", "mt"})],
     ids=["reference-based", "reference-free"],
 )
 def test_openapi_schema_names_the_request_and_response_fields(uses_references, record_fields, required):

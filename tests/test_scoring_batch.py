@@ -337,3 +337,11 @@ def test_cli_dask_local_starts_its_own_cluster(scoring_store, table, tmp_path, c
     assert main(["score", "--input", str(table), "--out", str(tmp_path / "out"), "--dask", "local:1", *model]) == 0
     assert "scored 23 rows in 5 partitions (0 already done)" in capsys.readouterr().err
     pd.testing.assert_frame_equal(_read(tmp_path / "out"), _single_process_reference(scoring_store), check_dtype=False)
+
+
+def test_campaign_option_with_an_input_table_asks_for_the_column(scoring_store, tmp_path, capsys):
+    path = tmp_path / "rows.csv"
+    pd.DataFrame({"src": SRC[:2], "mt": MT[:2]}).to_csv(path, index=False)
+    assert main(["score", "--input", str(path), "--out", str(tmp_path / "out"), "--campaign", "wmt21_mqm"]) == 2
+    assert "drop --campaign (give a campaign column)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -184,6 +184,17 @@ def test_language_pair_is_passed_through(ref_server):
     assert frame["lp"].tolist() == ["de-en", "de-en"]
 
 
+def test_a_campaign_is_passed_through_to_the_model(ref_server):
+    """The model routes it (tests/test_campaigns.py: a uamt model refuses a campaign it has no
+    calibration for); the server checks only that it is a name."""
+    records = [{**r, "lp": "de-en", "campaign": "wmt21_mqm"} for r in RECORDS]
+    frame = ref_server.service.parse({"dataframe_records": records})
+    assert frame["campaign"].tolist() == ["wmt21_mqm", "wmt21_mqm"]
+    assert "campaign" not in ref_server.service.parse({"dataframe_records": RECORDS}).columns
+    status, data = request(ref_server, "POST", "/invocations", {"dataframe_records": [{**RECORDS[0], "campaign": 7}]})
+    assert status == 400 and "record 0.campaign must be a campaign name" in data.decode(), data
+
+
 def test_language_pair_picks_and_names_the_calibration(lp_server):
     """Item 17: a known lp says which calibration it got; an unknown one is scored with the global
     calibration and warned about (never silently global)."""

@@ -180,6 +180,13 @@ def register(subparsers) -> None:
         "output folder of Parquet parts",
     )
     score.add_argument(
+        "--campaign",
+        metavar="NAME",
+        help="predict the judgements of this annotation campaign (e.g. wmt23_mqm): the model's calibration "
+        "fitted on that campaign's rows of the segments' language pair (`uamt models` lists them under "
+        "calibration.campaigns); default: the language pair's calibration over all its campaigns",
+    )
+    score.add_argument(
         "--input",
         type=Path,
         metavar="FILE",
@@ -378,6 +385,8 @@ def run_score(args: argparse.Namespace) -> int:
         seed=args.seed,
         lp=args.lp,
     )
+    if args.campaign is not None:
+        frame["campaign"] = args.campaign
     predictor, uri = load_scoring_predictor(
         args.model, has_references=bool(args.ref), params_path=args.params
     )
@@ -456,6 +465,7 @@ def run_score_batch(args: argparse.Namespace) -> int:
         "-t/--mt": args.mt is not None,
         "-r/--ref": bool(args.ref),
         "--bootstrap": bool(args.bootstrap),
+        "--campaign (give a campaign column)": args.campaign is not None,
     }
     clashing = [option for option, given in line_options.items() if given]
     if clashing:

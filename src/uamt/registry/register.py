@@ -35,6 +35,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from uamt.campaigns import CAMPAIGN_CALIBRATION_DIR, CAMPAIGNS_ARTIFACT
 from uamt.core.errors import UamtError
 from uamt.core.naming import qe_model_name, qe_registered_name
 from uamt.encoders import EncodeConfig
@@ -321,6 +322,9 @@ def _register_model(
     scale = scale_for(pipe.datasets)
     calibration = Path(calibration_dir) / f"{method}.json"
     artifacts = {"model": str(model_dir), "calibration": str(calibration)}
+    campaigns = Path(CAMPAIGN_CALIBRATION_DIR) / f"{method}.json"
+    if campaigns.is_file():  # the calibrate_campaigns stage's, for the served models
+        artifacts[CAMPAIGNS_ARTIFACT] = str(campaigns)
     runtime = serving_runtime(reg.serving_runtime, encode.encoder, model_dir)
     if runtime != "torch":
         artifacts[ENCODER_ARTIFACT] = str(export_serving_encoder(encode.encoder, runtime, spec_dir / "encoder"))

@@ -157,6 +157,7 @@ class Model:
         ref: Sequence[str] | Sequence[Sequence[str]] | None = None,
         *,
         lp: str | Sequence[str | None] | None = None,
+        campaign: str | Sequence[str | None] | None = None,
         confidence: float = 0.9,
         risk_threshold: float | None = None,
         batch_size: int = 64,
@@ -176,6 +177,11 @@ class Model:
             Default: detected from the texts, as ``uamt score`` does without ``--lp``; rows whose
             text contradicts a given pair, or whose pair cannot be determined, are scored as an
             unseen pair (wider intervals) and say so in ``warnings``.
+        campaign : str or list of (str or None), optional
+            The annotation campaign whose judgements to predict (e.g. ``"wmt21_mqm"``), for every
+            segment or each (None: the pair's calibration over all its campaigns, the default):
+            the model's calibration fitted on that campaign's rows of the segment's pair
+            (:mod:`uamt.campaigns`); a campaign it has none for is refused (DataError naming the row).
         confidence : float
             Level of the central interval ``[lower, upper]``, in (0, 1).
         risk_threshold : float, optional
@@ -231,6 +237,11 @@ class Model:
         if isinstance(given_lp, list):
             frame["lp"] = pd.Series(given_lp, dtype=object)
             given_lp = None
+        if campaign is not None:
+            campaigns = [campaign] * len(src) if isinstance(campaign, str) else list(campaign)
+            if len(campaigns) != len(src):
+                raise DataError(f"campaign has {len(campaigns)} entries for {len(src)} segments")
+            frame["campaign"] = pd.Series(campaigns, dtype=object)
         scored = scorer.score_texts(self.predictor, frame, settings, lp=given_lp, progress=progress)
         table = scored.out[scorer.output_columns(scored.out)].copy()
         clipped = scored.out["clipped"] if "clipped" in scored.out.columns else False

@@ -75,7 +75,7 @@ from uamt.serving.scorer import (  # noqa: F401
 #: Input suffix -> reader.
 INPUT_FORMATS = {".parquet": "parquet", ".csv": "csv"}
 REQUIRED_COLUMNS = ("src", "mt")
-OPTIONAL_COLUMNS = ("ref", "lp")
+OPTIONAL_COLUMNS = ("ref", "lp", "campaign")
 ROW_COLUMN = "row"
 DEFAULT_PARTITION_ROWS = 10_000
 MANIFEST = "_batch.json"

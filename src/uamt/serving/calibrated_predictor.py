@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from uamt.campaigns import CAMPAIGNS_ARTIFACT, campaign_route, known_campaigns
 from uamt.core.errors import DataError, UamtError
 from uamt.core.fileio import atomic_write_text
 from uamt.core.scale import ScoreScale
@@ -92,6 +93,7 @@ class CalibratedPredictor:
         method: str,
         encode_batch: int = 64,
         datasets: tuple[str, ...] = (),
+        campaigns=None,
     ) -> None:
         from uamt.models.data import features_from_encoder
 
@@ -104,6 +106,9 @@ class CalibratedPredictor:
         self.uses_references = not model.cfg.reference_free
         #: the datasets the model was trained and calibrated on (the spec's ``datasets``)
         self.datasets = tuple(datasets)
+        #: the calibration keyed by ``lp|campaign`` (:mod:`uamt.campaigns`) that answers the rows
+        #: naming their campaign; None: the model has none (a row naming one is refused)
+        self.campaigns = campaigns
 
     @property
     def language_pairs(self) -> dict[str, str]:
@@ -156,6 +161,7 @@ class CalibratedPredictor:
                 "reference_factors": {str(k): dict(f) for k, f in sorted(cal.reference_factors.items())},
                 "known_lps": self.known_lps,
                 "unseen_lp_sigma_factor": self.unseen_lp_sigma_factor,
+                "campaigns": known_campaigns(self.campaigns) if self.campaigns is not None else {},
             },
             "max_tokens": self.max_tokens,
         }
@@ -238,21 +244,28 @@ class CalibratedPredictor:
         if bar is not None:
             bar.close()
         raw = pd.concat(outputs, ignore_index=True) if outputs else pd.DataFrame(columns=["mu", "sigma"])
-        sigma_raw = raw["sigma"].to_numpy(dtype=float)
+        mu_raw, sigma_raw = raw["mu"].to_numpy(dtype=float), raw["sigma"].to_numpy(dtype=float)
         n_refs = raw[N_REFS].to_numpy(dtype=int) if N_REFS in raw.columns else None
-        mu, sigma = self.calibration.apply(raw["mu"].to_numpy(dtype=float), sigma_raw, lp, n_refs=n_refs)
-        lower, upper = self.calibration.interval(
-            raw["mu"].to_numpy(dtype=float), sigma_raw, confidence, lp, interval, n_refs=n_refs
-        )
-        out = pd.DataFrame(
-            {
-                "mu": mu,
-                "sigma": sigma,
-                "lower": lower,
-                "upper": upper,
-                "risk": self.calibration.risk(raw["mu"].to_numpy(dtype=float), sigma_raw, threshold, lp, n_refs=n_refs),
-            }
-        )
+        answers = {name: np.empty(len(raw)) for name in ("mu", "sigma", "lower", "upper", "risk")}
+        by_campaign = np.zeros(len(raw), dtype=bool)
+        if "campaign" in frame.columns:
+            by_campaign, keys = campaign_route(lp, frame["campaign"].tolist(), self.campaigns)
+        parts = [(~by_campaign, self.calibration, lp)]
+        if by_campaign.any():  # rows naming their campaign: the calibration keyed by lp|campaign
+            parts.append((by_campaign, self.campaigns, keys))
+        for rows, calibration, key in parts:
+            if not rows.any():
+                continue
+            args = (mu_raw[rows], sigma_raw[rows])
+            key_rows = None if key is None else np.asarray(key, dtype=object)[rows]
+            refs_rows = None if n_refs is None else n_refs[rows]
+            mu, sigma = calibration.apply(*args, key_rows, n_refs=refs_rows)
+            lower, upper = calibration.interval(*args, confidence, key_rows, interval, n_refs=refs_rows)
+            risk = calibration.risk(*args, threshold, key_rows, n_refs=refs_rows)
+            for name, values in (("mu", mu), ("sigma", sigma), ("lower", lower), ("upper", upper), ("risk", risk)):
+                answers[name][rows] = values
+        out = pd.DataFrame(answers)
+        sigma = answers["sigma"]
         # Epistemic/aleatoric parts, rescaled like sigma^2 so that they add up to the calibrated variance.
         if {"epistemic", "aleatoric"} <= set(raw.columns):
             total = (raw["epistemic"] + raw["aleatoric"]).to_numpy(dtype=float)
@@ -317,6 +330,8 @@ def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
     if not math.isfinite(float(scale.default_risk_threshold)):
         raise UamtError(f"{spec_path}: scale.default_risk_threshold must be a finite number")
     calibration = Calibration.load(artifacts["calibration"])
+    # registered before the per-campaign calibration existed: none (a row naming a campaign is refused)
+    campaigns = Calibration.load(artifacts[CAMPAIGNS_ARTIFACT]) if CAMPAIGNS_ARTIFACT in artifacts else None
     if HEAD_ARTIFACT in artifacts and ENCODER_ARTIFACT in artifacts:
         from uamt.serving.onnx_head import load_onnx_head
 
@@ -339,6 +354,7 @@ def load_from_artifacts(artifacts: dict[str, str]) -> CalibratedPredictor:
         method,
         spec.get("encode_batch", 64),
         datasets=tuple(spec.get("datasets") or ()),
+        campaigns=campaigns,
     )
 
 
@@ -417,6 +433,8 @@ def signature_columns(reference_free: bool, default_risk_threshold: float) -> Si
     if not reference_free:
         inputs.append(("ref", "string", True))
     inputs.append(("lp", "string", False))
+    # the annotation campaign whose judgements to predict (:mod:`uamt.campaigns`); needs lp
+    inputs.append(("campaign", "string", False))
     return SignatureColumns(
         inputs=tuple(inputs),
         outputs=tuple((name, "double") for name in OUTPUT_COLUMNS),

@@ -55,7 +55,7 @@ from uamt.serving.scorer import FlagSettings, ScoringSettings, work_chunks  # no
 FORMAT_KEYS = ("dataframe_records", "dataframe_split", "inputs", "instances")
 #: Fields of the request's ``params`` (MLflow's place for inference parameters beside the data).
 PARAM_FIELDS = ("flag_below", "max_risk")
-RECORD_FIELDS = ("src", "mt", "ref", "refs", "lp")
+RECORD_FIELDS = ("src", "mt", "ref", "refs", "lp", "campaign")
 MAX_LP_CHARS = 32
 #: Characters per second the served model reads (MiniLM on ONNX, one process on 2 busy CPU cores,
 #: measured for :data:`MAX_WORK_CHARS`); only the first estimate of :class:`AdmissionControl`, which
@@ -244,7 +244,7 @@ class ScoringService:
                 413,
                 f"batch of {len(records)} records is over the limit of {self.settings.max_batch}; split it",
             )
-        src, mt, refs, lps = [], [], [], []
+        src, mt, refs, lps, campaigns = [], [], [], [], []
         for i, record in enumerate(records):
             where = f"record {i}"
             if not isinstance(record, dict):
@@ -271,6 +271,10 @@ class ScoringService:
                 )
             lp = record.get("lp")
             lps.append(None if lp is None else self._check_lp(lp, f"{where}.lp"))
+            campaign = record.get("campaign")
+            if campaign is not None and (not isinstance(campaign, str) or not 0 < len(campaign) <= MAX_LP_CHARS):
+                raise RequestError(400, f"{where}.campaign must be a campaign name (text, at most {MAX_LP_CHARS} characters)")
+            campaigns.append(campaign)
         flag = self.flag_of(payload)
         works = scoring_work(src, mt, refs)
         if flag is not None and not math.isclose(flag.flag_below, self.risk_threshold):
@@ -286,6 +290,8 @@ class ScoringService:
                     400, f"lp given on some records but not on records {missing[:10]}; give it on all"
                 )
             frame["lp"] = lps
+        if any(c is not None for c in campaigns):  # checked against the model's campaigns when scored
+            frame["campaign"] = campaigns
         if self.predictor.uses_references:
             if all(len(options) == 1 for options in refs):
                 frame["ref"] = [options[0] for options in refs]

@@ -1,0 +1,202 @@
+"""The served distribution calibrated per annotation campaign: for users who name whose judgements
+they want predicted.
+
+One language pair pools rows rated in different MQM campaigns (zh-en: WMT21, WMT23 and the WMT23
+side-by-side re-ratings; en-de: WMT21 sentences, WMT23 paragraphs, side-by-side), whose raters use
+the same scale differently at the same predicted quality: on the calibration rows the served (per LP)
+90 % interval covers WMT21 zh-en 0.84 and the side-by-side en-de rows 0.99.  A calibration keyed by
+``lp|campaign`` (the rows' ``dataset``) is the same family fitted the same way
+(:func:`fit_campaign_calibration`: the candidates, the dev rule, the point masses) on the same rows,
+only with a finer key.  It is served beside the per-LP one: a row whose request names a campaign
+(``campaign``) that the calibration knows for its LP is answered by it
+(:func:`campaign_route`), every other row as before.
+
+:func:`measure_campaigns` puts the two side by side on the calibration rows and on test: per LP x
+campaign (coverage, misses, ECE, CRPS, width, risk reliability) and on the served goals per LP
+(:mod:`uamt.uncertainty.goals`), the ``metrics/campaigns.json`` the ``calibrate_campaigns`` stage
+writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from uamt.core.errors import DataError
+
+#: Joins a language pair and a campaign into one calibration key.
+CAMPAIGN_SEPARATOR = "|"
+#: The risk threshold whose reliability is reported per campaign.
+CAMPAIGN_RISK_CHI = "-5"
+
+
+def campaign_key(lp: str, campaign: str) -> str:
+    """The calibration key of rows of ``lp`` rated in ``campaign``: ``lp|campaign``."""
+    return f"{lp}{CAMPAIGN_SEPARATOR}{campaign}"
+
+
+def campaign_keys(table: pd.DataFrame) -> pd.Series:
+    """Each row's calibration key when its campaign (``dataset``) is known."""
+    return table["lp"].astype(str) + CAMPAIGN_SEPARATOR + table["dataset"].astype(str)
+
+
+def known_campaigns(calibration) -> dict[str, list[str]]:
+    """``{lp: [campaign, ...]}`` with a calibration of their own in a campaign-keyed ``calibration``."""
+    out: dict[str, list[str]] = {}
+    for key in calibration.known_lps:
+        lp, _, campaign = key.partition(CAMPAIGN_SEPARATOR)
+        if campaign:
+            out.setdefault(lp, []).append(campaign)
+    return {lp: sorted(c) for lp, c in sorted(out.items())}
+
+
+def fit_campaign_calibration(rows: pd.DataFrame, method: str | None, settings, bounds):
+    """The calibrate stage's fit (:func:`~uamt.serving.model_calibration.fit_calibration` and the served
+    point masses, :func:`~uamt.serving.model_calibration.attach_distribution`) of the calibration
+    ``rows`` (predictions: ``lp, dataset, human, mu, sigma``) keyed by ``lp|dataset``.  A key with
+    fewer than ``settings.min_lp_rows`` rows gets no calibration of its own (it is not served)."""
+    from uamt.serving.model_calibration import attach_distribution, fit_calibration
+
+    keyed = rows.assign(lp=campaign_keys(rows))
+    calibration, _ = fit_calibration(keyed, method, settings=settings, source="campaigns")
+    return attach_distribution(calibration, keyed, method, settings, bounds)
+
+
+def keyed_reference_factors(factors: dict[int, dict[str, float]], keys) -> dict[int, dict[str, float]]:
+    """The per-LP reference factors (``{k: {lp: factor}}``, fitted on dev's multi-reference rows,
+    which name no campaign) carried over to each ``lp|campaign`` key of ``keys``: a row scored against
+    several references gets its LP's factor whichever campaign it names."""
+    out = {}
+    for k, by_lp in factors.items():
+        out[k] = {key: by_lp[key.partition(CAMPAIGN_SEPARATOR)[0]] for key in keys if key.partition(CAMPAIGN_SEPARATOR)[0] in by_lp}
+    return out
+
+
+def campaign_route(lps, campaigns, calibration, row_label: str = "row") -> tuple[np.ndarray, np.ndarray]:
+    """Which rows the campaign-keyed ``calibration`` answers, and their keys.
+
+    ``lps``, ``campaigns`` (shape [n]; None / NaN / empty: not given).  A row naming a campaign must
+    also name its LP, and ``lp|campaign`` must be a key with a calibration of its own: otherwise a
+    :class:`~uamt.core.errors.DataError` names the row and what is known (a campaign the
+    calibration never saw would silently get the per-LP answer).  ``calibration`` None: refused for
+    any row that names a campaign.  Returns ``(mask [n] bool, keys [n] object)``."""
+    n = len(campaigns)
+    mask = np.zeros(n, dtype=bool)
+    keys = np.empty(n, dtype=object)
+    known = set(calibration.known_lps) if calibration is not None else set()
+    for i, (lp, campaign) in enumerate(zip(lps if lps is not None else [None] * n, campaigns, strict=True)):
+        if campaign is None or (isinstance(campaign, float) and np.isnan(campaign)) or str(campaign).strip() == "":
+            continue
+        if calibration is None:
+            raise DataError(f"{row_label} {i}: campaign {campaign!r} given, but this model has no per-campaign calibration")
+        if lp is None or (isinstance(lp, float) and np.isnan(lp)):
+            raise DataError(f"{row_label} {i}: campaign {campaign!r} needs the row's lp (campaigns are calibrated per language pair)")
+        key = campaign_key(str(lp), str(campaign))
+        if key not in known:
+            raise DataError(
+                f"{row_label} {i}: campaign {campaign!r} has no calibration for lp {lp!r}; "
+                f"known: {known_campaigns(calibration).get(str(lp), [])} (all: {known_campaigns(calibration)})"
+            )
+        mask[i], keys[i] = True, key
+    return mask, keys
+
+
+def _campaign_records(full: dict[str, Any], split: str, label: str) -> list[dict[str, Any]]:
+    """One record per LP x campaign of a served-metrics result grouped by campaign key."""
+    out = []
+    for key, m in full.items():
+        if key in ("avg", "worst_cells"):
+            continue
+        lp, _, dataset = key.partition(CAMPAIGN_SEPARATOR)
+        out.append({
+            "split": split, "calibration": label, "lp": lp, "campaign": dataset, "n": m["n"],
+            "coverage": m["coverage@0.9"], "miss_below": m["miss_below@0.9"], "miss_above": m["miss_above@0.9"],
+            "width": m["width@0.9"], "ece": m["ece"], "crps": m["crps"],
+            f"risk_max_gap@{CAMPAIGN_RISK_CHI}": m["risk"][CAMPAIGN_RISK_CHI]["max_gap"],
+        })
+    return out
+
+
+def measure_campaigns(served, keyed, rows: pd.DataFrame, test: pd.DataFrame, settings, bounds) -> dict[str, Any]:
+    """The per-LP ``served`` calibration and the campaign-keyed ``keyed`` one
+    (:func:`fit_campaign_calibration`) on the calibration ``rows`` (in sample) and on ``test``:
+
+    ``campaigns``: records per split x calibration x LP x campaign; ``goals``: per calibration, the
+    served goals per LP on test (:func:`~uamt.uncertainty.goals.goal_rows`: cells per LP x
+    quintile, the LP's ECE floor from the served calibration's effective calibration rows) and
+    ``summary`` (coverage, width, CRPS on test).  ``rows`` and ``test``: predictions tables with
+    ``dataset``, the model's sigma (:func:`~uamt.serving.model_calibration.with_model_sigma`)."""
+    from uamt.model_evaluation import ask, dev_effective_sizes, measure, row_documents, served_settings
+    from uamt.uncertainty.goals import goal_rows, served_summary
+    from uamt.uncertainty.served import served_metrics
+
+    n_eff = dev_effective_sizes(served, rows, settings, bounds)
+    records: list[dict[str, Any]] = []
+    goals: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
+    choices = (("per_lp", served, lambda t: t["lp"]), ("per_campaign", keyed, campaign_keys))
+    for label, calibration, key_of in choices:
+        for split, table in (("calibration", rows), ("test", test)):
+            answers = ask(calibration, table.assign(lp=key_of(table)), settings, bounds)
+            by_campaign = served_metrics(
+                answers, table["human"].to_numpy(float), campaign_keys(table).to_numpy(),
+                docs=row_documents(table), settings=served_settings(settings),
+            )
+            records += _campaign_records(by_campaign, split, label)
+            if split == "test":
+                full = measure(served, answers, table, settings, dev_n_eff=n_eff)
+                block = served_summary(
+                    full, None, served=calibration.selected, rule=settings.calibration_rule,
+                    known_lps=served.known_lps, settings=served_settings(settings),
+                )
+                goals[label] = goal_rows(block)
+                summary[label] = {"coverage": block["coverage"], "width": block["width"], "crps": full["avg"]["crps"]}
+    return {"known_campaigns": known_campaigns(keyed), "campaigns": records, "goals": goals, "summary": summary}
+
+
+#: Where the calibrate_campaigns stage writes ``<model>.json`` (the per-campaign calibrations).
+CAMPAIGN_CALIBRATION_DIR = "calibration_campaigns"
+#: Artifact name of a registered model's per-campaign calibration.
+CAMPAIGNS_ARTIFACT = "campaigns"
+
+
+def served_models(pipe) -> list[str]:
+    """The pipeline models that are registered and served: ``pipeline.register_method`` and the QE
+    model of ``pipeline.register_qe_method``."""
+    from uamt.core.naming import qe_model_name
+
+    models = [pipe.register_method]
+    if pipe.register_qe_method is not None:
+        models.append(qe_model_name(pipe.register_qe_method))
+    return models
+
+
+def calibrate_campaigns(pipe, settings, calibration_dir, out_dir, metrics_path) -> dict[str, Any]:
+    """Fit each served model's campaign-keyed calibration on the rows its served calibration was
+    fitted on (``calibration/<model>.json``'s ``calibrated_on`` splits, as the calibrate stage
+    predicted them), save it as ``<out_dir>/<model>.json`` and write :func:`measure_campaigns` of
+    every model to ``metrics_path``.  Returns the metrics."""
+    from pathlib import Path
+
+    from uamt.data.datasets import scale_bounds
+    from uamt.model_evaluation import calibration_rows
+    from uamt.serving.model_calibration import Calibration, with_model_sigma
+    from uamt.uncertainty import write_json_atomic
+
+    bounds = scale_bounds(pipe.datasets)
+    metrics: dict[str, Any] = {}
+    for model in served_models(pipe):
+        served = Calibration.load(Path(calibration_dir) / f"{model}.json")
+        rows = calibration_rows(pipe, model, served.calibrated_on)
+        keyed = fit_campaign_calibration(rows, model, settings, bounds)
+        keyed.calibrated_on = served.calibrated_on
+        keyed.reference_factors = keyed_reference_factors(served.reference_factors, keyed.known_lps)
+        keyed.save(Path(out_dir) / f"{model}.json")
+        test = pd.read_parquet(Path(pipe.predictions_dir) / "test" / f"{model}.parquet")
+        metrics[model] = measure_campaigns(
+            served, keyed, with_model_sigma(rows, model), with_model_sigma(test, model), settings, bounds)
+    Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(metrics, metrics_path)
+    return metrics

@@ -1,0 +1,49 @@
+"""Stage ``calibrate_campaigns``: the served models' calibration keyed by LP x annotation campaign.
+
+For each registered model (``pipeline.register_method`` and its QE model) the served calibration's
+family fitted again on the same calibration rows with the key ``lp|dataset``
+(:func:`uamt.campaigns.fit_campaign_calibration`), written to ``calibration_campaigns/<model>.json``
+and registered with the model: a request naming its campaign gets it.  ``metrics/campaigns.json``
+compares it with the per-LP calibration per LP x campaign and on the served goals
+(:func:`uamt.campaigns.measure_campaigns`; calibration rows and test).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from uamt.campaigns import CAMPAIGN_CALIBRATION_DIR, calibrate_campaigns
+from uamt.core.config import DEFAULT_PARAMS, load_section
+from uamt.pipeline_config import CALIBRATION_DIR, PipelineConfig, load_pipeline
+from uamt.stages._cli import stage_main
+from uamt.uncertainty import EvaluationSettings
+
+NAME = "calibrate_campaigns"
+METRICS_FILE = "campaigns.json"
+
+
+@dataclass(frozen=True)
+class CalibrateCampaignsConfig:
+    pipeline: PipelineConfig
+    evaluate: EvaluationSettings
+    calibration_dir: str = CALIBRATION_DIR
+    out_dir: str = CAMPAIGN_CALIBRATION_DIR
+
+
+def load_config(path: str | Path = DEFAULT_PARAMS) -> CalibrateCampaignsConfig:
+    return CalibrateCampaignsConfig(load_pipeline(path), load_section(EvaluationSettings, "evaluate", path))
+
+
+def run(cfg: CalibrateCampaignsConfig) -> dict:
+    """Fit, save and measure every served model's per-campaign calibration."""
+    metrics_path = Path(cfg.pipeline.metrics_dir) / METRICS_FILE
+    return calibrate_campaigns(cfg.pipeline, cfg.evaluate, cfg.calibration_dir, cfg.out_dir, metrics_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return stage_main(NAME, __doc__, load_config, run, argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
