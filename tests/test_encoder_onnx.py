@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -125,7 +126,7 @@ def test_negative_threads_refused():
 def test_weights_id_strips_the_runtime_suffix():
     assert runtime_encoder_id("minilm-1ffd763853fa", "torch") == "minilm-1ffd763853fa"
     assert runtime_encoder_id("minilm-1ffd763853fa", "onnx") == "minilm-1ffd763853fa+ort"
-    assert runtime_encoder_id("minilm-1ffd763853fa", "onnx-int8") == "minilm-1ffd763853fa+ort-int8"
+    assert runtime_encoder_id("minilm-1ffd763853fa", "onnx-int8") == "minilm-1ffd763853fa+ort-int8-per-text"
     for runtime in RUNTIMES:
         assert weights_id(runtime_encoder_id("hf-xlm-roberta-large-0123456789ab", runtime)) == (
             "hf-xlm-roberta-large-0123456789ab"
@@ -136,7 +137,7 @@ def test_weights_id_strips_the_runtime_suffix():
 
 def test_encoder_ids_name_the_runtime(torch_encoder, onnx_float, onnx_int8):
     assert onnx_float.encoder_id == torch_encoder.encoder_id + "+ort"
-    assert onnx_int8.encoder_id == torch_encoder.encoder_id + "+ort-int8"
+    assert onnx_int8.encoder_id == torch_encoder.encoder_id + "+ort-int8-per-text"
     assert weights_id(onnx_float.encoder_id) == weights_id(onnx_int8.encoder_id) == torch_encoder.encoder_id
     assert (
         (onnx_float.num_layers, onnx_float.dim) == (torch_encoder.num_layers, torch_encoder.dim) == (7, 384)
@@ -153,8 +154,27 @@ def test_get_encoder_finds_the_cached_export(onnx_cache, onnx_float, monkeypatch
     monkeypatch.setattr("uamt.encoders.onnx_runtime.ENCODERS", {})
     found = get_encoder(EncoderConfig(runtime="onnx-int8", threads=1))
     assert isinstance(found, OnnxPooledEncoder)
-    assert found.encoder_id.endswith("+ort-int8")
+    assert found.encoder_id.endswith("+ort-int8-per-text")
     assert found.session.get_session_options().intra_op_num_threads == 1
+
+
+def test_an_int8_embedding_is_a_function_of_its_text_alone(onnx_int8, onnx_float, mirror_root):
+    """The int8 graph's activation ranges are computed per call: batched, a text's embedding moved
+    with the texts beside it.  One text per call: the same text, the same embedding, in any batch."""
+    texts = mirror_texts(mirror_root, per_file=4)[:24]
+    alone = np.concatenate([onnx_int8.pooled_array([t]) for t in texts])
+    np.testing.assert_array_equal(onnx_int8.pooled_array(texts, batch_size=8), alone)
+    np.testing.assert_array_equal(onnx_int8.pooled_array(texts[::-1], batch_size=5)[::-1], alone)
+    # what it guards against: the same batches without it (float32 has no activation ranges)
+    batched = np.concatenate([onnx_int8._run_pooled(onnx_int8.tokenize(texts[i : i + 8])) for i in range(0, 24, 8)])
+    assert np.abs(batched - alone).max() > 1e-3
+    assert onnx_int8.per_text and not onnx_float.per_text
+    # several texts side by side, one intra-op thread each: the same embeddings bit for bit
+    one_thread = OnnxPooledEncoder(onnx_int8.folder, dataclasses.replace(onnx_int8.config, threads=1))
+    two = OnnxPooledEncoder(onnx_int8.folder, dataclasses.replace(onnx_int8.config, threads=2))
+    assert (one_thread.workers, two.workers) == (1, 2)
+    np.testing.assert_array_equal(two.pooled_array(texts), alone)
+    np.testing.assert_array_equal(one_thread.pooled_array(texts), alone)
 
 
 # ----------------------------------------------------------------------------- parity with torch

@@ -108,8 +108,11 @@ class EncoderConfig:
     threads: int = 0
 
 
-#: runtime -> suffix of the encoder id (the cache key says which runtime produced an embedding)
-RUNTIMES: dict[str, str] = {"torch": "", "onnx": "+ort", "onnx-int8": "+ort-int8"}
+#: runtime -> suffix of the encoder id (the cache key says which runtime produced an embedding).
+#: onnx-int8 encodes one text per call (:class:`uamt.encoders.onnx_runtime.OnnxPooledEncoder`): its
+#: suffix names that, so embeddings of the batched int8 encoder (``+ort-int8``, which depended on
+#: the texts sharing a batch) are never mixed with them in a cache.
+RUNTIMES: dict[str, str] = {"torch": "", "onnx": "+ort", "onnx-int8": "+ort-int8-per-text"}
 
 
 def check_runtime(runtime: str) -> str:

@@ -39,6 +39,7 @@ import logging
 import os
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -337,7 +338,7 @@ class OnnxPooledEncoder(PooledEncoder):
     Attributes
     ----------
     encoder_id : str
-        The source torch encoder's id plus the runtime suffix (``+ort``, ``+ort-int8``).
+        The source torch encoder's id plus the runtime suffix (``+ort``, ``+ort-int8-per-text``).
     comet_encoder : None
         Not a torch module: no MC dropout through the encoder, no fine-tuning.
     """
@@ -360,7 +361,14 @@ class OnnxPooledEncoder(PooledEncoder):
         options = ort.SessionOptions()
         # 0: as many threads as torch uses (OMP_NUM_THREADS, torch.set_num_threads; one on a Dask
         # worker), not ONNX Runtime's one per core: workers sharing a machine would oversubscribe it.
-        options.intra_op_num_threads = int(self.config.threads) or default_threads()
+        threads = int(self.config.threads) or default_threads()
+        #: one text per session call (dynamically quantised activations: see :meth:`pooled_array`)
+        self.per_text = self.meta["runtime"] == "onnx-int8"
+        # One text is too small a matrix to keep two intra-op threads busy (101 texts/s against 200
+        # batched, 2 cores): texts run side by side instead, one intra-op thread each (186 texts/s),
+        # with the same embeddings bit for bit (tests/test_encoder_onnx.py).
+        self.workers = threads if self.per_text else 1
+        options.intra_op_num_threads = 1 if self.per_text else threads
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3  # errors only: the int8 graph warns about unused initialisers
         model_path = self.folder / MODEL_FILE
@@ -408,14 +416,24 @@ class OnnxPooledEncoder(PooledEncoder):
         """``[n, num_layers, dim]`` float32 pooled layers, as :class:`PooledEncoder` defines them.
 
         Runs ``batch_size`` texts of similar token counts at a time (default ``config.batch_size``);
-        numpy only, no torch.
+        the int8 export (:attr:`per_text`) one text at a time, whatever ``batch_size``; numpy only,
+        no torch.
         """
         texts = check_texts(texts)
-        batch_size = batch_size or self.config.batch_size
+        # The int8 graph quantises its activations with a range computed per call over the whole
+        # batch (padding included): batched, a text's embedding moved with the texts beside it (a
+        # segment's served mu by up to 0.5 MQM between two orders of one file,
+        # benchmarks/served_vs_pipeline.py).  One text per call makes it a function of the text.
+        batch_size = 1 if self.per_text else (batch_size or self.config.batch_size)
         out = np.empty((len(texts), self.num_layers, self.dim), dtype=np.float32)
         if not texts:
             return out
         ids = self.tokenize(texts)
+        if self.per_text and self.workers > 1 and len(ids) > 1:
+            with ThreadPoolExecutor(min(self.workers, len(ids))) as pool:  # onnxruntime runs without the GIL
+                for i, pooled in enumerate(pool.map(lambda one: self._run_pooled([one]), ids)):
+                    out[i] = pooled[0]
+            return out
         for batch in length_sorted_batches(ids, batch_size):
             out[batch] = self._run_pooled([ids[i] for i in batch])
         return out
