@@ -21,6 +21,7 @@ EXPECTED = [
     "train_lolo",
     "calibrate",
     "evaluate",
+    "calibrate_campaigns",
     "register",
     *(f"exp_{name}" for name in SECTIONS),
     "report",
