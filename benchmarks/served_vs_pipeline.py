@@ -9,8 +9,9 @@ rows through the public API (``uamt.load_model(...).score``, the path of ``uamt 
    P(MQM <= -5) (median, 90th and 99th percentile, max), and the pooled coverage and PPS both ways;
 2. **the same rows twice**, the second time in another order (other texts share their encoder
    batches): the same differences between the two served answers;
-3. **encoder throughput** of the served encoder on the sample's translations, in its batches and one
-   text at a time (texts/s, best of two).
+3. **encoder throughput** of the served encoder on the sample's translations: as it encodes a list
+   (``pooled_array``: the int8 export one text per call, texts side by side) and called once per
+   text from one thread (texts/s, best of two).
 
     python benchmarks/served_vs_pipeline.py [--model models:/uamt-comet@champion] [--n 3000] [--json out.json]
 """
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     sample = texts["mt"].tolist()[:480]
     encoder.pooled_array(sample[:16])  # warm-up
     speed = {}
-    for label, run in (("batched", lambda: encoder.pooled_array(sample)), ("one text at a time", lambda: [encoder.pooled_array([t]) for t in sample])):
+    for label, run in (("as served", lambda: encoder.pooled_array(sample)), ("one call per text", lambda: [encoder.pooled_array([t]) for t in sample])):
         best = min(_timed(run) for _ in range(2))
         speed[label] = len(sample) / best
     report = {
