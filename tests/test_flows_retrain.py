@@ -143,6 +143,33 @@ def test_retrain_tick_ingests_new_annotations_and_registers_a_new_version(
     assert retrain_on_new_annotations("params.yaml")["status"] == "nothing ingested"
     assert len(registry_versions(uri)) == 2
 
+    # 5. A user's own raters, named as a campaign: a share of their new sentences is held out of
+    # training, calibrated as "acme" and served to requests that name it.
+    acme, _ = new_annotations(Path("data/prepared"), n_sources=40)
+    acme = acme.drop(columns="doc").assign(campaign="acme")  # one pseudo-document per row
+    acme.to_csv(incoming / "acme-001.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
+    out = retrain_on_new_annotations("params.yaml")
+    assert out["status"] == "retrained", out
+    placed = json.loads(Path("data/prepared/summary.json").read_text())["annotation_pool"]["campaigns"]
+    assert set(placed) == {"acme"} and placed["acme"]["d_e"] >= 50 and placed["acme"]["d_q"] > 0
+    d_e = pd.read_parquet("data/prepared/d_e.parquet")
+    assert (d_e["campaign"] == "acme").sum() == placed["acme"]["d_e"]
+    assert not set(d_e.loc[d_e["campaign"] == "acme", "src"]) & set(pd.read_parquet("data/prepared/d_q.parquet")["src"])
+    assert [v["version"] for v in registry_versions(uri)] == ["3", "2", "1"]
+    from uamt.serving.predictor import load_predictor
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    predictor = load_predictor("models:/uamt-comet/3")
+    assert "acme" in predictor.metadata()["calibration"]["campaigns"]["en-de"]
+    rows = acme.iloc[:20][["lp", "src", "mt", "ref"]].reset_index(drop=True)
+    named = predictor.predict_frame(
+        rows.assign(campaign=["acme"] * 10 + [None] * 10), confidence=0.9, risk_threshold=-5.0
+    )
+    plain = predictor.predict_frame(rows, confidence=0.9, risk_threshold=-5.0)
+    # rows naming no campaign get the LP's calibration; "acme" rows the one fitted on acme's raters
+    pd.testing.assert_frame_equal(named.iloc[10:], plain.iloc[10:])
+    assert not named.iloc[:10][["mu", "lower", "upper"]].equals(plain.iloc[:10][["mu", "lower", "upper"]])
+
 
 def test_second_retrain_exits_while_the_first_holds_the_lock(prefect_api, tmp_path, monkeypatch):
     from flows.retrain import retrain_on_new_annotations

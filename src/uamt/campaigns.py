@@ -7,7 +7,9 @@ the same scale differently at the same predicted quality: on the calibration row
 90 % interval covers WMT21 zh-en 0.84 and the side-by-side en-de rows 0.99.  A calibration keyed by
 ``lp|campaign`` (the rows' ``dataset``) is the same family fitted the same way
 (:func:`fit_campaign_calibration`: the candidates, the dev rule, the point masses) on the same rows,
-only with a finer key.  It is served beside the per-LP one: a row whose request names a campaign
+only with a finer key.  A user's own raters are a campaign too: rows ingested with a ``campaign``
+name (:mod:`uamt.ingest`) are keyed by it, and ``prepare`` holds a share of their new documents
+out of training (``prepare.pool_calibration_share``) so that they are calibration rows.  It is served beside the per-LP one: a row whose request names a campaign
 (``campaign``) that the calibration knows for its LP is answered by it
 (:func:`campaign_route`), every other row as before.
 
@@ -37,9 +39,21 @@ def campaign_key(lp: str, campaign: str) -> str:
     return f"{lp}{CAMPAIGN_SEPARATOR}{campaign}"
 
 
+def row_campaigns(table: pd.DataFrame) -> pd.Series:
+    """Each row's campaign: the ``campaign`` it names (a user's raters, from the annotation pool:
+    :mod:`uamt.ingest`), else its ``dataset`` (a published campaign)."""
+    from uamt.core.columns import filled
+
+    dataset = table["dataset"].astype(str)
+    if "campaign" not in table.columns:
+        return dataset
+    return pd.Series(np.where(filled(table["campaign"]), table["campaign"].astype(str).str.strip(), dataset),
+                     index=table.index)  # fmt: skip
+
+
 def campaign_keys(table: pd.DataFrame) -> pd.Series:
-    """Each row's calibration key when its campaign (``dataset``) is known."""
-    return table["lp"].astype(str) + CAMPAIGN_SEPARATOR + table["dataset"].astype(str)
+    """Each row's calibration key, ``lp|campaign`` (:func:`row_campaigns`)."""
+    return table["lp"].astype(str) + CAMPAIGN_SEPARATOR + row_campaigns(table)
 
 
 def known_campaigns(calibration) -> dict[str, list[str]]:
@@ -103,8 +117,10 @@ def campaign_route(lps, campaigns, calibration, row_label: str = "row") -> tuple
     return mask, keys
 
 
-def _campaign_records(full: dict[str, Any], split: str, label: str) -> list[dict[str, Any]]:
-    """One record per LP x campaign of a served-metrics result grouped by campaign key."""
+def _campaign_records(full: dict[str, Any], split: str, label: str, gamma: float) -> list[dict[str, Any]]:
+    """One record per LP x campaign of a served-metrics result grouped by campaign key, at the
+    interval level ``gamma`` (``evaluate.coverage_gamma``)."""
+    tag = f"{gamma:g}"
     out = []
     for key, m in full.items():
         if key in ("avg", "worst_cells"):
@@ -112,8 +128,8 @@ def _campaign_records(full: dict[str, Any], split: str, label: str) -> list[dict
         lp, _, dataset = key.partition(CAMPAIGN_SEPARATOR)
         out.append({
             "split": split, "calibration": label, "lp": lp, "campaign": dataset, "n": m["n"],
-            "coverage": m["coverage@0.9"], "miss_below": m["miss_below@0.9"], "miss_above": m["miss_above@0.9"],
-            "width": m["width@0.9"], "ece": m["ece"], "crps": m["crps"],
+            "coverage": m[f"coverage@{tag}"], "miss_below": m[f"miss_below@{tag}"],
+            "miss_above": m[f"miss_above@{tag}"], "width": m[f"width@{tag}"], "ece": m["ece"], "crps": m["crps"],
             f"risk_max_gap@{CAMPAIGN_RISK_CHI}": m["risk"][CAMPAIGN_RISK_CHI]["max_gap"],
         })
     return out
@@ -144,7 +160,7 @@ def measure_campaigns(served, keyed, rows: pd.DataFrame, test: pd.DataFrame, set
                 answers, table["human"].to_numpy(float), campaign_keys(table).to_numpy(),
                 docs=row_documents(table), settings=served_settings(settings),
             )
-            records += _campaign_records(by_campaign, split, label)
+            records += _campaign_records(by_campaign, split, label, settings.coverage_gamma)
             if split == "test":
                 full = measure(served, answers, table, settings, dev_n_eff=n_eff)
                 block = served_summary(

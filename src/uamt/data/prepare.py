@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from uamt.core.columns import filled, optional_columns
 from uamt.core.config import ConfigError
 from uamt.core.fileio import atomic_dir, sha256_file, sha256_text
 from uamt.data import loaders
@@ -53,6 +54,9 @@ class PrepareConfig:
     annotations_pool: parquet file of newly ingested human annotations (written by
         :mod:`uamt.ingest`); null or a missing file = none.  Pool rows only ever join the
         training pools (see :func:`place_pool_rows`), so dev/test/ood stay fixed.
+    pool_calibration_share: of the new documents of pool rows that name a ``campaign`` (a user's
+        rater group), the share held out of training in ``d_e`` (whole documents, by a stable
+        hash), so the campaign gets calibration rows of its own (:mod:`uamt.campaigns`).
     chrf_guard: the join guard (:mod:`uamt.data.guard`): sentence chrF vs human score per
         dataset x LP must reach ``floor``, else prepare fails naming them.
     """
@@ -71,9 +75,14 @@ class PrepareConfig:
     human_reference: dict[str, str] = field(default_factory=lambda: dict(loaders.DEFAULT_HUMAN_REFERENCE))
     drop_empty_mt: bool = True
     annotations_pool: str | None = None
+    pool_calibration_share: float = 0.3
     chrf_guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.pool_calibration_share < 1.0:
+            raise ConfigError(
+                f"prepare.pool_calibration_share must be in [0, 1), got {self.pool_calibration_share!r}"
+            )
         for name in (*self.datasets, *self.forced_splits, *self.drop_systems):
             if name not in DATASETS:
                 raise ConfigError(f"prepare: dataset={name!r} not supported; choose from {sorted(DATASETS)}")
@@ -175,7 +184,7 @@ def build_table_with_stats(cfg: PrepareConfig) -> tuple[pd.DataFrame, dict[str, 
     if cfg.annotations_pool is not None:
         pool = read_pool_as_canonical(cfg.annotations_pool)
         if len(pool):
-            table, pool_stats = place_pool_rows(table, pool)
+            table, pool_stats = place_pool_rows(table, pool, cfg.pool_calibration_share)
             pool_stats["path"] = cfg.annotations_pool
     check_disjoint(table)
     return sort_table(table), {"annotation_pool": pool_stats, "left_out": left_out, "chrf_guard": signal}
@@ -203,14 +212,20 @@ def read_pool_as_canonical(path: str | Path) -> pd.DataFrame:
     return finish_table(pool)
 
 
-def place_pool_rows(base: pd.DataFrame, pool: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+def place_pool_rows(
+    base: pd.DataFrame, pool: pd.DataFrame, calibration_share: float = 0.0
+) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Add annotation-pool rows to a split table without moving any published row or leaking.
 
     Components (rows linked by a shared document or normalised source sentence, as in
     :mod:`uamt.data.splits`) are recomputed over published + pool rows.  A component with pool rows
     whose published rows are
 
-    * all in ``d_q``, or absent (new documents and sentences): its pool rows go to ``d_q``;
+    * absent (new documents and sentences) and whose pool rows name a ``campaign``: its pool rows
+      go to ``d_e`` for a ``calibration_share`` of such components (chosen by a stable hash of the
+      component), so the campaign's raters have calibration rows the model never trained on, else
+      to ``d_q``;
+    * all in ``d_q``, or absent: its pool rows go to ``d_q``;
     * all in ``d_e``: its pool rows go to ``d_e`` (still a training pool, never evaluated on);
     * in ``dev``, ``test`` or ``ood``, or in both training pools (a pool row bridging two
       components): its pool rows are **dropped** and counted, because placing them anywhere
@@ -241,10 +256,14 @@ def place_pool_rows(base: pd.DataFrame, pool: pd.DataFrame) -> tuple[pd.DataFram
     base_group = dict(zip(labels[~is_pool], both["group"].to_numpy()[~is_pool], strict=True))
     min_doc = pd.Series(both["doc"].to_numpy()).groupby(labels).min().to_dict()
     pool_labels = labels[is_pool]
+    named = set(pool_labels[filled(pool["campaign"])]) if "campaign" in optional_columns(pool) else set()
     splits, groups, dropped = [], [], {}
     for label in pool_labels:
         found = base_splits.get(label, ())
-        if found in ((), ("d_q",)):
+        group = base_group.get(label) or "g-" + sha256_text(min_doc[label])[:16]
+        if found == () and label in named and _hash_share(group) < calibration_share:
+            split = "d_e"
+        elif found in ((), ("d_q",)):
             split = "d_q"
         elif found == ("d_e",):
             split = "d_e"
@@ -253,12 +272,19 @@ def place_pool_rows(base: pd.DataFrame, pool: pd.DataFrame) -> tuple[pd.DataFram
             key = "+".join(found)
             dropped[key] = dropped.get(key, 0) + 1
         splits.append(split)
-        groups.append(base_group.get(label) or "g-" + sha256_text(min_doc[label])[:16])
+        groups.append(group)
     pool["split"] = splits
     pool["group"] = groups
     kept = pool[pool["split"].notna()]
     placed = {s: int(n) for s, n in kept["split"].value_counts().sort_index().items()}
     stats = {"rows": int(len(pool)), "placed": placed, "dropped": dropped}
+    if named:
+        campaigns = kept[filled(kept["campaign"])]
+        stats["campaigns"] = {
+            str(name): {s: int(n) for s, n in rows["split"].value_counts().sort_index().items()}
+            for name, rows in campaigns.groupby(campaigns["campaign"].astype(str).str.strip())
+        }
+        stats["calibration_share"] = calibration_share
     if dropped:
         log.warning(
             "prepare: dropped %d annotation-pool row(s) that share a document or source sentence with "
@@ -270,10 +296,15 @@ def place_pool_rows(base: pd.DataFrame, pool: pd.DataFrame) -> tuple[pd.DataFram
     return pd.concat([base, kept], ignore_index=True), stats
 
 
+def _hash_share(group: str) -> float:
+    """A stable number in [0, 1) per split group: which new campaign documents are held out."""
+    return int(sha256_text(f"pool-calibration:{group}")[:12], 16) / 16**12
+
+
 def sort_table(df: pd.DataFrame) -> pd.DataFrame:
     """Canonical row order, so the same rows always give byte-identical files."""
     keys = ["split", "dataset", "lp", "system", "seg_id", "doc", "src", "mt"]
-    return df.sort_values(keys, kind="mergesort").reset_index(drop=True)[list(COLUMNS)]
+    return df.sort_values(keys, kind="mergesort").reset_index(drop=True)[[*COLUMNS, *optional_columns(df)]]
 
 
 def summarise(df: pd.DataFrame) -> dict[str, Any]:

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from uamt.core.columns import filled, optional_columns
 from uamt.core.errors import DataError
 
 SPLITS = ("d_q", "d_e", "dev", "test", "ood")
@@ -94,6 +95,10 @@ ARROW_SCHEMA = pa.schema(
         ("group", pa.string()),
     ]
 )
+
+
+#: Arrow types of the optional columns (:data:`uamt.core.columns.OPTIONAL_COLUMNS`).
+OPTIONAL_ARROW = {"campaign": pa.string()}
 
 
 def sample_std(values: Sequence[float]) -> float:
@@ -244,7 +249,7 @@ def finish_table(df: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in out.columns]
     if missing:
         raise AssertionError(f"loader forgot columns {missing}")  # a bug, not bad input
-    out = out[list(COLUMNS)].reset_index(drop=True)
+    out = out[[*COLUMNS, *optional_columns(out)]].reset_index(drop=True)
     for column in ("score", "score_raw", "score_std"):
         out[column] = out[column].astype(float)
     for column in ("n_annotators", "seg_id", "year"):
@@ -253,7 +258,8 @@ def finish_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def to_arrow(df: pd.DataFrame) -> pa.Table:
-    """The canonical table as an Arrow table with :data:`ARROW_SCHEMA`."""
+    """The canonical table as an Arrow table with :data:`ARROW_SCHEMA`, plus the optional
+    columns some row fills (an empty one is left out, blank values are null)."""
     data = {}
     for field in ARROW_SCHEMA:
         column = df[field.name]
@@ -265,4 +271,9 @@ def to_arrow(df: pd.DataFrame) -> pa.Table:
             data[field.name] = [list(v) for v in column]
         else:
             data[field.name] = column.tolist()
-    return pa.Table.from_pydict(data, schema=ARROW_SCHEMA)
+    schema = ARROW_SCHEMA
+    for name in optional_columns(df):
+        given = filled(df[name])
+        data[name] = [str(v).strip() if g else None for v, g in zip(df[name], given, strict=True)]
+        schema = schema.append(pa.field(name, OPTIONAL_ARROW[name]))
+    return pa.Table.from_pydict(data, schema=schema)

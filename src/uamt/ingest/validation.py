@@ -18,6 +18,10 @@ column              required meaning
 ``n_annotators``    no       integer >= 1 (default: len(annotator_scores) or 1)
 ``annotator_scores`` no      list, JSON list or ``|``-separated numbers on the ``score`` scale,
                              each inside ``score_bounds``
+``campaign``        no       the rater group whose judgements these are (letters, digits, ``_``,
+                             ``-``, ``.``; at most 64; not a dataset name): its rows of new
+                             documents are partly held out for its own calibration
+                             (``prepare.pool_calibration_share``), served by ``--campaign``
 =================== ======== ===============================================================
 
 Numbers written as text must be plain decimals (``-1.5``, ``2e-3``): no ``_``, hex, ``inf`` or
@@ -55,11 +59,13 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from uamt.core.columns import OPTIONAL_COLUMNS, optional_columns
 from uamt.core.errors import DataError
 from uamt.core.fileio import sha256_bytes, wide_encoding_hint
 from uamt.data.datasets import DATASET_SPECS, DATASETS, DatasetSpec
 from uamt.data.schema import COLUMNS, decode_text, sample_std, to_arrow
 from uamt.ingest.config import (
+    CAMPAIGN_NAME,
     DEFAULT_BOUNDS,
     DEFAULT_LPS,
     MAX_ANNOTATORS,
@@ -457,6 +463,7 @@ class IncomingRow(BaseModel):
     score_raw: Annotated[float | None, PlainValidator(_optional_number)] = None
     doc: Annotated[str | None, PlainValidator(_optional_text(1000))] = None
     domain: str | None = None
+    campaign: str | None = None
 
     @field_validator("dataset", mode="plain")
     @classmethod
@@ -563,6 +570,24 @@ class IncomingRow(BaseModel):
         return None if spec is None else spec.domain
 
 
+    @field_validator("campaign", mode="plain")
+    @classmethod
+    def _campaign(cls, value: Any) -> str | None:
+        if _blank(value):
+            return None
+        if not (isinstance(value, str) and CAMPAIGN_NAME.fullmatch(value.strip())):
+            raise _reason(
+                f"must be a campaign name of letters, digits, '_', '-' or '.' (at most 64, starting with a "
+                f"letter or digit), got {show(value)}"
+            )
+        if value.strip() in DATASET_SPECS:
+            raise _reason(
+                f"{value.strip()!r} names a published dataset, whose raters are a campaign of their own; "
+                "name your raters' campaign differently"
+            )
+        return value.strip()
+
+
 #: The columns :class:`IncomingRow` reads, in its order.
 ROW_FIELDS = tuple(IncomingRow.model_fields)
 
@@ -633,6 +658,7 @@ def validate_frame(
                 "domain": row.domain,
                 "year": year,
                 "group": "",
+                "campaign": row.campaign,
             }
         )
     # Same (dataset, lp, system, src, mt) with different scores: every copy is rejected, since
@@ -669,7 +695,8 @@ def validate_frame(
         contents.setdefault(content, i)
     kept = [i for i, row in enumerate(rows) if row is not None]
     # Indexed by the 0-based data row, so later checks can still name the row.
-    result.good = pd.DataFrame([rows[i] for i in kept], index=kept, columns=list(COLUMNS))
+    result.good = pd.DataFrame([rows[i] for i in kept], index=kept, columns=[*COLUMNS, *OPTIONAL_COLUMNS])
+    result.good = result.good[[*COLUMNS, *optional_columns(result.good)]]
     if len(result.good):
         try:  # what write_pool will do: a value the pool cannot hold refuses the file now, not mid-write
             to_arrow(result.good)

@@ -492,7 +492,9 @@ class TrainedModel:
         """The predictions table of docs/architecture.md: ``dataset, lp, seg_id, system, human, mu, sigma``
         plus ``epistemic``, ``aleatoric``, ``q_hat`` where the method gives them, and ``doc`` /
         ``domain`` where the prepared rows have them (calibration is cross-fitted over documents and
-        coverage reported per domain)."""
+        coverage reported per domain), and ``campaign`` where some row names one."""
+        from uamt.core.columns import filled, optional_columns
+
         pred = self.predict(df, features, n_samples, encoder)
         table = pd.DataFrame(index=range(len(df)))
         for column in ("dataset", "lp", "seg_id", "system"):
@@ -501,6 +503,9 @@ class TrainedModel:
             # a partly missing label would lump its missing rows into one "None" document/domain
             if column in df.columns and df[column].notna().all():
                 table[column] = df[column].astype(str).to_numpy()
+        for column in optional_columns(df):  # a user's campaign: calibrated on its own (uamt.campaigns)
+            given = filled(df[column])
+            table[column] = np.where(given, df[column].astype(str).str.strip(), None)
         table["human"] = (
             pd.to_numeric(df["score"], errors="coerce").to_numpy() if "score" in df.columns else np.nan
         )

@@ -1,0 +1,140 @@
+"""A user's own raters as a campaign: ingested with a ``campaign`` name, partly held out of training
+by ``prepare`` (``pool_calibration_share``), calibrated under ``lp|campaign`` and served by name.
+
+The end-to-end path (ingest -> retrain -> the registered model answers ``campaign=``) is in
+``tests/test_flows_retrain.py``; here each link, with the exact rows it must produce.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from uamt.campaigns import (
+    campaign_keys,
+    campaign_route,
+    fit_campaign_calibration,
+    known_campaigns,
+    row_campaigns,
+)
+from uamt.core.config import ConfigError
+from uamt.data.prepare import PrepareConfig, _hash_share, place_pool_rows, read_pool_as_canonical
+from uamt.data.schema import ARROW_SCHEMA, to_arrow
+from uamt.ingest import ingest_incoming, read_pool, validate_file
+from uamt.uncertainty import EvaluationSettings
+
+
+def _rows(n: int, campaign=None, start: int = 0) -> list[dict]:
+    rows = [
+        {
+            "dataset": "wmt21_mqm", "lp": "en-de", "src": f"The committee met on day {i}.",
+            "mt": f"Der Ausschuss tagte am Tag {i}.", "ref": f"Das Komitee traf sich am Tag {i}.",
+            "score": -1.5 * (i % 3), "system": "sysA", "doc": f"acme-doc-{i // 4}",
+        }
+        for i in range(start, start + n)
+    ]  # fmt: skip
+    if campaign is not None:
+        for row in rows:
+            row["campaign"] = campaign
+    return rows
+
+
+def test_a_campaign_name_is_kept_and_a_bad_one_is_refused_naming_row_and_field(tmp_path):
+    path = tmp_path / "acme.csv"
+    pd.DataFrame(_rows(3, "acme-raters_2026.v1")).to_csv(path, index=False)
+    check = validate_file(path)
+    assert check.ok, check.report()
+    assert check.good["campaign"].tolist() == ["acme-raters_2026.v1"] * 3
+
+    rows = _rows(4, "acme")
+    rows[0]["campaign"] = "wmt21_mqm"  # the published raters' campaign
+    rows[1]["campaign"] = "en-de|acme"  # the key separator
+    rows[2]["campaign"] = "  "  # blank: no campaign
+    pd.DataFrame(rows).to_csv(path, index=False)
+    report = validate_file(path).report()
+    assert "row 1 (line 2): field 'campaign': 'wmt21_mqm' names a published dataset" in report
+    assert "row 2 (line 3): field 'campaign': must be a campaign name of letters, digits" in report
+    assert "row 3" not in report and "row 4" not in report
+
+
+def test_the_pool_keeps_campaigns_and_a_pool_without_any_keeps_its_columns(tmp_path, incoming_config):
+    cfg = incoming_config()
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    pd.DataFrame(_rows(4)).to_csv(incoming / "plain.csv", index=False)
+    ingest_incoming(cfg)
+    # no row names a campaign: the pool's columns are those it always had
+    assert pq.read_schema(cfg.pool_path).names == [*ARROW_SCHEMA.names, "source_sha256"]
+    pd.DataFrame(_rows(4, "acme", start=10)).to_csv(incoming / "acme.csv", index=False)
+    result = ingest_incoming(cfg)
+    assert result.rows_added == 4
+    pool = read_pool(cfg.pool_path)
+    assert pool["campaign"].tolist() == [None] * 4 + ["acme"] * 4
+    canonical = read_pool_as_canonical(cfg.pool_path)
+    assert canonical.columns[-1] == "campaign" and canonical["campaign"].notna().sum() == 4
+
+
+def test_to_arrow_writes_the_campaign_column_only_when_a_row_fills_it():
+    frame = pd.DataFrame({name: [] for name in ARROW_SCHEMA.names})
+    assert to_arrow(frame.assign(campaign=[])).schema.equals(ARROW_SCHEMA)
+
+
+def _published() -> pd.DataFrame:
+    frame = pd.DataFrame(
+        [("wmt21_mqm", "en-de", "Published sentence.", "docQ", "d_q"),
+         ("wmt21_mqm", "en-de", "Published test sentence.", "docT", "test")],
+        columns=["dataset", "lp", "src", "doc", "split"],
+    )  # fmt: skip
+    return frame.assign(group="g-" + frame["doc"])
+
+
+def _pool(n_docs: int, campaign) -> pd.DataFrame:
+    rows = [("wmt21_mqm", "en-de", f"New sentence {d}.{i}.", f"user-doc-{d}", "") for d in range(n_docs) for i in range(3)]
+    frame = pd.DataFrame(rows, columns=["dataset", "lp", "src", "doc", "split"]).assign(group="")
+    return frame.assign(campaign=campaign)
+
+
+def test_a_share_of_a_campaigns_new_documents_is_held_out_whole_for_its_calibration():
+    pool = _pool(200, "acme")
+    pool.loc[0, "src"] = "Published test sentence."  # still dropped: the test split stays fixed
+    table, stats = place_pool_rows(_published(), pool, calibration_share=0.3)
+    added = table.iloc[2:]
+    assert (added.groupby("doc")["split"].nunique() == 1).all()  # whole documents
+    held = added.loc[added["split"] == "d_e", "doc"].nunique() / added["doc"].nunique()
+    assert held == pytest.approx(0.3, abs=0.08)
+    expected = {g: "d_e" if _hash_share(g) < 0.3 else "d_q" for g in added["group"]}
+    assert added["split"].tolist() == added["group"].map(expected).tolist()
+    assert stats["campaigns"] == {"acme": stats["placed"]} and stats["calibration_share"] == 0.3
+    assert stats["dropped"] == {"test": 3}
+
+    # rows without a campaign, or a share of 0, train as before: all in d_q
+    for campaign, share in ((None, 0.3), ("acme", 0.0)):
+        table, stats = place_pool_rows(_published(), _pool(50, campaign), calibration_share=share)
+        assert set(table.iloc[2:]["split"]) == {"d_q"}
+        assert ("campaigns" in stats) == (campaign is not None)
+
+
+def test_the_share_is_checked_naming_the_key():
+    with pytest.raises(ConfigError, match=r"prepare.pool_calibration_share must be in \[0, 1\), got 1.0"):
+        PrepareConfig(pool_calibration_share=1.0)
+
+
+def test_a_users_campaign_gets_its_own_calibration_key_and_is_served_by_name():
+    rng = np.random.default_rng(0)
+    n = 600
+    mu = rng.uniform(-15.0, -6.0, 2 * n)
+    human = np.clip(np.round(mu + np.r_[np.full(n, 1.0), np.full(n, 4.0)] * rng.standard_normal(2 * n)), -25, 0)
+    rows = pd.DataFrame({
+        "dataset": "wmt21_mqm", "lp": "en-de", "seg_id": np.arange(2 * n), "system": "s",
+        "doc": [f"d{i // 10}" for i in range(2 * n)], "human": human, "mu": mu, "sigma": 1.5,
+        "campaign": [None] * n + ["acme"] * n,
+    })  # fmt: skip
+    assert row_campaigns(rows).tolist() == ["wmt21_mqm"] * n + ["acme"] * n
+    assert set(campaign_keys(rows)) == {"en-de|wmt21_mqm", "en-de|acme"}
+    assert row_campaigns(rows.drop(columns="campaign")).eq("wmt21_mqm").all()
+    keyed = fit_campaign_calibration(rows, "hts", EvaluationSettings(), (-25.0, 0.0))
+    assert known_campaigns(keyed) == {"en-de": ["acme", "wmt21_mqm"]}
+    mask, keys = campaign_route(["en-de", "en-de"], ["acme", None], keyed)
+    assert mask.tolist() == [True, False] and keys[0] == "en-de|acme"
