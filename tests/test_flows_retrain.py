@@ -48,6 +48,7 @@ def tiny_params(root: Path, mirror: Path) -> Path:
     params["encode"]["datasets"] = ["wmt21_mqm"]
     params["register"]["tracking_uri"] = f"sqlite:///{root / 'mlflow.db'}"
     params["incoming"]["settle_s"] = 0  # files are written just before each tick
+    params["calibrate_campaigns"]["min_rows"] = 50  # the tiny project's campaigns are small
     params["register"]["allow_new_registry"] = True  # a fresh registry, created on purpose
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")

@@ -193,6 +193,11 @@ def test_a_campaign_is_passed_through_to_the_model(ref_server):
     assert "campaign" not in ref_server.service.parse({"dataframe_records": RECORDS}).columns
     status, data = request(ref_server, "POST", "/invocations", {"dataframe_records": [{**RECORDS[0], "campaign": 7}]})
     assert status == 400 and "record 0.campaign must be a campaign name" in data.decode(), data
+    # any name ingestion accepts for a user's raters passes (64 characters); a key separator does not
+    user = "acme-raters_2026." + "x" * 47
+    assert ref_server.service.parse({"dataframe_records": [{**RECORDS[0], "campaign": user}]})["campaign"].tolist() == [user]
+    status, data = request(ref_server, "POST", "/invocations", {"dataframe_records": [{**RECORDS[0], "campaign": "en-de|acme"}]})
+    assert status == 400 and "letters, digits, '_', '-' or '.'" in data.decode(), data
 
 
 def test_language_pair_picks_and_names_the_calibration(lp_server):

@@ -15,11 +15,13 @@ import pytest
 from uamt.campaigns import (
     campaign_keys,
     campaign_route,
+    campaigns_below_minimum,
     fit_campaign_calibration,
     known_campaigns,
     row_campaigns,
 )
 from uamt.core.config import ConfigError
+from uamt.core.errors import DataError
 from uamt.data.prepare import PrepareConfig, _hash_share, place_pool_rows, read_pool_as_canonical
 from uamt.data.schema import ARROW_SCHEMA, to_arrow
 from uamt.ingest import ingest_incoming, read_pool, validate_file
@@ -55,7 +57,7 @@ def test_a_campaign_name_is_kept_and_a_bad_one_is_refused_naming_row_and_field(t
     pd.DataFrame(rows).to_csv(path, index=False)
     report = validate_file(path).report()
     assert "row 1 (line 2): field 'campaign': 'wmt21_mqm' names a published dataset" in report
-    assert "row 2 (line 3): field 'campaign': must be a campaign name of letters, digits" in report
+    assert "row 2 (line 3): field 'campaign': must be a campaign name (letters, digits" in report
     assert "row 3" not in report and "row 4" not in report
 
 
@@ -121,9 +123,8 @@ def test_the_share_is_checked_naming_the_key():
         PrepareConfig(pool_calibration_share=1.0)
 
 
-def test_a_users_campaign_gets_its_own_calibration_key_and_is_served_by_name():
+def _two_campaigns(n: int) -> pd.DataFrame:
     rng = np.random.default_rng(0)
-    n = 600
     mu = rng.uniform(-15.0, -6.0, 2 * n)
     human = np.clip(np.round(mu + np.r_[np.full(n, 1.0), np.full(n, 4.0)] * rng.standard_normal(2 * n)), -25, 0)
     rows = pd.DataFrame({
@@ -131,10 +132,40 @@ def test_a_users_campaign_gets_its_own_calibration_key_and_is_served_by_name():
         "doc": [f"d{i // 10}" for i in range(2 * n)], "human": human, "mu": mu, "sigma": 1.5,
         "campaign": [None] * n + ["acme"] * n,
     })  # fmt: skip
+    return rows
+
+
+def test_a_users_campaign_gets_its_own_calibration_key_and_is_served_by_name():
+    n = 600
+    rows = _two_campaigns(n)
     assert row_campaigns(rows).tolist() == ["wmt21_mqm"] * n + ["acme"] * n
     assert set(campaign_keys(rows)) == {"en-de|wmt21_mqm", "en-de|acme"}
     assert row_campaigns(rows.drop(columns="campaign")).eq("wmt21_mqm").all()
-    keyed = fit_campaign_calibration(rows, "hts", EvaluationSettings(), (-25.0, 0.0))
+    keyed = fit_campaign_calibration(rows, "hts", EvaluationSettings(), (-25.0, 0.0), min_rows=300)
     assert known_campaigns(keyed) == {"en-de": ["acme", "wmt21_mqm"]}
+    assert campaigns_below_minimum(rows, keyed) == {}
     mask, keys = campaign_route(["en-de", "en-de"], ["acme", None], keyed)
     assert mask.tolist() == [True, False] and keys[0] == "en-de|acme"
+
+
+def test_a_campaign_with_too_few_calibration_rows_is_not_served_and_is_named():
+    rows = _two_campaigns(600)
+    few = pd.concat([rows.iloc[:600], rows.iloc[600:800]], ignore_index=True)  # acme: 200 rows
+    keyed = fit_campaign_calibration(few, "hts", EvaluationSettings(), (-25.0, 0.0), min_rows=300)
+    assert known_campaigns(keyed) == {"en-de": ["wmt21_mqm"]}
+    assert campaigns_below_minimum(few, keyed) == {"en-de|acme": 200}
+    with pytest.raises(DataError, match=r"row 0: campaign 'acme' has no calibration for lp 'en-de'; known: \['wmt21_mqm'\]"):
+        campaign_route(["en-de"], ["acme"], keyed)
+
+
+@pytest.mark.parametrize("value", [1, 2.5, True, "300"])
+def test_the_minimum_is_checked_naming_the_key(tmp_path, value):
+    import yaml
+
+    from uamt.core.config import load_section
+    from uamt.stages.calibrate_campaigns import CampaignSettings
+
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"calibrate_campaigns": {"min_rows": value}}))
+    with pytest.raises(ConfigError, match=r"calibrate_campaigns.min_rows"):
+        load_section(CampaignSettings, "calibrate_campaigns", path)

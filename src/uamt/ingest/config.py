@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,8 +21,6 @@ SECTION = "incoming"
 SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
 REQUIRED = ("dataset", "lp", "src", "mt", "score", "system")
 OPTIONAL = ("ref", "doc", "seg_id", "score_std", "n_annotators", "annotator_scores", "score_raw", "domain", "campaign")
-#: A ``campaign`` name: it becomes part of a calibration key (``lp|campaign``) and a CLI argument.
-CAMPAIGN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: Column kept in the pool (not in the canonical table) so a file is never ingested twice.
 SHA_COLUMN = "source_sha256"
 #: A number written as text longer than this is refused (a 5,000-digit "score" is not a score).

@@ -59,13 +59,13 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from uamt.campaigns import CAMPAIGN_NAME, CAMPAIGN_NAME_RULE
 from uamt.core.columns import OPTIONAL_COLUMNS, optional_columns
 from uamt.core.errors import DataError
 from uamt.core.fileio import sha256_bytes, wide_encoding_hint
 from uamt.data.datasets import DATASET_SPECS, DATASETS, DatasetSpec
 from uamt.data.schema import COLUMNS, decode_text, sample_std, to_arrow
 from uamt.ingest.config import (
-    CAMPAIGN_NAME,
     DEFAULT_BOUNDS,
     DEFAULT_LPS,
     MAX_ANNOTATORS,
@@ -576,10 +576,7 @@ class IncomingRow(BaseModel):
         if _blank(value):
             return None
         if not (isinstance(value, str) and CAMPAIGN_NAME.fullmatch(value.strip())):
-            raise _reason(
-                f"must be a campaign name of letters, digits, '_', '-' or '.' (at most 64, starting with a "
-                f"letter or digit), got {show(value)}"
-            )
+            raise _reason(f"must be a campaign name ({CAMPAIGN_NAME_RULE}), got {show(value)}")
         if value.strip() in DATASET_SPECS:
             raise _reason(
                 f"{value.strip()!r} names a published dataset, whose raters are a campaign of their own; "

@@ -47,6 +47,7 @@ from typing import Any
 
 import pandas as pd
 
+from uamt.campaigns import CAMPAIGN_NAME, CAMPAIGN_NAME_RULE
 from uamt.core.errors import UamtError
 from uamt.core.textcheck import blank_detail, is_blank
 from uamt.serving.predictor import Predictor
@@ -272,8 +273,8 @@ class ScoringService:
             lp = record.get("lp")
             lps.append(None if lp is None else self._check_lp(lp, f"{where}.lp"))
             campaign = record.get("campaign")
-            if campaign is not None and (not isinstance(campaign, str) or not 0 < len(campaign) <= MAX_LP_CHARS):
-                raise RequestError(400, f"{where}.campaign must be a campaign name (text, at most {MAX_LP_CHARS} characters)")
+            if campaign is not None and not (isinstance(campaign, str) and CAMPAIGN_NAME.fullmatch(campaign)):
+                raise RequestError(400, f"{where}.campaign must be a campaign name ({CAMPAIGN_NAME_RULE})")
             campaigns.append(campaign)
         flag = self.flag_of(payload)
         works = scoring_work(src, mt, refs)

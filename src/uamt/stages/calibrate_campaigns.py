@@ -5,7 +5,8 @@ family fitted again on the same calibration rows with the key ``lp|dataset``
 (:func:`uamt.campaigns.fit_campaign_calibration`), written to ``calibration_campaigns/<model>.json``
 and registered with the model: a request naming its campaign gets it.  ``metrics/campaigns.json``
 compares it with the per-LP calibration per LP x campaign and on the served goals
-(:func:`uamt.campaigns.measure_campaigns`; calibration rows and test).
+(:func:`uamt.campaigns.measure_campaigns`; calibration rows and test).  A campaign with fewer than
+``calibrate_campaigns.min_rows`` calibration rows is not served (``benchmarks/campaign_rows.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from uamt.campaigns import CAMPAIGN_CALIBRATION_DIR, calibrate_campaigns
-from uamt.core.config import DEFAULT_PARAMS, load_section
+from uamt.campaigns import CAMPAIGN_CALIBRATION_DIR, DEFAULT_MIN_CAMPAIGN_ROWS, calibrate_campaigns
+from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.pipeline_config import CALIBRATION_DIR, PipelineConfig, load_pipeline
 from uamt.stages._cli import stage_main
 from uamt.uncertainty import EvaluationSettings
@@ -24,21 +25,41 @@ METRICS_FILE = "campaigns.json"
 
 
 @dataclass(frozen=True)
+class CampaignSettings:
+    """The ``calibrate_campaigns`` section.
+
+    min_rows: fewest calibration rows a campaign needs for a calibration of its own; one with fewer
+        is not served (listed in ``metrics/campaigns.json`` as ``below_min_rows``).
+    """
+
+    min_rows: int = DEFAULT_MIN_CAMPAIGN_ROWS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 2:
+            raise ConfigError(f"{NAME}.min_rows must be an integer >= 2, got {self.min_rows!r}")
+
+
+@dataclass(frozen=True)
 class CalibrateCampaignsConfig:
     pipeline: PipelineConfig
     evaluate: EvaluationSettings
+    campaigns: CampaignSettings = CampaignSettings()
     calibration_dir: str = CALIBRATION_DIR
     out_dir: str = CAMPAIGN_CALIBRATION_DIR
 
 
 def load_config(path: str | Path = DEFAULT_PARAMS) -> CalibrateCampaignsConfig:
-    return CalibrateCampaignsConfig(load_pipeline(path), load_section(EvaluationSettings, "evaluate", path))
+    return CalibrateCampaignsConfig(
+        load_pipeline(path), load_section(EvaluationSettings, "evaluate", path), load_section(CampaignSettings, NAME, path)
+    )
 
 
 def run(cfg: CalibrateCampaignsConfig) -> dict:
     """Fit, save and measure every served model's per-campaign calibration."""
     metrics_path = Path(cfg.pipeline.metrics_dir) / METRICS_FILE
-    return calibrate_campaigns(cfg.pipeline, cfg.evaluate, cfg.calibration_dir, cfg.out_dir, metrics_path)
+    return calibrate_campaigns(
+        cfg.pipeline, cfg.evaluate, cfg.calibration_dir, cfg.out_dir, metrics_path, cfg.campaigns.min_rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
