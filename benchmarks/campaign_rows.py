@@ -61,6 +61,24 @@ def measure(calibration, test: pd.DataFrame, keys: pd.Series, settings, bounds) 
     }  # fmt: skip
 
 
+#: How the campaign-keyed calibration is fitted (``--fit``).
+FITS = ("campaign", "lp-slope", "refit")
+
+
+def fit_keyed(fit: str, rows: pd.DataFrame, model: str, settings, bounds, min_rows: int, served):
+    """The campaign-keyed calibration of ``rows`` fitted the ``fit`` way (:data:`FITS`)."""
+    import dataclasses
+
+    from uamt.campaigns import campaign_keys, fit_campaign_calibration, lp_slope
+    from uamt.serving.model_calibration import refit_served
+
+    if fit == "campaign":
+        return fit_campaign_calibration(rows, model, settings, bounds, min_rows)
+    settings = dataclasses.replace(settings, min_lp_rows=max(int(settings.min_lp_rows), int(min_rows)))
+    adjust = lp_slope(served) if fit == "lp-slope" else None
+    return refit_served(rows.assign(lp=campaign_keys(rows)), model, served, settings, adjust_standardizer=adjust)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
@@ -71,10 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--min-rows", type=int, default=None,
                         help="fewest rows a campaign is served with (default: calibrate_campaigns.min_rows; 50 shows what smaller campaigns would get)")
+    parser.add_argument("--fit", choices=sorted(FITS), default="campaign",
+                        help="campaign: the stage's fit (uamt.campaigns.fit_campaign_calibration); refit: the served "
+                        "candidate refitted per key (refit_served); lp-slope: the same, each campaign on its LP's mu slope")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
-    from uamt.campaigns import campaign_key, campaign_keys, fit_campaign_calibration
+    from uamt.campaigns import campaign_key, campaign_keys
     from uamt.core.config import load_section
     from uamt.data.datasets import scale_bounds
     from uamt.model_evaluation import calibration_rows
@@ -97,20 +118,20 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{key}: no calibration rows ({int(mine.sum())}) or no test rows ({len(test)})")
 
     per_lp = measure(served, test, test["lp"], settings, bounds)
-    print(f"{args.model}, {key}: {int(mine.sum())} calibration rows, {len(test)} test rows (the per-LP calibration: "
+    print(f"{args.model}, {key}, fit {args.fit}: {int(mine.sum())} calibration rows, {len(test)} test rows (the per-LP calibration: "
           f"coverage {per_lp['coverage']:.3f}, ECE {per_lp['ece']:.3f}, CRPS {per_lp['crps']:.3f}, width {per_lp['width']:.2f})")
     print("| rows | seeds | coverage | miss below / above | ECE | CRPS | width | fit s |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| per-LP | – | {per_lp['coverage']:.3f} | {per_lp['miss_below']:.3f} / {per_lp['miss_above']:.3f} | "
           f"{per_lp['ece']:.3f} | {per_lp['crps']:.3f} | {per_lp['width']:.2f} | – |")
-    results = {"min_rows": min_rows, "key": key, "calibration_rows": int(mine.sum()), "test_rows": len(test), "per_lp": per_lp, "by_size": []}
+    results = {"fit": args.fit, "min_rows": min_rows, "key": key, "calibration_rows": int(mine.sum()), "test_rows": len(test), "per_lp": per_lp, "by_size": []}
     for size in args.sizes:
         runs = []
         for seed in range(args.seeds if size else 1):
             kept = subsample_documents(rows[mine], size, seed) if size else rows[mine]
             subset = pd.concat([rows[~mine], kept], ignore_index=True)
             started = time.perf_counter()
-            keyed = fit_campaign_calibration(subset, args.model, settings, bounds, min_rows)
+            keyed = fit_keyed(args.fit, subset, args.model, settings, bounds, min_rows, served)
             seconds = time.perf_counter() - started
             if key not in keyed.known_lps:  # fewer rows than min_rows: not served
                 runs.append({"rows": len(kept), "served": False})

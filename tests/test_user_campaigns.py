@@ -169,3 +169,40 @@ def test_the_minimum_is_checked_naming_the_key(tmp_path, value):
     path.write_text(yaml.safe_dump({"calibrate_campaigns": {"min_rows": value}}))
     with pytest.raises(ConfigError, match=r"calibrate_campaigns.min_rows"):
         load_section(CampaignSettings, "calibrate_campaigns", path)
+
+
+def test_lp_slope_keeps_each_campaign_on_its_lps_mu_line_and_fits_its_level():
+    """The study option of benchmarks/campaign_rows.py (--fit lp-slope): raters of campaign "steep"
+    spread twice as far per MQM point of mu; refitted per key, each key gets its own slope; with
+    :func:`lp_slope`, the LP's, above and below the point mass at the top alike."""
+    from uamt.campaigns import lp_slope
+    from uamt.serving.model_calibration import attach_distribution, fit_calibration, refit_served
+
+    rng = np.random.default_rng(1)
+    n = 1500
+    mu = rng.uniform(-12.0, -1.0, 2 * n)
+    slope = np.r_[np.full(n, 1.0), np.full(n, 2.0)]
+    human = np.clip(np.round(-6.0 + slope * (mu + 6.0) + rng.standard_normal(2 * n)), -25, 0)
+    rows = pd.DataFrame({
+        "dataset": "wmt21_mqm", "lp": "en-de", "seg_id": np.arange(2 * n), "system": "s",
+        "doc": [f"d{i // 10}" for i in range(2 * n)], "human": human, "mu": mu, "sigma": 1.5,
+        "campaign": ["flat"] * n + ["steep"] * n,
+    })  # fmt: skip
+    settings = EvaluationSettings(top_atom=True)  # as params.yaml serves it
+    served, _ = fit_calibration(rows, "hts", settings=settings)
+    served = attach_distribution(served, rows, "hts", settings, (-25.0, 0.0))
+    assert served.below_top is not None  # the point mass at MQM 0 has its own part below it
+    keyed = rows.assign(lp=campaign_keys(rows))
+    own = refit_served(keyed, "hts", served, settings)
+    kept = refit_served(keyed, "hts", served, settings, adjust_standardizer=lp_slope(served))
+
+    def line(params):  # mu -> human slope of a standardiser's group
+        return params["human_std"] / params["pred_std"]
+
+    for part in (lambda c: c, lambda c: c.below_top):
+        lp_line = line(part(served).standardizer.lp_params["en-de"])
+        own_lines = {k: line(p) for k, p in part(own).standardizer.lp_params.items()}
+        assert own_lines["en-de|steep"] > 1.5 * own_lines["en-de|flat"]
+        for key, params in part(kept).standardizer.lp_params.items():
+            assert line(params) == pytest.approx(lp_line, rel=1e-12)
+            assert params["human_mean"] == part(own).standardizer.lp_params[key]["human_mean"]

@@ -102,6 +102,33 @@ def fit_campaign_calibration(
     return attach_distribution(calibration, keyed, method, settings, bounds)
 
 
+def lp_slope(served):
+    r"""An ``adjust_standardizer`` for :func:`~uamt.serving.model_calibration.refit_served` that keeps
+    each ``lp|campaign`` key on its LP's mu -> human line slope (from the per-LP ``served``
+    calibration) and fits only the campaign's level and spread: the key's rows map mu to
+    :math:`\bar h_k + \beta_{LP} (\hat\mu - \bar\mu_k)`, with :math:`\beta_{LP} = s_h / s_p` of
+    the LP.  A campaign's own slope is the noisiest part of its fit on few rows."""
+
+    def adjust(standardizer, arrays, part: str) -> None:
+        # the distribution below a point mass at the top has a standardiser of its own, fitted on
+        # the rows below it: a campaign's below-top part follows its LP's below-top slope
+        source = served.below_top if part == "below_top" and served.below_top is not None else served
+        for key, params in standardizer.lp_params.items():
+            parent = source.standardizer.lp_params.get(key.partition(CAMPAIGN_SEPARATOR)[0])
+            if parent is None:
+                continue
+            slope = parent["human_std"] / parent["pred_std"]
+            mu = arrays.mu[arrays.lp == key]
+            params.update(
+                pred_mean=float(np.mean(mu)),
+                pred_std=params["human_std"] / slope,
+                mu_intercept=0.0,
+                mu_slope=float(np.std(mu)) * slope / params["human_std"],  # on the z scale, as fitted ones
+            )
+
+    return adjust
+
+
 def campaigns_below_minimum(rows: pd.DataFrame, keyed) -> dict[str, int]:
     """``{lp|campaign: calibration rows}`` of the keys of ``rows`` that the campaign-keyed
     calibration ``keyed`` does not serve (too few rows: :func:`fit_campaign_calibration`)."""
