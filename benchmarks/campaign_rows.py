@@ -62,21 +62,21 @@ def measure(calibration, test: pd.DataFrame, keys: pd.Series, settings, bounds) 
 
 
 #: How the campaign-keyed calibration is fitted (``--fit``).
-FITS = ("campaign", "lp-slope", "refit")
+FITS = ("campaign", "lp-shape", "lp-slope", "refit")
 
 
 def fit_keyed(fit: str, rows: pd.DataFrame, model: str, settings, bounds, min_rows: int, served):
     """The campaign-keyed calibration of ``rows`` fitted the ``fit`` way (:data:`FITS`)."""
     import dataclasses
 
-    from uamt.campaigns import campaign_keys, fit_campaign_calibration, lp_slope
+    from uamt.campaigns import LPAnchor, campaign_keys, fit_campaign_calibration
     from uamt.serving.model_calibration import refit_served
 
     if fit == "campaign":
         return fit_campaign_calibration(rows, model, settings, bounds, min_rows)
     settings = dataclasses.replace(settings, min_lp_rows=max(int(settings.min_lp_rows), int(min_rows)))
-    adjust = lp_slope(served) if fit == "lp-slope" else None
-    return refit_served(rows.assign(lp=campaign_keys(rows)), model, served, settings, adjust_standardizer=adjust)
+    anchor = None if fit == "refit" else LPAnchor(served, shape=fit == "lp-shape")
+    return refit_served(rows.assign(lp=campaign_keys(rows)), model, served, settings, anchor=anchor)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="fewest rows a campaign is served with (default: calibrate_campaigns.min_rows; 50 shows what smaller campaigns would get)")
     parser.add_argument("--fit", choices=sorted(FITS), default="campaign",
                         help="campaign: the stage's fit (uamt.campaigns.fit_campaign_calibration); refit: the served "
-                        "candidate refitted per key (refit_served); lp-slope: the same, each campaign on its LP's mu slope")
+                        "candidate refitted per key (refit_served); lp-slope: the same, each campaign on its LP's mu slope; "
+                        "lp-shape: its LP's distribution at its own level and scale (uamt.campaigns.LPAnchor)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 

@@ -174,6 +174,17 @@ BAD_FILES = [
         _bad("a-bad.csv", f"{HEADER},n_annotators,annotator_scores\nwmt21_mqm,en-de,a,b,c,-1,s,1,-1|-2\n"),
         r"field 'n_annotators': 1, but 2 annotator_scores are given",
     ),
+    # -- a user's campaign: a name that would break its calibration key, or take a published one
+    Bad(
+        "campaign-with-the-key-separator",
+        _bad("a-bad.csv", f"{HEADER},campaign\nwmt21_mqm,en-de,a,b,c,-1,s,en-de|acme\n"),
+        r"row 1 \(line 2\): field 'campaign': must be a campaign name \(letters, digits",
+    ),
+    Bad(
+        "campaign-named-like-a-dataset",
+        _bad("a-bad.jsonl", jsonl(campaign="wmt23_mqm")),
+        r"row 1 \(line 1\): field 'campaign': 'wmt23_mqm' names a published dataset",
+    ),
     Bad(
         "score-with-underscore",
         _bad("a-bad.csv", f"{HEADER}\nwmt21_mqm,en-de,a,b,c,-1_0,s\n"),

@@ -171,11 +171,12 @@ def test_the_minimum_is_checked_naming_the_key(tmp_path, value):
         load_section(CampaignSettings, "calibrate_campaigns", path)
 
 
-def test_lp_slope_keeps_each_campaign_on_its_lps_mu_line_and_fits_its_level():
-    """The study option of benchmarks/campaign_rows.py (--fit lp-slope): raters of campaign "steep"
-    spread twice as far per MQM point of mu; refitted per key, each key gets its own slope; with
-    :func:`lp_slope`, the LP's, above and below the point mass at the top alike."""
-    from uamt.campaigns import lp_slope
+def test_an_lp_anchor_keeps_each_campaign_on_its_lps_mu_line_and_fits_its_level():
+    """The study options of benchmarks/campaign_rows.py (--fit lp-slope, lp-shape): raters of
+    campaign "steep" spread twice as far per MQM point of mu; refitted per key, each key gets its own
+    slope; anchored on the LP, the LP's, above and below the point mass at the top alike, and with
+    ``shape`` the LP's candidate parameters too."""
+    from uamt.campaigns import LPAnchor
     from uamt.serving.model_calibration import attach_distribution, fit_calibration, refit_served
 
     rng = np.random.default_rng(1)
@@ -194,7 +195,8 @@ def test_lp_slope_keeps_each_campaign_on_its_lps_mu_line_and_fits_its_level():
     assert served.below_top is not None  # the point mass at MQM 0 has its own part below it
     keyed = rows.assign(lp=campaign_keys(rows))
     own = refit_served(keyed, "hts", served, settings)
-    kept = refit_served(keyed, "hts", served, settings, adjust_standardizer=lp_slope(served))
+    kept = refit_served(keyed, "hts", served, settings, anchor=LPAnchor(served))
+    shaped = refit_served(keyed, "hts", served, settings, anchor=LPAnchor(served, shape=True))
 
     def line(params):  # mu -> human slope of a standardiser's group
         return params["human_std"] / params["pred_std"]
@@ -206,3 +208,6 @@ def test_lp_slope_keeps_each_campaign_on_its_lps_mu_line_and_fits_its_level():
         for key, params in part(kept).standardizer.lp_params.items():
             assert line(params) == pytest.approx(lp_line, rel=1e-12)
             assert params["human_mean"] == part(own).standardizer.lp_params[key]["human_mean"]
+            assert part(kept).served.lp_params[key] != part(served).served.lp_params["en-de"]
+            assert part(shaped).served.lp_params[key] == part(served).served.lp_params["en-de"]
+            assert part(shaped).served.variance.lp_params[key] == part(served).served.variance.lp_params["en-de"]

@@ -102,19 +102,31 @@ def fit_campaign_calibration(
     return attach_distribution(calibration, keyed, method, settings, bounds)
 
 
-def lp_slope(served):
-    r"""An ``adjust_standardizer`` for :func:`~uamt.serving.model_calibration.refit_served` that keeps
-    each ``lp|campaign`` key on its LP's mu -> human line slope (from the per-LP ``served``
-    calibration) and fits only the campaign's level and spread: the key's rows map mu to
-    :math:`\bar h_k + \beta_{LP} (\hat\mu - \bar\mu_k)`, with :math:`\beta_{LP} = s_h / s_p` of
-    the LP.  A campaign's own slope is the noisiest part of its fit on few rows."""
+class LPAnchor:
+    r"""Fits a campaign's calibration anchored on its LP's served one: an ``anchor`` for
+    :func:`~uamt.serving.model_calibration.refit_served` (``benchmarks/campaign_rows.py --fit``).
 
-    def adjust(standardizer, arrays, part: str) -> None:
-        # the distribution below a point mass at the top has a standardiser of its own, fitted on
-        # the rows below it: a campaign's below-top part follows its LP's below-top slope
-        source = served.below_top if part == "below_top" and served.below_top is not None else served
+    Each ``lp|campaign`` key keeps its LP's mu -> human slope (:math:`\beta_{LP} = s_h / s_p` of the
+    LP in ``served``) and fits only its level and spread: its rows map mu to
+    :math:`\bar h_k + \beta_{LP} (\hat\mu - \bar\mu_k)`, in units of its own human std.  With
+    ``shape``, the candidate's per-group parameters (bins, quantiles, variance model) are its LP's
+    too: a campaign is then its LP's distribution moved to its level and scaled to its spread (two
+    numbers, plus its own point mass at the top).  Both parts of a distribution with a point mass
+    at the top follow the matching part of ``served``.
+    """
+
+    def __init__(self, served, *, shape: bool = False) -> None:
+        self.served = served
+        self.shape = shape
+
+    def _parent(self, part: str):
+        below = self.served.below_top
+        return below if part == "below_top" and below is not None else self.served
+
+    def standardizer(self, standardizer, arrays, part: str) -> None:
+        lps = self._parent(part).standardizer.lp_params
         for key, params in standardizer.lp_params.items():
-            parent = source.standardizer.lp_params.get(key.partition(CAMPAIGN_SEPARATOR)[0])
+            parent = lps.get(key.partition(CAMPAIGN_SEPARATOR)[0])
             if parent is None:
                 continue
             slope = parent["human_std"] / parent["pred_std"]
@@ -126,7 +138,19 @@ def lp_slope(served):
                 mu_slope=float(np.std(mu)) * slope / params["human_std"],  # on the z scale, as fitted ones
             )
 
-    return adjust
+    def candidate(self, candidate, part: str) -> None:
+        if not self.shape:
+            return
+        import copy
+
+        parent = self._parent(part).served
+        for mine, theirs in ((candidate, parent), (getattr(candidate, "variance", None), getattr(parent, "variance", None))):
+            if mine is None or theirs is None:
+                continue
+            for key in list(mine.lp_params):
+                lp = key.partition(CAMPAIGN_SEPARATOR)[0]
+                if lp in theirs.lp_params:
+                    mine.lp_params[key] = copy.deepcopy(theirs.lp_params[lp])
 
 
 def campaigns_below_minimum(rows: pd.DataFrame, keyed) -> dict[str, int]:

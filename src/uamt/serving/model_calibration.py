@@ -483,7 +483,7 @@ def with_top_atom(
     settings: EvaluationSettings,
     top: float,
     n_bins: int = 5,
-    adjust_standardizer=None,
+    anchor=None,
 ) -> Calibration:
     """``calibration`` with a point mass at ``top`` (the top of the scale) fitted on its calibration rows.
 
@@ -491,14 +491,14 @@ def with_top_atom(
     (:func:`refit_served`), widened by the same reference and unseen-LP factors; the top mass per
     LP x ``n_bins``-quantile bin of the served mu tops up what that distribution clips onto the top to the share of
     ``table``'s rows there (:class:`~uamt.uncertainty.atom.TopAtom`).  The served mu stays
-    ``calibration``'s (fitted on every row).  ``adjust_standardizer``: as :func:`refit_served`'s, for
-    the refit below the top (called with ``part="below_top"``).
+    ``calibration``'s (fitted on every row).  ``anchor``: as :func:`refit_served`'s, for the refit
+    below the top (called with ``part="below_top"``).
     """
     if method is not None:
         table = with_model_sigma(table, method)
     base = dataclasses.replace(calibration, top_atom=None, below_top=None)
     below_rows = table[table["human"].to_numpy(dtype=float) < top]
-    below = refit_served(below_rows, None, base, settings, adjust_standardizer, part="below_top")
+    below = refit_served(below_rows, None, base, settings, anchor, part="below_top")
     below.reference_factors = dict(calibration.reference_factors)
     below.unseen_lp_sigma_factor = calibration.unseen_lp_sigma_factor
     below.calibrated_on = calibration.calibrated_on
@@ -613,7 +613,7 @@ def refit_served(
     method: str | None,
     template: Calibration,
     settings: EvaluationSettings | None = None,
-    adjust_standardizer=None,
+    anchor=None,
     part: str = "all",
 ) -> Calibration:
     """The calibration ``template`` serves, refitted on ``dev_table``: same candidate, nothing else.
@@ -627,10 +627,11 @@ def refit_served(
     point mass at the top gets one refitted on the same rows (:func:`with_top_atom`), an isotonic
     one its isotonic distribution (:func:`with_isotonic`).
 
-    ``adjust_standardizer(standardizer, arrays, part)``, if given, may change the fitted
-    standardiser's per-group parameters in place before anything is fitted on the rows it
-    standardises; ``part`` is ``"all"``, or ``"below_top"`` for the distribution below a point mass
-    at the top (:func:`uamt.campaigns.lp_slope` keeps a campaign on its LP's mu slope).
+    ``anchor``, if given, may change per-group parameters in place (:class:`uamt.campaigns.LPAnchor`
+    puts each campaign on its LP's mu slope, or its LP's whole distribution shape):
+    ``anchor.standardizer(standardizer, arrays, part)`` before anything is fitted on the rows it
+    standardises, ``anchor.candidate(candidate, part)`` once the candidate is fitted; ``part`` is
+    ``"all"``, or ``"below_top"`` for the distribution below a point mass at the top.
     """
     from uamt.uncertainty.candidates import fit_candidate, standardize
     from uamt.uncertainty.evaluate import prediction_arrays
@@ -644,8 +645,8 @@ def refit_served(
     standardizer, (human, mu_z, sigma_z), _ = standardize(
         arrays, everything, everything, common, mu_scaling=settings.mu_scaling
     )
-    if adjust_standardizer is not None:
-        adjust_standardizer(standardizer, arrays, part)
+    if anchor is not None:
+        anchor.standardizer(standardizer, arrays, part)
         human = standardizer.transform_human(arrays.human, arrays.lp)
         mu_z, sigma_z = standardizer.transform_predictions(arrays.mu, arrays.sigma, arrays.lp)
     fixed_variance = FixedVarianceCalibrator(**common).fit(human, mu_z, lp=arrays.lp)
@@ -655,6 +656,8 @@ def refit_served(
             template.selected, human, mu_z, sigma_z, arrays.lp, common=common,
             n_levels=settings.n_levels, ece_bound=settings.ece_bound,
         )
+        if anchor is not None:
+            anchor.candidate(fitted, part)
         if template.selected == "affine_ece":
             affine = fitted
         else:
@@ -674,7 +677,7 @@ def refit_served(
     elif template.top_atom is not None:
         calibration = with_top_atom(
             calibration, dev_table, None, settings, template.top_atom.value, n_bins=template.top_atom.n_bins,
-            adjust_standardizer=adjust_standardizer,
+            anchor=anchor,
         )
     return calibration
 
