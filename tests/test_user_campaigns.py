@@ -154,6 +154,14 @@ def test_a_campaign_with_too_few_calibration_rows_is_not_served_and_is_named():
     keyed = fit_campaign_calibration(few, "hts", EvaluationSettings(), (-25.0, 0.0), min_rows=300)
     assert known_campaigns(keyed) == {"en-de": ["wmt21_mqm"]}
     assert campaigns_below_minimum(few, keyed) == {"en-de|acme": 200}
+    # the served campaign is fitted exactly as without a minimum, the part below the top included
+    unlimited = fit_campaign_calibration(few, "hts", EvaluationSettings(top_atom=True), (-25.0, 0.0), min_rows=50)
+    limited = fit_campaign_calibration(few, "hts", EvaluationSettings(top_atom=True), (-25.0, 0.0), min_rows=300)
+    assert "en-de|acme" in unlimited.known_lps and "en-de|acme" not in limited.known_lps
+    for part in (lambda c: c, lambda c: c.below_top):
+        for component in ("standardizer", "served"):
+            mine, theirs = getattr(part(limited), component), getattr(part(unlimited), component)
+            assert mine.lp_params["en-de|wmt21_mqm"] == theirs.lp_params["en-de|wmt21_mqm"]
     with pytest.raises(DataError, match=r"row 0: campaign 'acme' has no calibration for lp 'en-de'; known: \['wmt21_mqm'\]"):
         campaign_route(["en-de"], ["acme"], keyed)
 

@@ -92,12 +92,14 @@ def fit_campaign_calibration(
     by ``lp|campaign`` (:func:`campaign_keys`).  A key with fewer than ``min_rows`` rows (or
     ``settings.min_lp_rows``, if more) gets no calibration of its own: it is not served
     (:func:`campaigns_below_minimum` names them)."""
-    import dataclasses
-
     from uamt.serving.model_calibration import attach_distribution, fit_calibration
 
-    settings = dataclasses.replace(settings, min_lp_rows=max(int(settings.min_lp_rows), int(min_rows)))
-    keyed = rows.assign(lp=campaign_keys(rows))
+    # A key under the minimum keeps its rows in the fit under their plain LP (a group that is no
+    # campaign, never served): every other key, and each key's parts (the rows below the point mass
+    # at the top, say), are fitted exactly as without a minimum.
+    keys = campaign_keys(rows)
+    keys = keys.where(keys.map(keys.value_counts()) >= max(int(min_rows), int(settings.min_lp_rows)), rows["lp"].astype(str))
+    keyed = rows.assign(lp=keys)
     calibration, _ = fit_calibration(keyed, method, settings=settings, source="campaigns")
     return attach_distribution(calibration, keyed, method, settings, bounds)
 
@@ -159,6 +161,24 @@ def campaigns_below_minimum(rows: pd.DataFrame, keyed) -> dict[str, int]:
     counts = campaign_keys(rows).value_counts()
     known = set(keyed.known_lps)
     return {str(key): int(n) for key, n in sorted(counts.items()) if key not in known}
+
+
+def ask_as_served(served, keyed, table: pd.DataFrame, settings, bounds):
+    """The answers a request naming each row's campaign gets (:func:`campaign_route`): the
+    campaign-keyed calibration's where it serves the row's ``lp|campaign``, the per-LP ``served``
+    one for every other row (a campaign under the minimum is refused, and a request without a
+    campaign gets the LP's calibration)."""
+    from uamt.model_evaluation import ask
+    from uamt.uncertainty.served import ServedRows
+
+    keys = campaign_keys(table).to_numpy()
+    mine = np.isin(keys, list(keyed.known_lps))
+    parts = []
+    if mine.any():
+        parts.append((np.flatnonzero(mine), ask(keyed, table[mine].assign(lp=keys[mine]), settings, bounds)))
+    if (~mine).any():
+        parts.append((np.flatnonzero(~mine), ask(served, table[~mine], settings, bounds)))
+    return parts[0][1] if len(parts) == 1 else ServedRows.stack(parts, len(table))
 
 
 def keyed_reference_factors(factors: dict[int, dict[str, float]], keys) -> dict[int, dict[str, float]]:
@@ -235,10 +255,13 @@ def measure_campaigns(served, keyed, rows: pd.DataFrame, test: pd.DataFrame, set
     records: list[dict[str, Any]] = []
     goals: dict[str, Any] = {}
     summary: dict[str, Any] = {}
-    choices = (("per_lp", served, lambda t: t["lp"]), ("per_campaign", keyed, campaign_keys))
-    for label, calibration, key_of in choices:
+    choices = (
+        ("per_lp", served, lambda t: ask(served, t, settings, bounds)),
+        ("per_campaign", keyed, lambda t: ask_as_served(served, keyed, t, settings, bounds)),
+    )
+    for label, calibration, answer in choices:
         for split, table in (("calibration", rows), ("test", test)):
-            answers = ask(calibration, table.assign(lp=key_of(table)), settings, bounds)
+            answers = answer(table)
             by_campaign = served_metrics(
                 answers, table["human"].to_numpy(float), campaign_keys(table).to_numpy(),
                 docs=row_documents(table), settings=served_settings(settings),
