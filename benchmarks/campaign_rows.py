@@ -67,16 +67,14 @@ FITS = ("campaign", "lp-shape", "lp-slope", "refit")
 
 def fit_keyed(fit: str, rows: pd.DataFrame, model: str, settings, bounds, min_rows: int, served):
     """The campaign-keyed calibration of ``rows`` fitted the ``fit`` way (:data:`FITS`)."""
-    import dataclasses
-
-    from uamt.campaigns import LPAnchor, campaign_keys, fit_campaign_calibration
+    from uamt.campaigns import LPAnchor, fit_campaign_calibration, fit_keys
     from uamt.serving.model_calibration import refit_served
 
     if fit == "campaign":
         return fit_campaign_calibration(rows, model, settings, bounds, min_rows)
-    settings = dataclasses.replace(settings, min_lp_rows=max(int(settings.min_lp_rows), int(min_rows)))
     anchor = None if fit == "refit" else LPAnchor(served, shape=fit == "lp-shape")
-    return refit_served(rows.assign(lp=campaign_keys(rows)), model, served, settings, anchor=anchor)
+    keys = fit_keys(rows, max(int(min_rows), int(settings.min_lp_rows)))
+    return refit_served(rows.assign(lp=keys), model, served, settings, anchor=anchor)
 
 
 def main(argv: list[str] | None = None) -> int:

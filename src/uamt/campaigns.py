@@ -9,7 +9,8 @@ the same scale differently at the same predicted quality: on the calibration row
 (:func:`fit_campaign_calibration`: the candidates, the dev rule, the point masses) on the same rows,
 only with a finer key.  A user's own raters are a campaign too: rows ingested with a ``campaign``
 name (:mod:`uamt.ingest`) are keyed by it, and ``prepare`` holds a share of their new documents
-out of training (``prepare.pool_calibration_share``) so that they are calibration rows.  It is served beside the per-LP one: a row whose request names a campaign
+out of training (``prepare.pool_calibration_share``) so that they are calibration rows.  It is
+served beside the per-LP one: a row whose request names a campaign
 (``campaign``) that the calibration knows for its LP is answered by it
 (:func:`campaign_route`), every other row as before.
 
@@ -83,6 +84,15 @@ def known_campaigns(calibration) -> dict[str, list[str]]:
 DEFAULT_MIN_CAMPAIGN_ROWS = 300
 
 
+def fit_keys(rows: pd.DataFrame, min_rows: int) -> pd.Series:
+    """The group each calibration row is fitted in: its ``lp|campaign`` key (:func:`campaign_keys`)
+    where that key has at least ``min_rows`` rows, else its plain LP (a group that is no campaign,
+    never served).  So every key that is served, and each of its parts (the rows below the point
+    mass at the top, say), is fitted exactly as without a minimum."""
+    keys = campaign_keys(rows)
+    return keys.where(keys.map(keys.value_counts()) >= int(min_rows), rows["lp"].astype(str))
+
+
 def fit_campaign_calibration(
     rows: pd.DataFrame, method: str | None, settings, bounds, min_rows: int = DEFAULT_MIN_CAMPAIGN_ROWS
 ):
@@ -94,12 +104,7 @@ def fit_campaign_calibration(
     (:func:`campaigns_below_minimum` names them)."""
     from uamt.serving.model_calibration import attach_distribution, fit_calibration
 
-    # A key under the minimum keeps its rows in the fit under their plain LP (a group that is no
-    # campaign, never served): every other key, and each key's parts (the rows below the point mass
-    # at the top, say), are fitted exactly as without a minimum.
-    keys = campaign_keys(rows)
-    keys = keys.where(keys.map(keys.value_counts()) >= max(int(min_rows), int(settings.min_lp_rows)), rows["lp"].astype(str))
-    keyed = rows.assign(lp=keys)
+    keyed = rows.assign(lp=fit_keys(rows, max(int(min_rows), int(settings.min_lp_rows))))
     calibration, _ = fit_calibration(keyed, method, settings=settings, source="campaigns")
     return attach_distribution(calibration, keyed, method, settings, bounds)
 
