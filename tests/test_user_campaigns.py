@@ -7,6 +7,8 @@ The end-to-end path (ingest -> retrain -> the registered model answers ``campaig
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -81,6 +83,83 @@ def test_the_pool_keeps_campaigns_and_a_pool_without_any_keeps_its_columns(tmp_p
 def test_to_arrow_writes_the_campaign_column_only_when_a_row_fills_it():
     frame = pd.DataFrame({name: [] for name in ARROW_SCHEMA.names})
     assert to_arrow(frame.assign(campaign=[])).schema.equals(ARROW_SCHEMA)
+
+
+def test_two_campaigns_may_score_the_same_translation_differently_but_one_campaign_may_not(tmp_path, incoming_config):
+    """One translation has one score per campaign: raters of two campaigns disagree (the published
+    campaigns do too), a second score within one campaign, or among rows naming none, is refused."""
+    path = tmp_path / "two.csv"
+    first, second, third = _rows(1, "acme") + _rows(1, "zeta") + _rows(1, "acme")
+    second["score"], third["score"] = -10.0, -5.0
+    pd.DataFrame([first, second, third]).to_csv(path, index=False)
+    report = validate_file(path).report()
+    assert "row 1 (line 2): field 'score': duplicate of row 3 (same system, src, mt and campaign 'acme')" in report
+    assert "row 3 (line 4): field 'score': duplicate of row 1 (same system, src, mt and campaign 'acme')" in report
+    assert "row 2" not in report
+
+    # against the pool: the same translation rated by rows naming no campaign, then by acme
+    cfg = incoming_config()
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    pd.DataFrame(_rows(2)).to_csv(incoming / "plain.csv", index=False)
+    assert ingest_incoming(cfg).rows_added == 2
+    rerated = _rows(2, "acme")
+    rerated[0]["score"] = -20.0
+    pd.DataFrame(rerated).to_csv(incoming / "acme.csv", index=False)
+    assert ingest_incoming(cfg).rows_added == 2  # another campaign's judgements, whatever the score
+    again = _rows(1, "acme")
+    again[0]["score"] = -3.0
+    pd.DataFrame(again).to_csv(incoming / "acme-again.csv", index=False)
+    result = ingest_incoming(cfg)
+    assert result.rows_added == 0 and result.rejected == ["acme-again.csv"]
+    assert "same system, src, mt and campaign 'acme' already in the pool with score -20.0, here -3.0" in (
+        Path(result.reports["acme-again.csv"]).read_text()
+    )
+    pool = read_pool(cfg.pool_path)
+    assert pool["score"].tolist() == [0.0, -1.5, -20.0, -1.5] and pool["campaign"].tolist() == [None, None, "acme", "acme"]
+
+
+@pytest.mark.parametrize("policy", ["reject", "flag"])
+def test_a_campaign_rerating_a_published_item_is_its_raters_judgement_but_a_renamed_system_is_not(
+    policy, tmp_path, incoming_config
+):
+    """A published label is its dataset's campaign's judgement: another campaign's score of the same
+    item is taken at any distance from it (without a campaign, -20 against 0 contradicts it), and one
+    equal to it is kept as the campaign's own, not skipped as already published.  The system name is
+    an identity, not a judgement: the same src and mt under an unpublished system name is still a
+    conflict."""
+    published = tmp_path / "prepared"
+    published.mkdir()
+    pd.DataFrame(_rows(3)).assign(split="d_q").to_parquet(published / "d_q.parquet")  # scores 0, -1.5, -3
+    cfg = incoming_config(published_dir=str(published), on_published_conflict=policy, on_bad_rows="keep_good")
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    rows = _rows(3, "acme")
+    rows[0]["score"] = -20.0  # far from the published 0
+    rows[2]["system"] = "sysA-v2"  # the published item under another system name
+    pd.DataFrame(rows).to_csv(incoming / "acme.csv", index=False)
+    result = ingest_incoming(cfg)
+    report = Path(result.reports["acme.csv"]).read_text() if "acme.csv" in result.reports else ""
+    assert "contradicts" not in report and "already published" not in report
+    assert "row 3 (line 4): field 'system': repeats a published item" in report
+    assert result.rows_added == (2 if policy == "reject" else 3)
+    pool = read_pool(cfg.pool_path)
+    assert pool["score"].tolist()[:2] == [-20.0, -1.5] and set(pool["campaign"]) == {"acme"}
+
+    # the same rows without a campaign: the -20 contradicts the published 0, the -1.5 repeats it exactly
+    plain = _rows(2)
+    plain[0]["score"] = -20.0
+    pd.DataFrame(plain).to_csv(incoming / "plain.csv", index=False)
+    report = Path(ingest_incoming(cfg).reports["plain.csv"]).read_text()
+    assert "row 1 (line 2): field 'score': contradicts the published label" in report
+    assert "row 2 (line 3): field '*': already published" in report
+
+
+def test_a_campaigns_rerating_of_a_published_training_item_trains_beside_it():
+    """prepare keeps both judgements: the campaign's row joins the published row's split."""
+    pool = _pool(1, "acme").iloc[:1].assign(src="Published sentence.", doc="acme-doc")
+    table, stats = place_pool_rows(_published(), pool, calibration_share=0.99)
+    assert table["split"].tolist() == ["d_q", "test", "d_q"] and stats["placed"] == {"d_q": 1}
 
 
 def _published() -> pd.DataFrame:

@@ -89,7 +89,8 @@ class IncomingConfig:
         takes it and lists it in the report and the manifest (``rows_flagged``).
     published_tolerance : float
         Share of the dataset's ``score_bounds`` width (0.2: 5 MQM points) an incoming score may be
-        from every published score of the same (src, mt) before it contradicts them.
+        from every published score of the same (src, mt) before it contradicts them.  Rows naming a
+        ``campaign`` are exempt: their raters' score may differ from the published campaign's.
     journal_path : str or None
         Write-ahead record of the ingestion or withdrawal in progress (null: ``<manifest>.journal``
         beside the manifest); a tick that finds one finishes or undoes that change first.

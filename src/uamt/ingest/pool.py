@@ -11,7 +11,8 @@ of a killed one rolls it forward or back first (:func:`recover_interrupted`).  A
 ``incoming.max_file_bytes`` is refused unread, one over ``incoming.max_rows`` before validation.
 Rows of a dataset no model trains on (outside ``pipeline.datasets``) are refused; rows about a
 published item (``prepare.out_dir``) that contradict its label or repeat it under another system
-name are rejected or flagged (``incoming.on_published_conflict``).  A file whose sha256 was ingested
+name are rejected or flagged (``incoming.on_published_conflict``); a row naming a ``campaign`` is its
+raters' own judgement and never contradicts a label, the published ones being another campaign's.  A file whose sha256 was ingested
 before (recorded in the pool's ``source_sha256`` column and in ``manifest.json``) is never
 ingested again, and rows whose content (:func:`content_key`) is already in the pool are skipped
 and counted, whatever the file's name or bytes (a re-export with CRLF line ends, say).
@@ -49,7 +50,9 @@ from uamt.ingest.config import DEFAULT_BOUNDS, SHA_COLUMN, SUFFIXES, IncomingCon
 from uamt.ingest.validation import (
     Problem,
     Validation,
+    campaign_of,
     content_key,
+    judged_by,
     judgement_key,
     norm_text,
     show,
@@ -532,7 +535,7 @@ def _check_against_pool(check: Validation, pool: pd.DataFrame, manifest: dict[st
                 Problem(
                     index + 1,
                     "score",
-                    f"same system, src and mt already in the pool with score {previous}, here {row['score']}",
+                    f"same {judged_by(row)} already in the pool with score {previous}, here {row['score']}",
                     check.line_of(index),
                 )
             )
@@ -574,7 +577,12 @@ def _check_against_published(
     """Rows about a published item (same scale, lp, src and mt): an exact repeat (same system and
     score) is a skipped duplicate; a score more than ``published_tolerance`` of the scale from every
     published one contradicts it; another system name with a close score repeats it under a renamed
-    system.  Conflicts are bad rows or flagged rows per ``cfg.on_published_conflict``."""
+    system.  Conflicts are bad rows or flagged rows per ``cfg.on_published_conflict``.
+
+    A row naming a ``campaign`` is another rater group's judgement of the item, as each published
+    dataset is its own campaign's: its score may differ from the published one by any amount, and
+    agreeing with it is a judgement of its own, kept for the campaign's calibration.  Only the
+    system name is still checked: the same src and mt under a system no published label names."""
     if not published:
         return
     dropped = []
@@ -590,11 +598,12 @@ def _check_against_published(
         nearest = min(labels, key=lambda label: abs(label["score"] - score))
         where = f"{nearest['dataset']} system {nearest['system']!r}, score {nearest['score'] + 0.0:g}"
         line = check.line_of(index)
-        if any(label["system"] == system and label["score"] == score for label in labels):
+        own_raters = bool(campaign_of(row))
+        if not own_raters and any(label["system"] == system and label["score"] == score for label in labels):
             dropped.append(index)
             check.duplicates.append(Problem(index + 1, "*", f"already published ({where}): skipped", line))
             continue
-        if abs(nearest["score"] - score) > tolerance:
+        if not own_raters and abs(nearest["score"] - score) > tolerance:
             problem = Problem(
                 index + 1,
                 "score",

@@ -342,15 +342,31 @@ def norm_text(value: Any) -> str:
     return " ".join(unicodedata.normalize("NFC", value).split())
 
 
+def campaign_of(row: Any) -> str:
+    """The rater campaign a row names (stripped), or ``""`` for none (missing, None, NaN or blank)."""
+    value = row.get("campaign") if hasattr(row, "get") else None
+    return value.strip() if isinstance(value, str) else ""
+
+
 def judgement_key(row: Any) -> tuple:
-    """(dataset, lp, system, src, mt), normalised: one translation by one system, which has one score."""
+    """(dataset, lp, system, src, mt, campaign), normalised: one translation by one system has one
+    score per campaign.  Two campaigns (rater groups, :mod:`uamt.campaigns`) may rate the same
+    translation differently, as the published campaigns do; within one campaign, or among rows that
+    name none, a second score contradicts the first."""
     return (
         row["dataset"],
         row["lp"],
         norm_text(row["system"]),
         norm_text(row["src"]),
         norm_text(row["mt"]),
+        campaign_of(row),
     )
+
+
+def judged_by(row: Any) -> str:
+    """How a duplicate message names the judgement: ``system, src, mt`` plus the campaign if any."""
+    campaign = campaign_of(row)
+    return "system, src, mt" + (f" and campaign {campaign!r}" if campaign else "")
 
 
 def content_key(row: Any) -> tuple:
@@ -658,7 +674,7 @@ def validate_frame(
                 "campaign": row.campaign,
             }
         )
-    # Same (dataset, lp, system, src, mt) with different scores: every copy is rejected, since
+    # Same (dataset, lp, system, src, mt, campaign) with different scores: every copy is rejected, since
     # there is no telling which judgement is right.  Exact repeats (same content key) keep the
     # first copy; the others are counted as duplicates.
     by_key: dict[tuple, list[int]] = {}
@@ -671,12 +687,11 @@ def validate_frame(
         earlier = by_key.setdefault(key, [])
         other = next((j for j in earlier if score_of[j] != row["score"]), None)
         if other is not None:
-            problem(i, "score", f"duplicate of row {other + 1} (same system, src, mt) with a different score")
+            same = judged_by(row)
+            problem(i, "score", f"duplicate of row {other + 1} (same {same}) with a different score")
             for j in earlier:
                 if rows[j] is not None:
-                    problem(
-                        j, "score", f"duplicate of row {i + 1} (same system, src, mt) with a different score"
-                    )
+                    problem(j, "score", f"duplicate of row {i + 1} (same {same}) with a different score")
                     rows[j] = None
             rows[i] = None
         elif content in contents:
