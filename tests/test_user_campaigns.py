@@ -7,6 +7,7 @@ The end-to-end path (ingest -> retrain -> the registered model answers ``campaig
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -241,8 +242,17 @@ def test_a_campaign_with_too_few_calibration_rows_is_not_served_and_is_named():
         for component in ("standardizer", "served"):
             mine, theirs = getattr(part(limited), component), getattr(part(unlimited), component)
             assert mine.lp_params["en-de|wmt21_mqm"] == theirs.lp_params["en-de|wmt21_mqm"]
-    with pytest.raises(DataError, match=r"row 0: campaign 'acme' has no calibration for lp 'en-de'; known: \['wmt21_mqm'\]"):
+    assert limited.too_few_rows == {"min_rows": 300, "keys": {"en-de|acme": 200}} and unlimited.too_few_rows == {}
+    with pytest.raises(DataError, match=(
+        r"row 0: campaign 'acme' is not served for lp 'en-de': it had 200 calibration rows, fewer than the 300 this "
+        r"model serves a campaign from \(calibrate_campaigns.min_rows\); ingest more of its judgements and retrain, "
+        r"or score these rows without a campaign for the en-de calibration")):  # fmt: skip
         campaign_route(["en-de"], ["acme"], keyed)
+    # the served artifact carries it (and a calibration without any writes no such field)
+    back = type(keyed).from_dict(json.loads(json.dumps(keyed.to_dict())))
+    assert back.too_few_rows == keyed.too_few_rows and "too_few_rows" not in unlimited.to_dict()
+    with pytest.raises(DataError, match=r"campaign 'wmt99' has no calibration for lp 'en-de'; known: \['wmt21_mqm'\]"):
+        campaign_route(["en-de"], ["wmt99"], back)
 
 
 @pytest.mark.parametrize("value", [1, 2.5, True, "300"])

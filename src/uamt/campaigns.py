@@ -104,9 +104,14 @@ def fit_campaign_calibration(
     (:func:`campaigns_below_minimum` names them)."""
     from uamt.serving.model_calibration import attach_distribution, fit_calibration
 
-    keyed = rows.assign(lp=fit_keys(rows, max(int(min_rows), int(settings.min_lp_rows))))
+    minimum = max(int(min_rows), int(settings.min_lp_rows))
+    keyed = rows.assign(lp=fit_keys(rows, minimum))
     calibration, _ = fit_calibration(keyed, method, settings=settings, source="campaigns")
-    return attach_distribution(calibration, keyed, method, settings, bounds)
+    calibration = attach_distribution(calibration, keyed, method, settings, bounds)
+    below = campaigns_below_minimum(rows, calibration)
+    if below:  # a request naming one is told why it has no calibration (campaign_route)
+        calibration.too_few_rows = {"min_rows": minimum, "keys": below}
+    return calibration
 
 
 class LPAnchor:
@@ -216,6 +221,14 @@ def campaign_route(lps, campaigns, calibration, row_label: str = "row") -> tuple
         if lp is None or (isinstance(lp, float) and np.isnan(lp)):
             raise DataError(f"{row_label} {i}: campaign {campaign!r} needs the row's lp (campaigns are calibrated per language pair)")
         key = campaign_key(str(lp), str(campaign))
+        few = calibration.too_few_rows.get("keys", {})
+        if key not in known and key in few:
+            raise DataError(
+                f"{row_label} {i}: campaign {campaign!r} is not served for lp {lp!r}: it had "
+                f"{few[key]} calibration rows, fewer than the {calibration.too_few_rows['min_rows']} this "
+                f"model serves a campaign from (calibrate_campaigns.min_rows); ingest more of its judgements "
+                f"and retrain, or score these rows without a campaign for the {lp} calibration"
+            )
         if key not in known:
             raise DataError(
                 f"{row_label} {i}: campaign {campaign!r} has no calibration for lp {lp!r}; "
@@ -321,7 +334,7 @@ def calibrate_campaigns(
         served = Calibration.load(Path(calibration_dir) / f"{model}.json")
         rows = calibration_rows(pipe, model, served.calibrated_on)
         keyed = fit_campaign_calibration(rows, model, settings, bounds, min_rows)
-        below = campaigns_below_minimum(rows, keyed)
+        below = keyed.too_few_rows.get("keys", {})
         if below:
             log.warning(
                 "calibrate_campaigns: %s: not served, fewer than %d calibration rows (calibrate_campaigns.min_rows): %s",

@@ -162,6 +162,8 @@ class CalibratedPredictor:
                 "known_lps": self.known_lps,
                 "unseen_lp_sigma_factor": self.unseen_lp_sigma_factor,
                 "campaigns": known_campaigns(self.campaigns) if self.campaigns is not None else {},
+                # lp|campaign -> calibration rows: campaigns left unserved for having too few
+                "campaigns_too_few_rows": dict(self.campaigns.too_few_rows.get("keys", {})) if self.campaigns is not None else {},
             },
             "max_tokens": self.max_tokens,
         }

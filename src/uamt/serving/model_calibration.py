@@ -76,6 +76,10 @@ class Calibration:
     #: served distribution (its own point masses, so no ``top_atom``), widened around mu by the same
     #: reference and unseen-LP factors.
     isotonic: IsotonicDistribution | None = None
+    #: Keys of the fit left without a calibration of their own for having too few rows (a user's
+    #: campaign under ``calibrate_campaigns.min_rows``, :mod:`uamt.campaigns`): ``{"min_rows": m,
+    #: "keys": {key: rows}}``, so a request naming one is told why; empty (and not written) when none.
+    too_few_rows: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -119,6 +123,8 @@ class Calibration:
             "top_atom": None if self.top_atom is None else self.top_atom.to_dict(),
             "below_top": None if self.below_top is None else self.below_top.to_dict(),
             "isotonic": None if self.isotonic is None else self.isotonic.to_dict(),
+            # only where some key is left out, so a file without any keeps its bytes
+            **({"too_few_rows": self.too_few_rows} if self.too_few_rows else {}),
         }
 
     @classmethod
@@ -149,6 +155,13 @@ class Calibration:
             if calibration.top_atom is not None:
                 raise UamtError("calibration: isotonic and top_atom are two served distributions; a file holds one")
             calibration.isotonic = IsotonicDistribution.from_dict(data["isotonic"])
+        few = data.get("too_few_rows") or {}
+        try:
+            calibration.too_few_rows = (
+                {"min_rows": int(few["min_rows"]), "keys": {str(k): int(n) for k, n in few["keys"].items()}} if few else {}
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise UamtError(f"calibration: malformed too_few_rows ({type(exc).__name__}: {exc})") from exc
         return calibration
 
     def save(self, path: str | Path) -> None:
