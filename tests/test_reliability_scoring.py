@@ -687,6 +687,7 @@ def test_metadata_says_what_the_model_was_trained_and_calibrated_on(uamt_model, 
         "known_lps": [],
         "unseen_lp_sigma_factor": 1.0,
         "campaigns": {},  # registered without a per-campaign calibration
+        "campaigns_too_few_rows": {},
     }
     assert json.loads(json.dumps(metadata)) == metadata  # JSON as it is
 
