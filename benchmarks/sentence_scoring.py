@@ -54,9 +54,10 @@ DESIGNS = {
 
 
 def _chrf(hypothesis: str, reference: str) -> float:
-    from sacrebleu.metrics import CHRF
+    """Sentence chrF on a 0-1 scale (:func:`uamt.lexical.segment_scores`)."""
+    from uamt.lexical import segment_scores
 
-    return CHRF().sentence_score(hypothesis, [reference]).score / 100.0
+    return float(segment_scores([hypothesis], [reference], "chrf")[0]) / 100.0
 
 
 def align_sentences(mt: list[str], ref: list[str], min_chrf: float = 0.2):
@@ -117,6 +118,12 @@ def sentence_units(src: str, mt: str, ref: str, min_chrf: float):
     return units, len(unaligned_ref), len(unaligned_mt)
 
 
+def paragraph_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :data:`PARAGRAPH_DATA`, renumbered."""
+    pairs = pd.MultiIndex.from_frame(table[["dataset", "lp"]])
+    return table[pairs.isin(PARAGRAPH_DATA)].reset_index(drop=True)
+
+
 def score_frame(model, frame: pd.DataFrame, batch: int = 512) -> np.ndarray:
     """Served mu of ``frame``'s (src, mt, ref, lp) rows."""
     out = []
@@ -171,16 +178,19 @@ def apply_variants(features: pd.DataFrame, weights: dict[str, np.ndarray]) -> pd
     return out
 
 
-def pearson(a, b) -> float:
-    return float(np.corrcoef(np.asarray(a, float), np.asarray(b, float))[0, 1])
+def pearson(score, human) -> float:
+    """Pearson of a variant's score with MQM (:func:`uamt.uncertainty.metrics.predictive_pearson_score`)."""
+    from uamt.uncertainty.metrics import predictive_pearson_score
+
+    return predictive_pearson_score(np.asarray(human, float), np.asarray(score, float))
 
 
 def auroc_bad(score: np.ndarray, human: np.ndarray, chi: float = -5.0) -> float:
     """AUROC of ``-score`` for finding the bad translations (MQM <= ``chi``), as benchmarks/quality.py
-    measures the served risk (here the variants' scores: a lower score, a likelier bad one)."""
-    from sklearn.metrics import roc_auc_score
+    measures the served risk (:func:`uamt.quality.auroc_score`; here a lower score, a likelier bad one)."""
+    from uamt.quality import auroc_score
 
-    return float(roc_auc_score(human <= chi, -np.asarray(score, float)))
+    return auroc_score(-np.asarray(score, float), np.asarray(human, float) <= chi)
 
 
 def bootstrap_difference(scores: pd.DataFrame, human: np.ndarray, docs: np.ndarray, variant: str, n: int = 1000, seed: int = 0):
@@ -211,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = mlflow.pyfunc.load_model(args.model)
     frames = {s: pd.read_parquet(Path(args.prepared) / f"{s}.parquet") for s in ("dev", "test")}
-    keep = lambda t: t[t[["dataset", "lp"]].apply(tuple, axis=1).isin(PARAGRAPH_DATA)].reset_index(drop=True)  # noqa: E731
-    dev, test = keep(frames["dev"]), keep(frames["test"])
+    dev, test = (paragraph_rows(frames[s]) for s in ("dev", "test"))
     started = time.perf_counter()
     dev_f = paragraph_features(model, dev, args.min_chrf)
     weights = fit_variants(dev_f, dev["score"].to_numpy(float))
