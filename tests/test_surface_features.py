@@ -91,6 +91,9 @@ def test_numbers_read_separators_and_any_scripts_digits_alike():
     assert numbers("In 2019, 1,250 people (１２ of them 3.5 %)") == {"2019": 1, "1250": 1, "12": 1, "35": 1}
     assert numbers("1.250 und 1,250") == {"1250": 2}
     assert numbers("no numbers here") == {}
+    counted = numbers("1.250 und 1,250")
+    counted["1250"] -= 2  # each call returns its own multiset, though the text's is remembered
+    assert numbers("1.250 und 1,250") == {"1250": 2}
 
 
 @pytest.mark.parametrize(

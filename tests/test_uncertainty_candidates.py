@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -181,6 +182,40 @@ def test_score_fit_respects_the_ece_bound_and_scale_only_keeps_beta_zero():
     assert 2.5 < scale["alpha"] < 6.0
     with pytest.raises(ValueError, match=r"score='mse' not supported; choose from \['crps', 'nll'\]"):
         fit_variance_by_score(human, mu, sigma, score="mse")
+
+
+def test_fits_are_remembered_by_their_rows_and_options_and_returned_as_copies(monkeypatch):
+    """The grid searches are remembered per process (a calibration asks for the same fit many
+    times); a remembered answer must be the fit's own, for the same rows and options only."""
+    from uamt.uncertainty import calibrators
+
+    rng = np.random.default_rng(11)
+    human, mu, sigma, _ = heteroscedastic(rng, 800, sigma_scale=0.5)
+    fit_variance_by_score.cache_clear()
+    calls = []
+    grid = calibrators._ece_columns
+    monkeypatch.setattr(
+        "uamt.uncertainty.candidates._ece_columns", lambda *a: calls.append(1) or grid(*a)
+    )
+    first = fit_variance_by_score(human, mu, sigma, score="nll")
+    searched = len(calls)
+    assert searched > 0
+    first["alpha"] = -1.0  # the caller's copy: the remembered answer is not changed
+    again = fit_variance_by_score(human.tolist(), mu, sigma, score="nll")  # the same numbers
+    assert len(calls) == searched and again["alpha"] > 0
+    fit_variance_by_score.cache_clear()
+    assert fit_variance_by_score(human, mu, sigma, score="nll") == again  # recomputed: the same fit
+    assert len(calls) == 2 * searched
+    other_rows = human.copy()
+    other_rows[0] += 1.0
+    fit_variance_by_score(other_rows, mu, sigma, score="nll")
+    fit_variance_by_score(human, mu, sigma, score="crps")
+    assert len(calls) == 4 * searched  # other rows, other options: searched again
+    for bad in (["a"] * 800, np.full(800, np.nan)):  # what the fit refuses, it refuses as before
+        with pytest.raises(ValueError) as unwrapped:
+            fit_variance_by_score.__wrapped__(bad, mu, sigma)
+        with pytest.raises(ValueError, match=re.escape(str(unwrapped.value))):
+            fit_variance_by_score(bad, mu, sigma)
 
 
 def test_score_calibrator_round_trips():

@@ -48,6 +48,7 @@ from uamt.uncertainty.calibrators import (
     _as_lp,
     _ece_columns,
     lp_groups,
+    remembered_fit,
 )
 from uamt.uncertainty.conformal import (
     ConformalCalibrator,
@@ -101,6 +102,7 @@ def _mean_scores(abs_err: np.ndarray, var: np.ndarray, score: str) -> np.ndarray
 SCORES = ("nll", "crps")
 
 
+@remembered_fit
 def fit_variance_by_score(
     human,
     mu,
