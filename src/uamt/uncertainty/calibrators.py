@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -410,6 +411,7 @@ def remembered_fit(fit: Callable[..., dict[str, float]]) -> Callable[..., dict[s
     answer is the same dict (a copy), computed once.  ``fit.cache_clear()`` forgets.
     """
     remembered: OrderedDict[tuple, dict[str, float]] = OrderedDict()
+    lock = threading.Lock()  # a flow may calibrate in threads; the fit itself runs outside it
 
     @functools.wraps(fit)
     def fit_once(*arrays, **options) -> dict[str, float]:
@@ -423,13 +425,17 @@ def remembered_fit(fit: Callable[..., dict[str, float]]) -> Callable[..., dict[s
             hash(key)
         except (TypeError, ValueError):  # not numbers: the fit itself names what is wrong
             return fit(*arrays, **options)
-        if key in remembered:
-            remembered.move_to_end(key)
-        else:
-            remembered[key] = dict(fit(*arrays, **options))
+        with lock:
+            known = remembered.get(key)
+            if known is not None:
+                remembered.move_to_end(key)
+                return dict(known)
+        result = dict(fit(*arrays, **options))
+        with lock:
+            remembered[key] = result
             if len(remembered) > REMEMBERED_FITS:
                 remembered.popitem(last=False)
-        return dict(remembered[key])
+        return dict(result)
 
     fit_once.cache_clear = remembered.clear  # type: ignore[attr-defined]
     return fit_once
