@@ -88,9 +88,9 @@ def copy_rate(src: str, mt: str) -> float:
 
 #: Texts whose numbers and negation cues a process remembers: a source or reference is shared by
 #: every system's translation of it, and the calibrate and evaluate stages featurise the same rows
-#: for the model and each of its leave-one-LP-out models (a fifth of their prediction time).  The
-#: bound keeps a long-running server's memory in check (the texts it keeps: ~40 MB at this data's
-#: mean of 195 bytes per text, ~150 MB at 1 kB per text).
+#: for the model and each of its leave-one-LP-out models (in one HTS calibration's profile the row
+#: features took 20 of its 40 s of prediction).  The bound keeps a long-running server's memory in
+#: check (an estimate: ~40 MB at the 195 bytes of this data's mean text object, ~150 MB at 1 kB).
 REMEMBERED_TEXTS = 1 << 17
 
 
