@@ -5,8 +5,8 @@ The served model reads a paragraph (WMT23 en-de) as one pooled vector per text, 
 dropped from five, or one word negated, barely moves it (challenge set: omission of a sentence and
 negation below the 95 % goal).  Here every paragraph is cut into sentences
 (:func:`uamt.surface_features.sentences`), the translation's sentences are aligned to the
-reference's (:func:`align_sentences`: monotonic, by sentence chrF, 1-1, 2-1 and 1-2 links, a
-sentence left unaligned where no link reaches ``--min-chrf``), each aligned (source, translation,
+reference's (:func:`uamt.paragraphs.align_sentences`: monotonic, by sentence chrF, 1-1, 2-1 and
+1-2 links, a sentence left unaligned where no link reaches ``--min-chrf``), each aligned (source, translation,
 reference) unit is scored by the registered model, and the paragraph gets
 
 * ``sum``: the sum of its units' served mu (MQM penalties add up over a paragraph's errors);
@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from uamt.paragraphs import align_sentences
+
 #: (dataset, lp) of the paragraph-level test data.
 PARAGRAPH_DATA = (("wmt23_mqm", "en-de"), ("wmt23_sxs_mqm", "en-de"))
 #: Challenge modes a sentence-level reading could change (the others replace the whole text).
@@ -51,55 +53,6 @@ DESIGNS = {
     "sum+gaps": ("1", "sum", "omitted", "added"),
     "blend": ("1", "paragraph", "sum", "omitted", "added"),
 }
-
-
-def _chrf(hypothesis: str, reference: str) -> float:
-    """Sentence chrF on a 0-1 scale (:func:`uamt.lexical.segment_scores`)."""
-    from uamt.lexical import segment_scores
-
-    return float(segment_scores([hypothesis], [reference], "chrf")[0]) / 100.0
-
-
-def align_sentences(mt: list[str], ref: list[str], min_chrf: float = 0.2):
-    """Monotonic alignment of translation sentences ``mt`` to reference sentences ``ref``.
-
-    Links are 1-1, 2-1 (two translation sentences for one reference sentence: a split) and 1-2 (a
-    merge); a link gains its sentence chrF minus ``min_chrf``, a sentence left unaligned gains 0,
-    and the alignment maximises the total (dynamic programming over (i, j)).  Returns ``(links,
-    unaligned_ref, unaligned_mt)``: ``links`` a list of ``(ref indices, mt indices)`` tuples.
-    """
-    n, m = len(ref), len(mt)
-    best = np.full((n + 1, m + 1), -np.inf)
-    back: dict[tuple[int, int], tuple[int, int, str]] = {}
-    best[0, 0] = 0.0
-    steps = ((1, 1), (1, 2), (2, 1), (1, 0), (0, 1))
-    for i in range(n + 1):
-        for j in range(m + 1):
-            if not np.isfinite(best[i, j]):
-                continue
-            for di, dj in steps:
-                a, b = i + di, j + dj
-                if a > n or b > m:
-                    continue
-                if di and dj:
-                    gain = _chrf(" ".join(mt[j:b]), " ".join(ref[i:a])) - min_chrf
-                else:
-                    gain = 0.0
-                if best[i, j] + gain > best[a, b]:
-                    best[a, b] = best[i, j] + gain
-                    back[(a, b)] = (i, j, f"{di}{dj}")
-    links, unaligned_ref, unaligned_mt = [], [], []
-    a, b = n, m
-    while (a, b) != (0, 0):
-        i, j, _ = back[(a, b)]
-        if a > i and b > j:
-            links.append((tuple(range(i, a)), tuple(range(j, b))))
-        elif a > i:
-            unaligned_ref.append(i)
-        else:
-            unaligned_mt.append(j)
-        a, b = i, j
-    return links[::-1], sorted(unaligned_ref), sorted(unaligned_mt)
 
 
 def sentence_units(src: str, mt: str, ref: str, min_chrf: float):

@@ -53,6 +53,9 @@ class EncodeConfig:
         Encode only rows of these ``dataset`` values (``None``: every row).  Texts missing from the
         cache are still encoded on demand by :meth:`EmbeddingCache.get`; this only decides what
         is computed ahead.
+    paragraph_units : bool
+        Also encode the aligned sentence units of multi-sentence rows (:func:`uamt.paragraphs.unit_texts`),
+        which models trained with ``train_base.paragraph_units`` score beside the whole row.
     """
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
@@ -61,17 +64,19 @@ class EncodeConfig:
     dtype: Literal["float32", "float16"] = "float32"
     shard_size: int = 4096
     datasets: tuple[str, ...] | None = None
+    paragraph_units: bool = False
 
 
 def collect_texts(
-    paths: Sequence[str | Path], datasets: Sequence[str] | None = None
+    paths: Sequence[str | Path], datasets: Sequence[str] | None = None, paragraph_units: bool = False
 ) -> tuple[list[str], dict[str, int], int]:
     """Distinct texts of the text columns of canonical tables, in first-seen order.
 
     Returns
     -------
     texts : list of str
-        Distinct non-empty texts of ``src``, ``mt``, ``ref`` and every element of ``refs``.
+        Distinct non-empty texts of ``src``, ``mt``, ``ref`` and every element of ``refs``, and
+        with ``paragraph_units`` the texts of the sentence units of multi-sentence rows.
     rows : dict
         File name -> number of rows used (after the ``datasets`` filter).
     n_occurrences : int
@@ -115,6 +120,12 @@ def collect_texts(
                     n_occurrences += 1
                     if text:
                         seen[text] = None
+        if paragraph_units:
+            from uamt.paragraphs import unit_texts
+
+            units = unit_texts(frame)
+            n_occurrences += len(units)
+            seen.update(dict.fromkeys(units))
     return list(seen), rows, n_occurrences
 
 
@@ -137,7 +148,7 @@ def precompute_embeddings(cfg: EncodeConfig, splits: Sequence[str | Path] | None
         if not splits:
             raise DataError(f"{cfg.prepared_dir}: no *.parquet tables to encode (run the prepare stage)")
     started = time.perf_counter()
-    texts, rows, n_occurrences = collect_texts(splits, cfg.datasets)
+    texts, rows, n_occurrences = collect_texts(splits, cfg.datasets, cfg.paragraph_units)
     encoder = get_encoder(cfg.encoder)
     cache = EmbeddingCache(cfg.cache_dir, encoder, dtype=cfg.dtype, shard_size=cfg.shard_size)
     log.info("%s: %d distinct texts in %d tables", encoder.encoder_id, len(texts), len(rows))
@@ -160,6 +171,7 @@ def precompute_embeddings(cfg: EncodeConfig, splits: Sequence[str | Path] | None
         "dim": stats["dim"],
         "dtype": stats["dtype"],
         "datasets": list(cfg.datasets) if cfg.datasets is not None else None,
+        "paragraph_units": cfg.paragraph_units,
         "tables": rows,
         "texts_occurrences": n_occurrences,
         "texts_distinct": len(texts),

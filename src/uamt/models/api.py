@@ -48,6 +48,8 @@ from uamt.models.ensemble import combine_members, run_members
 from uamt.models.mcd import head_samples
 from uamt.models.row_features import with_row_features
 from uamt.models.specs import ENSEMBLE_MEMBERS, MethodSpec, get_loss, get_method, get_spec
+from uamt.paragraphs import MANIFEST_KEY as PARAGRAPHS
+from uamt.paragraphs import ParagraphBlend, fit_blend, predict_with_blend
 
 MANIFEST = "model.json"
 WEIGHTS = "weights.pt"
@@ -299,7 +301,10 @@ def train(
     if cfg.finetune and encoder is None:
         encoder = encoder_of(features)
     trainer = _TRAINERS[spec.layout]
-    return trainer(cfg, train_df, dev_df, features, Path(out_dir), base_model_dir or cfg.base_model_dir, encoder)
+    out_dir = trainer(cfg, train_df, dev_df, features, Path(out_dir), base_model_dir or cfg.base_model_dir, encoder)
+    if cfg.paragraph_units:
+        fit_paragraphs(out_dir, cfg, dev_df, features, encoder)
+    return out_dir
 
 
 def _train_network(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, encoder) -> Path:
@@ -402,6 +407,23 @@ def _train_dup(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, e
     return out_dir
 
 
+# --------------------------------------------------------------------------- paragraphs
+def fit_paragraphs(out_dir: Path, cfg: TrainConfig, dev_df: pd.DataFrame, features, encoder=None) -> None:
+    """Fit the paragraph blend of the model in ``out_dir`` on ``dev_df`` (its early-stopping split:
+    the training rows' own μ would be in-sample) and record it, or why there is none, in the
+    manifest under ``paragraphs`` (:func:`uamt.paragraphs.fit_blend`)."""
+    model = load(out_dir, encoder=encoder)
+    if cfg.reference_free:
+        blend, why = None, "reference-free: no reference sentences to align the translation's to"
+    else:
+        blend, why = fit_blend(
+            lambda frame: model.predict_whole(frame, features, None, encoder), dev_df, targets_of(dev_df, "dev split")
+        )
+    meta = {k: v for k, v in model.meta.items() if k not in ("format", "complete")}
+    meta[PARAGRAPHS] = {"fit": why, **(blend.to_dict() if blend is not None else {})}
+    write_manifest(out_dir, meta)
+
+
 # --------------------------------------------------------------------------- loading / prediction
 class TrainedModel:
     """A loaded model: ``predict(df, features)`` -> DataFrame[mu, sigma, ...] on the ``score`` scale.
@@ -429,6 +451,7 @@ class TrainedModel:
         self.scaler = TargetScaler(meta["target_mean"], meta["target_std"])
         self.encoder_id = meta.get("encoder_id")
         self.shape = (int(meta["num_layers"]), int(meta["dim"]))
+        self.paragraphs = ParagraphBlend.from_manifest(meta, self.model_dir / MANIFEST)
 
     def check_features(self, features) -> None:
         """DataError when ``features`` come from other encoder weights than the model was trained on.
@@ -473,12 +496,19 @@ class TrainedModel:
     def predict(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
         """Score ``df`` (columns ``src``, ``mt`` [, ``ref``]).
 
+        A model trained with ``paragraph_units`` scores a multi-sentence row sentence by sentence
+        too, and its ``mu`` is the blend recorded in the manifest (:mod:`uamt.paragraphs`).
+
         Returns
         -------
         DataFrame, one row per input row (same order), columns ``mu``, ``sigma`` (a standard
         deviation; NaN for ``point``) and, per method, ``epistemic``, ``aleatoric`` (variances) and
         ``q_hat`` (DUP's base prediction), all on the ``score`` scale.
         """
+        return predict_with_blend(self, df, features, n_samples, encoder)
+
+    def predict_whole(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
+        """:meth:`predict` with every row read whole by the network (no paragraph blend)."""
         self.attach_encoder(encoder if encoder is not None else encoder_of(features))
         return self.predict_rows(self.encode(df, features), n_samples)
 
@@ -624,7 +654,7 @@ class DUPModel(TrainedModel):
         self.base.attach_encoder(encoder)
         self.error_model.attach_encoder(encoder)
 
-    def predict(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
+    def predict_whole(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
         rows = self.encode(df, features)
         base_rows = (
             with_row_features(rows, df, self.base.cfg.row_features)

@@ -92,6 +92,11 @@ class TrainConfig:
         reads beside the COMET features (:mod:`uamt.models.row_features`; computed from the texts
         wherever rows are encoded).  () = none (the COMET head).  A reference-free model cannot read
         the reference-based ones.
+    paragraph_units : bool
+        Score a multi-sentence row sentence by sentence too (:mod:`uamt.paragraphs`): after training,
+        a blend of the whole row's μ, the sum of its aligned sentence units' μ and the counts of
+        unaligned reference and translation sentences is fitted on the dev split and recorded in the
+        model's manifest; ``predict`` returns it as ``mu``.  Reference-based models only.
     init_from : str or None
         A trained single-network model folder whose weights start the training (a warm start: the
         "DA first, then MQM" recipe of COMET and MetricX trains once on direct assessments, then on
@@ -137,6 +142,7 @@ class TrainConfig:
     predict_batch_size: int = 256
     synthetic_failures: float = 0.0
     row_features: tuple[str, ...] = ()
+    paragraph_units: bool = False
     init_from: str | None = None
     train_split: str = "d_q"
     dev_split: str = "dev"

@@ -241,6 +241,11 @@ class OnnxHeadModel:
         self.encoder_id = meta["encoder_id"]
         self.shape = (int(meta["num_layers"]), int(meta["dim"]))
         self.outputs = [str(name) for name in meta["outputs"]]
+        self.paragraphs = None
+        if self.model_dir is not None:  # the blend is recorded in the checkpoint's manifest
+            from uamt.paragraphs import ParagraphBlend
+
+            self.paragraphs = ParagraphBlend.from_model_dir(self.model_dir)
         self.sides = ["src", "mt"] + ([] if self.cfg.reference_free else ["ref"])
         self.row_features = tuple(self.cfg.row_features)
         expected = sorted(self.sides + ([ROWS_INPUT] if self.row_features else []))
@@ -286,8 +291,15 @@ class OnnxHeadModel:
     def predict(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
         """Score ``df`` (columns ``src``, ``mt`` [, ``ref``]) like
         :meth:`uamt.models.api.TrainedModel.predict`: ``mu``, ``sigma`` and the method's variance
-        parts, on the ``score`` scale.  ``n_samples`` and ``encoder`` are accepted for the same
+        parts, on the ``score`` scale, ``mu`` blended on multi-sentence rows where the checkpoint's
+        manifest records a paragraph blend.  ``n_samples`` and ``encoder`` are accepted for the same
         signature and unused (the network is deterministic and reads cached embeddings)."""
+        from uamt.paragraphs import predict_with_blend
+
+        return predict_with_blend(self, df, features, n_samples, encoder)
+
+    def predict_whole(self, df: pd.DataFrame, features, n_samples: int | None = None, encoder=None) -> pd.DataFrame:
+        """:meth:`predict` with every row read whole by the network (no paragraph blend)."""
         from uamt.models.data import index_rows, to_score_scale
         from uamt.models.row_features import row_feature_matrix
 

@@ -1,0 +1,356 @@
+"""Paragraphs scored sentence by sentence: the model's μ for a multi-sentence row.
+
+The network reads a text as one pooled vector, so one sentence dropped from five barely moves a
+paragraph's score.  Here a multi-sentence row is cut into sentences
+(:func:`uamt.surface_features.sentences`), the translation's sentences are aligned to the
+reference's (:func:`align_sentences`), every aligned (source, translation, reference) unit is
+scored by the same network, and the row's μ becomes a least-squares blend (fitted per language
+pair on the model's dev split when it is trained, :func:`fit_blend`) of
+
+* ``paragraph``: the network's μ of the whole row,
+* ``sum``: the sum of its units' μ (MQM penalties add up over a paragraph's errors),
+* ``omitted``: reference sentences no translation sentence aligns to,
+* ``added``: translation sentences aligned to no reference sentence,
+
+and an intercept.  Single-sentence rows, rows whose source and reference have different sentence
+counts (the source of a reference sentence is then unknown), rows of a language pair with too few
+multi-sentence dev rows and rows given without ``lp`` keep the network's μ.  The
+blend is part of the model's ``predict``, so calibration, evaluation, the gates and the served
+distribution all see it (benchmarks/sentence_scoring.py measured it first; docs/quality.md).
+
+Only μ changes; σ and the variance parts stay the network's for the whole row, and the calibration
+fitted afterwards on this μ's errors sets the served width.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from uamt.core.errors import UamtError
+from uamt.surface_features import sentences
+
+#: A link is kept where its sentence chrF (0-1) reaches this; below it both sides stay unaligned.
+#: 0.1 and 0.2 gave the same test Pearson on WMT23 en-de (.723 both, docs/quality.md).
+MIN_CHRF = 0.2
+#: Key of the blend in a model's ``model.json``.
+MANIFEST_KEY = "paragraphs"
+#: Columns of the blend's least squares (``1``: the intercept).
+COLUMNS = ("1", "paragraph", "sum", "omitted", "added")
+#: A language pair with fewer multi-sentence dev rows than this keeps the whole-row μ.
+MIN_FIT_ROWS = 50
+#: Rows whose alignment one process remembers (calibration predicts the same rows for many models).
+REMEMBERED_ROWS = 2**16
+#: sacrebleu's chrF: character n-grams up to 6, beta 2, white space removed.
+CHAR_ORDER = 6
+BETA = 2.0
+
+Unit = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class ParagraphUnits:
+    """A multi-sentence row cut into aligned (src, mt, ref) ``units``, with the counts of reference
+    sentences left unaligned (``omitted``) and of translation sentences left unaligned (``added``)."""
+
+    units: tuple[Unit, ...]
+    omitted: int
+    added: int
+
+
+def _char_ngrams(text: str) -> list[Counter]:
+    line = "".join(text.split())
+    return [Counter(line[i : i + n] for i in range(len(line) - n + 1)) for n in range(1, CHAR_ORDER + 1)]
+
+
+def chrf_from_ngrams(hyp: list[Counter], ref: list[Counter]) -> float:
+    """Sentence chrF on a 0-1 scale from :func:`_char_ngrams` counters: sacrebleu 2's ``CHRF()``
+    (precision and recall averaged over the orders both texts have, then F-beta), so a paragraph's
+    n-grams are counted once and every candidate link costs only the intersections."""
+    precision = recall = 0.0
+    orders = 0
+    for hyp_n, ref_n in zip(hyp, ref, strict=True):
+        n_hyp, n_ref = sum(hyp_n.values()), sum(ref_n.values())
+        if n_hyp and n_ref:
+            match = sum((hyp_n & ref_n).values())
+            precision += match / n_hyp
+            recall += match / n_ref
+            orders += 1
+    if not orders:
+        return 0.0
+    precision, recall = precision / orders, recall / orders
+    if precision + recall == 0:
+        return 0.0
+    factor = BETA**2
+    return (1 + factor) * precision * recall / (factor * precision + recall)
+
+
+def _span_ngrams(pieces: list[str]) -> dict[tuple[int, int], list[Counter]]:
+    """N-grams of every span of one or two consecutive sentences, keyed by (start, stop)."""
+    return {
+        (i, i + k): _char_ngrams(" ".join(pieces[i : i + k]))
+        for k in (1, 2)
+        for i in range(len(pieces) - k + 1)
+    }
+
+
+def align_sentences(mt: list[str], ref: list[str], min_chrf: float = MIN_CHRF):
+    """Monotonic alignment of translation sentences ``mt`` to reference sentences ``ref``.
+
+    Links are 1-1, 2-1 (two translation sentences for one reference sentence: a split) and 1-2 (a
+    merge); a link gains its sentence chrF minus ``min_chrf``, a sentence left unaligned gains 0,
+    and the alignment maximises the total (dynamic programming over (i, j)).
+
+    Returns
+    -------
+    links : list of (ref indices, mt indices) tuples
+    unaligned_ref, unaligned_mt : sorted lists of indices
+    """
+    n, m = len(ref), len(mt)
+    ref_grams, mt_grams = _span_ngrams(ref), _span_ngrams(mt)
+    best = np.full((n + 1, m + 1), -np.inf)
+    back: dict[tuple[int, int], tuple[int, int]] = {}
+    best[0, 0] = 0.0
+    for i in range(n + 1):
+        for j in range(m + 1):
+            if not math.isfinite(best[i, j]):
+                continue
+            for di, dj in ((1, 1), (1, 2), (2, 1), (1, 0), (0, 1)):
+                a, b = i + di, j + dj
+                if a > n or b > m:
+                    continue
+                gain = chrf_from_ngrams(mt_grams[(j, b)], ref_grams[(i, a)]) - min_chrf if di and dj else 0.0
+                if best[i, j] + gain > best[a, b]:
+                    best[a, b] = best[i, j] + gain
+                    back[(a, b)] = (i, j)
+    links, unaligned_ref, unaligned_mt = [], [], []
+    a, b = n, m
+    while (a, b) != (0, 0):
+        i, j = back[(a, b)]
+        if a > i and b > j:
+            links.append((tuple(range(i, a)), tuple(range(j, b))))
+        elif a > i:
+            unaligned_ref.append(i)
+        else:
+            unaligned_mt.append(j)
+        a, b = i, j
+    return links[::-1], sorted(unaligned_ref), sorted(unaligned_mt)
+
+
+@lru_cache(maxsize=REMEMBERED_ROWS)
+def _units(src: str, mt: str, ref: str, min_chrf: float) -> ParagraphUnits | None:
+    src_s, mt_s, ref_s = sentences(src), sentences(mt), sentences(ref)
+    if len(src_s) != len(ref_s) or not mt_s or max(len(ref_s), len(mt_s)) < 2:
+        return None
+    links, unaligned_ref, unaligned_mt = align_sentences(mt_s, ref_s, min_chrf)
+    units = tuple(
+        (" ".join(src_s[i] for i in r), " ".join(mt_s[j] for j in t), " ".join(ref_s[i] for i in r))
+        for r, t in links
+    )
+    return ParagraphUnits(units, len(unaligned_ref), len(unaligned_mt))
+
+
+def paragraph_units(src, mt, ref, min_chrf: float = MIN_CHRF) -> ParagraphUnits | None:
+    """The aligned units of one row, or None where the row is scored whole: a single sentence on
+    both sides, source and reference with different sentence counts, no reference, or an empty
+    translation.  Remembered per process (:data:`REMEMBERED_ROWS` rows)."""
+    if not all(isinstance(text, str) and text.strip() for text in (src, mt, ref)):
+        return None
+    return _units(src, mt, ref, float(min_chrf))
+
+
+def unit_texts(frame: pd.DataFrame, min_chrf: float = MIN_CHRF) -> list[str]:
+    """The distinct texts of every unit of ``frame``'s multi-sentence rows (what the encode stage
+    stores ahead, so that no model encodes them on demand)."""
+    if "ref" not in frame.columns:
+        return []
+    seen: dict[str, None] = {}
+    for src, mt, ref in zip(frame["src"].tolist(), frame["mt"].tolist(), frame["ref"].tolist(), strict=True):
+        found = paragraph_units(src, mt, ref, min_chrf)
+        for unit in found.units if found is not None else ():
+            seen.update(dict.fromkeys(unit))
+    return list(seen)
+
+
+Predict = Callable[[pd.DataFrame], pd.DataFrame]
+
+
+def blend_inputs(predict: Predict, frame: pd.DataFrame, min_chrf: float = MIN_CHRF, rows: np.ndarray | None = None):
+    """``(whole, inputs)``: the network's predictions for ``frame`` (``predict``: rows -> DataFrame
+    with ``mu`` on the score scale) and, per row, the blend's inputs ``paragraph, sum, omitted,
+    added`` (NaN where the row is scored whole, or is not among ``rows``, a boolean mask).  Units
+    are scored in one call of ``predict``."""
+    whole = predict(frame)
+    inputs = pd.DataFrame(np.nan, index=range(len(frame)), columns=list(COLUMNS[1:]))
+    if "ref" not in frame.columns or not len(frame):
+        return whole, inputs
+    lps = frame["lp"].tolist() if "lp" in frame.columns else [None] * len(frame)
+    unit_rows: list[dict] = []
+    owner: list[int] = []
+    gaps: dict[int, tuple[int, int]] = {}
+    for k, (src, mt, ref) in enumerate(zip(frame["src"].tolist(), frame["mt"].tolist(), frame["ref"].tolist(), strict=True)):
+        if rows is not None and not rows[k]:
+            continue
+        found = paragraph_units(src, mt, ref, min_chrf)
+        if found is None:
+            continue
+        gaps[k] = (found.omitted, found.added)
+        for u_src, u_mt, u_ref in found.units:
+            unit_rows.append({"src": u_src, "mt": u_mt, "ref": u_ref, "lp": lps[k]})
+            owner.append(k)
+    if not gaps:
+        return whole, inputs
+    units = pd.DataFrame(unit_rows, columns=["src", "mt", "ref", "lp"])
+    if "lp" not in frame.columns:
+        units = units.drop(columns="lp")
+    unit_mu = predict(units)["mu"].to_numpy(dtype=float) if len(units) else np.empty(0)
+    sums = np.bincount(np.asarray(owner, dtype=int), weights=unit_mu, minlength=len(frame))
+    split = np.fromiter(gaps, dtype=int)
+    inputs.loc[split, "paragraph"] = whole["mu"].to_numpy(dtype=float)[split]
+    inputs.loc[split, "sum"] = sums[split]
+    inputs.loc[split, ["omitted", "added"]] = np.array([gaps[k] for k in split], dtype=float)
+    return whole, inputs
+
+
+def _design(inputs: pd.DataFrame) -> np.ndarray:
+    return np.column_stack([np.ones(len(inputs)), inputs[list(COLUMNS[1:])].to_numpy(dtype=float)])
+
+
+def _lstsq(inputs: pd.DataFrame, human: np.ndarray) -> np.ndarray:
+    return np.linalg.lstsq(_design(inputs), human, rcond=None)[0]
+
+
+def _pearson(a, b) -> float:
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return float(np.corrcoef(a, b)[0, 1]) if len(a) > 2 and a.std() > 0 and b.std() > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class ParagraphBlend:
+    """Per language pair, the weights of :data:`COLUMNS` (score scale), the alignment threshold,
+    and ``report``: what :func:`fit_blend` found per pair of the dev split."""
+
+    weights: dict[str, tuple[float, ...]]
+    min_chrf: float = MIN_CHRF
+    report: dict[str, dict] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for lp, weights in self.weights.items():
+            if len(weights) != len(COLUMNS) or not all(math.isfinite(w) for w in weights):
+                raise UamtError(
+                    f"paragraph blend of {lp}: {len(COLUMNS)} finite weights for {list(COLUMNS)} expected, got {list(weights)}"
+                )
+
+    def to_dict(self) -> dict:
+        return {
+            "columns": list(COLUMNS),
+            "weights": {lp: [float(w) for w in weights] for lp, weights in sorted(self.weights.items())},
+            "min_chrf": self.min_chrf,
+            "dev": self.report,
+        }
+
+    @classmethod
+    def from_manifest(cls, meta: dict, where) -> ParagraphBlend | None:
+        """The blend a model manifest (``model.json``) records, None where it records none."""
+        return cls.from_dict(meta.get(MANIFEST_KEY), f"{where}:{MANIFEST_KEY}")
+
+    @classmethod
+    def from_model_dir(cls, model_dir) -> ParagraphBlend | None:
+        """:meth:`from_manifest` of the model folder ``model_dir`` (read without torch: the ONNX head)."""
+        path = Path(model_dir) / "model.json"
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UamtError(f"{path}: cannot read the model manifest ({exc})") from None
+        return cls.from_manifest(meta, path)
+
+    @classmethod
+    def from_dict(cls, fields: dict | None, where: str) -> ParagraphBlend | None:
+        """The blend a model manifest records under ``paragraphs`` (None: none fitted), else
+        UamtError naming ``where``."""
+        if not fields or not fields.get("weights"):
+            return None
+        try:
+            if list(fields["columns"]) != list(COLUMNS):
+                raise ValueError(f"columns {fields['columns']}, expected {list(COLUMNS)}")
+            weights = {str(lp): tuple(float(w) for w in values) for lp, values in dict(fields["weights"]).items()}
+            return cls(weights, float(fields.get("min_chrf", MIN_CHRF)), dict(fields.get("dev") or {}))
+        except (KeyError, TypeError, ValueError, UamtError) as exc:
+            raise UamtError(f"{where}: unusable paragraph blend ({exc})") from None
+
+    def apply(self, predict: Predict, frame: pd.DataFrame) -> pd.DataFrame:
+        """``predict(frame)`` with ``mu`` replaced by the blend on the multi-sentence rows of the
+        language pairs (column ``lp``) it was fitted for; other rows, and every row of a frame
+        without ``lp``, keep the whole-row μ."""
+        if "lp" not in frame.columns:
+            return predict(frame)
+        lps = frame["lp"].astype(str).to_numpy()
+        fitted = np.isin(lps, list(self.weights))
+        if not fitted.any():
+            return predict(frame)
+        whole, inputs = blend_inputs(predict, frame, self.min_chrf, rows=fitted)
+        has = inputs["sum"].notna().to_numpy()
+        if has.any():
+            whole = whole.copy()
+            mu = whole["mu"].to_numpy(dtype=float).copy()
+            for lp in np.unique(lps[has]):
+                rows = has & (lps == lp)
+                mu[rows] = _design(inputs[rows]) @ np.asarray(self.weights[lp])
+            whole["mu"] = mu
+        return whole
+
+
+def fit_blend(predict: Predict, frame: pd.DataFrame, human, min_chrf: float = MIN_CHRF) -> tuple[ParagraphBlend | None, str]:
+    """Fit the blend per language pair of ``frame`` (human scores ``human`` [n]): least squares on
+    the pair's multi-sentence rows, for every pair with at least :data:`MIN_FIT_ROWS` of them (the
+    others keep the whole-row μ).
+
+    Per pair, not pooled: weights pooled over every pair, applied to WMT21's two-sentence segments
+    and WMT23 zh-en, lowered their test PPS by .012-.024 while WMT23 en-de gained .107; per pair the
+    changes outside en-de stayed within -.011 and +.003 (docs/quality.md).  ``report`` records per
+    pair its rows, multi-sentence rows and the in-sample Pearson r over all its rows of the
+    whole-row μ and of the blended μ.  Returns ``(blend, why)``; ``blend.weights`` is empty where no
+    pair has enough rows, and ``blend`` is None where ``frame`` has no ``lp``.
+    """
+    human = np.asarray(human, dtype=float)
+    if "lp" not in frame.columns:
+        return None, "no lp column: the blend is fitted and served per language pair"
+    whole, inputs = blend_inputs(predict, frame, min_chrf)
+    mu = whole["mu"].to_numpy(dtype=float)
+    blended = mu.copy()
+    lps = frame["lp"].astype(str).to_numpy()
+    weights, report = {}, {}
+    for lp in sorted(np.unique(lps)):
+        rows = (lps == lp) & np.isfinite(human)
+        multi = rows & inputs["sum"].notna().to_numpy()
+        entry = {"rows": int(rows.sum()), "multi_sentence_rows": int(multi.sum())}
+        report[lp] = entry
+        if multi.sum() < MIN_FIT_ROWS:
+            entry["why_whole"] = f"< {MIN_FIT_ROWS} multi-sentence rows"
+            continue
+        weights[lp] = tuple(float(w) for w in _lstsq(inputs[multi], human[multi]))
+        blended[multi] = _design(inputs[multi]) @ np.asarray(weights[lp])
+        entry["pearson_whole"] = round(_pearson(mu[rows], human[rows]), 4)
+        entry["pearson_blend_in_sample"] = round(_pearson(blended[rows], human[rows]), 4)
+    fitted = sorted(weights)
+    why = f"fitted for {fitted}" if fitted else f"no language pair has {MIN_FIT_ROWS} multi-sentence rows"
+    return ParagraphBlend(weights, float(min_chrf), report), why
+
+
+def predict_with_blend(model, frame: pd.DataFrame, features, n_samples=None, encoder=None) -> pd.DataFrame:
+    """``model.predict_whole`` with ``mu`` blended on multi-sentence rows where ``model.paragraphs``
+    holds a blend (a loaded :class:`uamt.models.api.TrainedModel` or
+    :class:`uamt.serving.onnx_head.OnnxHeadModel`)."""
+
+    def whole(rows: pd.DataFrame) -> pd.DataFrame:
+        return model.predict_whole(rows, features, n_samples, encoder)
+
+    return whole(frame) if model.paragraphs is None else model.paragraphs.apply(whole, frame)

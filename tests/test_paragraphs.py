@@ -1,0 +1,205 @@
+"""uamt.paragraphs: multi-sentence rows cut into aligned sentence units, the dev-fitted blend recorded in
+the model, and every predict path (torch, ONNX head, predictions table) returning it as mu."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from sacrebleu.metrics import CHRF
+
+from tests.fakes import FEATURES
+from uamt.core.errors import UamtError
+from uamt.models import TrainConfig, load, train
+from uamt.models.api import MANIFEST
+from uamt.paragraphs import (
+    COLUMNS,
+    MIN_FIT_ROWS,
+    ParagraphBlend,
+    _char_ngrams,
+    align_sentences,
+    blend_inputs,
+    chrf_from_ngrams,
+    fit_blend,
+    paragraph_units,
+    unit_texts,
+)
+
+REF = ["Der Ausschuss tagte am Montag.", "Er beschloss einen neuen Haushalt.", "Die Sitzung endete um acht Uhr."]
+SRC = "The committee met on Monday. It adopted a new budget. The meeting ended at eight."
+
+
+@pytest.mark.parametrize(
+    ("hyp", "ref"),
+    [
+        ("Der Ausschuss tagte am Montag.", "Der Ausschuss tagte Montag."),
+        ("völlig anders", "Die Sitzung endete um acht Uhr."),
+        ("他们周一开会。", "委员会周一开会。"),
+        ("a", "abcdefgh"),  # orders the hypothesis lacks count for neither side
+        ("  ", "nothing"),
+        ("same words here", "same words here"),
+    ],
+)
+def test_chrf_from_counted_ngrams_is_sacrebleus_sentence_chrf(hyp, ref):
+    want = CHRF().sentence_score(hyp, [ref]).score / 100
+    assert chrf_from_ngrams(_char_ngrams(hyp), _char_ngrams(ref)) == pytest.approx(want, abs=1e-12)
+
+
+def test_a_dropped_sentence_is_left_unaligned_and_the_others_keep_their_partners():
+    links, unaligned_ref, unaligned_mt = align_sentences([REF[0], REF[2]], REF)
+    assert links == [((0,), (0,)), ((2,), (1,))] and unaligned_ref == [1] and unaligned_mt == []
+
+
+def test_two_sentences_joined_into_one_are_one_link_and_an_unrelated_sentence_is_an_addition():
+    joined = "Der Ausschuss tagte am Montag und beschloss einen neuen Haushalt."
+    links, unaligned_ref, unaligned_mt = align_sentences([joined, REF[2]], REF)
+    assert links == [((0, 1), (0,)), ((2,), (1,))] and unaligned_ref == [] and unaligned_mt == []
+    links, unaligned_ref, unaligned_mt = align_sentences([*REF, "Kaufen Sie jetzt billige Uhren online."], REF)
+    assert links == [((i,), (i,)) for i in range(3)] and unaligned_mt == [3]
+
+
+def test_units_pair_each_reference_sentence_with_its_source_sentence_or_the_row_is_scored_whole():
+    found = paragraph_units(SRC, f"{REF[0]} {REF[2]}", " ".join(REF))
+    assert found.units == (("The committee met on Monday.", REF[0], REF[0]), ("The meeting ended at eight.", REF[2], REF[2]))
+    assert (found.omitted, found.added) == (1, 0)
+    # a source of another sentence count: which source sentence a reference sentence translates is unknown
+    assert paragraph_units("The committee met on Monday and adopted a budget.", REF[0], " ".join(REF)) is None
+    # one sentence on every side: nothing to cut; no reference or an empty translation: nothing to align
+    assert paragraph_units("The committee met on Monday.", REF[0], REF[0]) is None
+    assert paragraph_units(SRC, " ".join(REF), None) is None
+    assert paragraph_units(SRC, "  ", " ".join(REF)) is None
+
+
+def test_unit_texts_are_the_distinct_texts_of_every_unit():
+    frame = pd.DataFrame({"src": [SRC, SRC, "One short line here."], "mt": [" ".join(REF), f"{REF[0]} {REF[2]}", REF[0]],
+                          "ref": [" ".join(REF)] * 2 + [REF[0]]})  # fmt: skip
+    texts = unit_texts(frame)
+    assert set(texts) == set(REF) | {"The committee met on Monday.", "It adopted a new budget.", "The meeting ended at eight."}
+    assert len(texts) == len(set(texts))
+    assert unit_texts(frame.drop(columns="ref")) == []
+
+
+def fake_predict(frame: pd.DataFrame) -> pd.DataFrame:
+    """mu = -sqrt(words of mt), sigma = 1: a stand-in network (not additive over sentences)."""
+    words = frame["mt"].str.split().str.len().to_numpy(dtype=float)
+    return pd.DataFrame({"mu": -np.sqrt(words), "sigma": np.ones(len(frame))})
+
+
+def test_the_blend_replaces_mu_on_multi_sentence_rows_of_its_language_pairs_only_and_keeps_sigma():
+    blend = ParagraphBlend({"en-de": (1.0, 0.5, 2.0, -3.0, -0.25)})
+    frame = pd.DataFrame({"src": [SRC, "The committee met on Monday.", SRC], "mt": [f"{REF[0]} {REF[2]}", REF[0], f"{REF[0]} {REF[2]}"],
+                          "ref": [" ".join(REF), REF[0], " ".join(REF)], "lp": ["en-de", "en-de", "en-ru"]})  # fmt: skip
+    out = blend.apply(fake_predict, frame)
+    whole = fake_predict(frame)
+    units_sum = -(np.sqrt(len(REF[0].split())) + np.sqrt(len(REF[2].split())))
+    assert out.loc[0, "mu"] == pytest.approx(1.0 + 0.5 * whole.loc[0, "mu"] + 2.0 * units_sum - 3.0 * 1)
+    assert out.loc[1, "mu"] == whole.loc[1, "mu"]  # one sentence: read whole
+    assert out.loc[2, "mu"] == whole.loc[2, "mu"]  # a language pair the blend was not fitted for
+    assert out["sigma"].tolist() == [1.0, 1.0, 1.0]
+    # without lp the blend of no pair applies
+    assert blend.apply(fake_predict, frame.drop(columns="lp"))["mu"].tolist() == whole["mu"].tolist()
+    _, inputs = blend_inputs(fake_predict, frame)
+    assert inputs.loc[0].tolist() == pytest.approx([whole.loc[0, "mu"], units_sum, 1.0, 0.0])
+    assert inputs.loc[1].isna().all()
+
+
+def test_fit_recovers_each_language_pairs_weights_and_leaves_pairs_with_too_few_rows_whole():
+    rng = np.random.default_rng(0)
+    sentences = [f"Sentence number {k} says {' '.join(['many'] * w)} things." for k, w in enumerate(rng.integers(1, 9, 600))]
+    rows = []
+    for i in range(180):
+        ref = sentences[3 * i : 3 * i + 3]
+        mt = ref if i % 3 else ref[:2]  # every third row omits its last sentence
+        rows.append({"src": " ".join(s.replace("Sentence", "Satz") for s in ref), "mt": " ".join(mt), "ref": " ".join(ref),
+                     "lp": "en-de" if i < 140 else "en-ru"})  # fmt: skip
+    frame = pd.DataFrame(rows)
+    whole, inputs = blend_inputs(fake_predict, frame)
+    truth = np.array([0.3, 0.4, 1.5, -2.0, 0.7])
+    human = np.column_stack([np.ones(len(frame)), inputs.to_numpy(dtype=float)]) @ truth
+    blend, why = fit_blend(fake_predict, frame, human)
+    assert why == "fitted for ['en-de']" and list(blend.weights) == ["en-de"]
+    assert blend.weights["en-de"][:4] == pytest.approx(truth[:4], abs=1e-8)  # no row adds a sentence: its weight is free
+    assert blend.report["en-de"]["pearson_blend_in_sample"] == pytest.approx(1.0)
+    assert blend.report["en-ru"] == {"rows": 40, "multi_sentence_rows": 40, "why_whole": f"< {MIN_FIT_ROWS} multi-sentence rows"}
+    got = blend.apply(fake_predict, frame)["mu"].to_numpy()
+    assert got[:140] == pytest.approx(human[:140]) and (got[140:] == whole["mu"].to_numpy()[140:]).all()
+    assert fit_blend(fake_predict, frame.drop(columns="lp"), human)[0] is None
+
+
+def test_a_recorded_blend_round_trips_and_a_broken_one_is_named():
+    blend = ParagraphBlend({"en-de": (1.0, 0.5, 2.0, -3.0, -0.25)}, 0.2, {"en-de": {"rows": 80}})
+    assert ParagraphBlend.from_dict(json.loads(json.dumps(blend.to_dict())), "m") == blend
+    assert ParagraphBlend.from_dict(None, "m") is None
+    assert ParagraphBlend.from_dict({"fit": "reference-free"}, "m") is None
+    assert ParagraphBlend.from_dict(ParagraphBlend({}).to_dict(), "m") is None  # no pair had the rows
+    with pytest.raises(UamtError, match=r"models/x/model.json:paragraphs: unusable paragraph blend .*columns"):
+        ParagraphBlend.from_dict({**blend.to_dict(), "columns": ["1", "paragraph"]}, "models/x/model.json:paragraphs")
+    with pytest.raises(UamtError, match="paragraph blend of en-de: 5 finite weights"):
+        ParagraphBlend({"en-de": (1.0, np.nan, 0.0, 0.0, 0.0)})
+
+
+def paragraph_table(n: int, seed: int) -> pd.DataFrame:
+    """Rows of two or three sentences (a third of them missing one), scored by their length."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        k = 2 + i % 2
+        ref = [f"Reference {seed} {i} sentence {j} reads well." for j in range(k)]
+        mt = [f"Translation {seed} {i} sentence {j} reads {rng.choice(['well', 'badly'])}." for j in range(k)]
+        if i % 3 == 0:
+            mt = mt[:-1]
+        rows.append({"dataset": "synthetic", "lp": "en-de", "seg_id": i + 1, "system": "s", "src": " ".join(f"Source {seed} {i} sentence {j} is here." for j in range(k)),
+                     "mt": " ".join(mt), "ref": " ".join(ref), "score": -2.0 * (i % 3 == 0) - rng.random()})  # fmt: skip
+    rows.append({**rows[0], "src": "A single sentence here.", "mt": "Ein einzelner Satz hier.", "ref": "Ein einzelner Satz da."})
+    return pd.DataFrame(rows)
+
+
+CFG = TrainConfig(hidden_sizes=(16, 8), max_epochs=1, batch_size=16, patience=1, paragraph_units=True)
+
+
+@pytest.fixture(scope="module")
+def paragraph_models(tmp_path_factory, one_torch_thread):
+    root = tmp_path_factory.mktemp("paragraphs")
+    train_df, dev_df = paragraph_table(96, 1), paragraph_table(72, 2)
+    return {
+        "hts": train("hts", CFG, train_df, dev_df, FEATURES, root / "hts"),
+        "hts_qe": train("hts", CFG.as_reference_free(), train_df.drop(columns="ref"), dev_df.drop(columns="ref"), FEATURES, root / "hts_qe"),
+        "whole": train("hts", CFG.replace(paragraph_units=False), train_df, dev_df, FEATURES, root / "whole"),
+    }
+
+
+def test_a_model_trained_with_paragraph_units_records_its_dev_blend_and_predicts_it(paragraph_models):
+    meta = json.loads((paragraph_models["hts"] / MANIFEST).read_text())
+    assert meta["paragraphs"]["fit"] == "fitted for ['en-de']" and meta["paragraphs"]["columns"] == list(COLUMNS)
+    assert meta["paragraphs"]["dev"]["en-de"]["multi_sentence_rows"] == 72  # every dev row but the single sentence
+    model = load(paragraph_models["hts"])
+    test = paragraph_table(30, 3)
+    got = model.predict(test, FEATURES)
+    want = model.paragraphs.apply(lambda f: model.predict_whole(f, FEATURES), test)
+    np.testing.assert_allclose(got["mu"], want["mu"])
+    whole = model.predict_whole(test, FEATURES)
+    assert (got["mu"].to_numpy()[:-1] != whole["mu"].to_numpy()[:-1]).all()
+    assert got["mu"].iloc[-1] == whole["mu"].iloc[-1]  # the single sentence is read whole
+    np.testing.assert_allclose(got["sigma"], whole["sigma"])
+    table = model.predictions_table(test, FEATURES)
+    np.testing.assert_allclose(table["mu"], got["mu"])
+
+
+def test_reference_free_and_switched_off_models_score_every_row_whole(paragraph_models):
+    meta = json.loads((paragraph_models["hts_qe"] / MANIFEST).read_text())
+    assert meta["paragraphs"] == {"fit": "reference-free: no reference sentences to align the translation's to"}
+    assert load(paragraph_models["hts_qe"]).paragraphs is None
+    assert "paragraphs" not in json.loads((paragraph_models["whole"] / MANIFEST).read_text())
+
+
+def test_the_onnx_head_serves_the_same_blend(paragraph_models, tmp_path):
+    from uamt.serving.onnx_head import export_head, load_onnx_head
+
+    head = load_onnx_head(export_head(paragraph_models["hts"], tmp_path / "head"), paragraph_models["hts"])
+    test = paragraph_table(20, 4)
+    want = load(paragraph_models["hts"]).predict(test, FEATURES)
+    got = head.predict(test, FEATURES)
+    np.testing.assert_allclose(got["mu"], want["mu"], rtol=1e-5, atol=1e-5)
+    assert head.paragraphs == load(paragraph_models["hts"]).paragraphs
