@@ -25,6 +25,7 @@ from uamt.paragraphs import (
     fit_blend,
     paragraph_units,
     unit_texts,
+    units_f_test,
 )
 
 REF = ["Der Ausschuss tagte am Montag.", "Er beschloss einen neuen Haushalt.", "Die Sitzung endete um acht Uhr."]
@@ -105,27 +106,47 @@ def test_the_blend_replaces_mu_on_multi_sentence_rows_of_its_language_pairs_only
     assert inputs.loc[1].isna().all()
 
 
-def test_fit_recovers_each_language_pairs_weights_and_leaves_pairs_with_too_few_rows_whole():
+def test_fit_adopts_a_pairs_blend_where_the_units_add_to_the_whole_row_mu_and_recovers_its_weights():
     rng = np.random.default_rng(0)
-    sentences = [f"Sentence number {k} says {' '.join(['many'] * w)} things." for k, w in enumerate(rng.integers(1, 9, 600))]
+    sentences = [f"Sentence number {k} says {' '.join(['many'] * w)} things." for k, w in enumerate(rng.integers(1, 9, 780))]
+    lps = ["en-de"] * 140 + ["zh-en"] * 80 + ["en-ru"] * 40
     rows = []
-    for i in range(180):
+    for i, lp in enumerate(lps):
         ref = sentences[3 * i : 3 * i + 3]
         mt = ref if i % 3 else ref[:2]  # every third row omits its last sentence
-        rows.append({"src": " ".join(s.replace("Sentence", "Satz") for s in ref), "mt": " ".join(mt), "ref": " ".join(ref),
-                     "lp": "en-de" if i < 140 else "en-ru"})  # fmt: skip
+        rows.append({"src": " ".join(s.replace("Sentence", "Satz") for s in ref), "mt": " ".join(mt), "ref": " ".join(ref), "lp": lp})
     frame = pd.DataFrame(rows)
     whole, inputs = blend_inputs(fake_predict, frame)
     truth = np.array([0.3, 0.4, 1.5, -2.0, 0.7])
-    human = np.column_stack([np.ones(len(frame)), inputs.to_numpy(dtype=float)]) @ truth
+    noise = rng.normal(scale=0.01, size=len(frame))
+    human = np.column_stack([np.ones(len(frame)), inputs.to_numpy(dtype=float)]) @ truth + noise
+    # zh-en: the human score follows the whole-row mu alone; the units add nothing
+    zh = frame["lp"].eq("zh-en").to_numpy()
+    human[zh] = 0.3 + 0.4 * whole["mu"].to_numpy()[zh] + rng.normal(scale=1.0, size=zh.sum())
     blend, why = fit_blend(fake_predict, frame, human)
-    assert why == "fitted for ['en-de']" and list(blend.weights) == ["en-de"]
-    assert blend.weights["en-de"][:4] == pytest.approx(truth[:4], abs=1e-8)  # no row adds a sentence: its weight is free
-    assert blend.report["en-de"]["pearson_blend_in_sample"] == pytest.approx(1.0)
+    assert why == "adopted for ['en-de']" and list(blend.weights) == ["en-de"]
+    assert blend.weights["en-de"][:4] == pytest.approx(truth[:4], abs=0.02)  # no row adds a sentence: its weight is free
+    assert blend.report["en-de"]["units_p"] < 1e-12 and blend.report["en-de"]["pearson_blend_in_sample"] > 0.99
+    assert blend.report["zh-en"]["units_p"] > 1e-3 and "add nothing" in blend.report["zh-en"]["why_whole"]
     assert blend.report["en-ru"] == {"rows": 40, "multi_sentence_rows": 40, "why_whole": f"< {MIN_FIT_ROWS} multi-sentence rows"}
     got = blend.apply(fake_predict, frame)["mu"].to_numpy()
-    assert got[:140] == pytest.approx(human[:140]) and (got[140:] == whole["mu"].to_numpy()[140:]).all()
+    de = frame["lp"].eq("en-de").to_numpy()
+    assert got[de] == pytest.approx(human[de], abs=0.05) and (got[~de] == whole["mu"].to_numpy()[~de]).all()
     assert fit_blend(fake_predict, frame.drop(columns="lp"), human)[0] is None
+
+
+def test_the_f_test_of_the_units_matches_its_hand_computed_value():
+    inputs = pd.DataFrame({"paragraph": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], "sum": [1.0, 0.0, 2.0, 1.0, 3.0, 2.0, 5.0, 4.0],
+                           "omitted": [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0], "added": [0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]})  # fmt: skip
+    human = np.array([0.5, -1.0, 2.5, 1.0, 1.5, 3.5, 5.0, 2.0])
+    full = np.column_stack([np.ones(8), inputs.to_numpy()])
+    rss_full = np.sum((human - full @ np.linalg.lstsq(full, human, rcond=None)[0]) ** 2)
+    rss_reduced = np.sum((human - full[:, :2] @ np.linalg.lstsq(full[:, :2], human, rcond=None)[0]) ** 2)
+    f_value, p_value = units_f_test(inputs, human)
+    assert f_value == pytest.approx(((rss_reduced - rss_full) / 3) / (rss_full / 3))
+    from scipy.stats import f as f_distribution
+
+    assert p_value == pytest.approx(f_distribution.sf(f_value, 3, 3)) and 0 < p_value < 1
 
 
 def test_a_recorded_blend_round_trips_and_a_broken_one_is_named():
@@ -172,7 +193,7 @@ def paragraph_models(tmp_path_factory, one_torch_thread):
 
 def test_a_model_trained_with_paragraph_units_records_its_dev_blend_and_predicts_it(paragraph_models):
     meta = json.loads((paragraph_models["hts"] / MANIFEST).read_text())
-    assert meta["paragraphs"]["fit"] == "fitted for ['en-de']" and meta["paragraphs"]["columns"] == list(COLUMNS)
+    assert meta["paragraphs"]["fit"] == "adopted for ['en-de']" and meta["paragraphs"]["columns"] == list(COLUMNS)
     assert meta["paragraphs"]["dev"]["en-de"]["multi_sentence_rows"] == 72  # every dev row but the single sentence
     model = load(paragraph_models["hts"])
     test = paragraph_table(30, 3)
