@@ -14,7 +14,8 @@ pair on the model's dev split when it is trained, :func:`fit_blend`) of
 
 and an intercept.  Single-sentence rows, rows whose source and reference have different sentence
 counts (the source of a reference sentence is then unknown), rows of a language pair with too few
-multi-sentence dev rows and rows given without ``lp`` keep the network's μ.  The
+multi-sentence dev rows or whose units add nothing on dev (an F-test, :func:`fit_blend`) and rows
+given without ``lp`` keep the network's μ.  The
 blend is part of the model's ``predict``, so calibration, evaluation, the gates and the served
 distribution all see it (benchmarks/sentence_scoring.py measured it first; docs/quality.md).
 
@@ -341,7 +342,7 @@ def fit_blend(predict: Predict, frame: pd.DataFrame, human, min_chrf: float = MI
     not a cross-fit: dev's en-de multi-sentence rows come from 18 documents of three campaigns, and
     cross-fitting over them scored the blend below the whole-row μ for every pair, while the served
     blend gained .089 on test.  The zh-en blend it now leaves out (HTS on dev: F 0.49, p .69; en-de
-    F 20.3, p 3e-12) had lowered every zh-en test PPS and scored duplicated zh-en translations above
+    F 20.3, p 3e-12) had lowered the WMT21 and side-by-side zh-en test PPS and scored duplicated zh-en translations above
     their original 22 % of the time (docs/quality.md).  ``report`` records per pair its rows,
     multi-sentence rows, F and p, and the in-sample Pearson r over all its rows of the whole-row μ
     and of the blended μ.  Returns ``(blend, why)``; ``blend.weights`` is empty where no pair adopted

@@ -95,7 +95,8 @@ class TrainConfig:
     paragraph_units : bool
         Score a multi-sentence row sentence by sentence too (:mod:`uamt.paragraphs`): after training,
         a blend of the whole row's μ, the sum of its aligned sentence units' μ and the counts of
-        unaligned reference and translation sentences is fitted on the dev split and recorded in the
+        unaligned reference and translation sentences is fitted per language pair on the dev split,
+        adopted where an F-test says the units add to the whole-row μ, and recorded in the
         model's manifest; ``predict`` returns it as ``mu``.  Reference-based models only.
     init_from : str or None
         A trained single-network model folder whose weights start the training (a warm start: the
