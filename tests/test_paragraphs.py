@@ -26,6 +26,7 @@ from uamt.paragraphs import (
     paragraph_units,
     unit_texts,
     units_f_test,
+    whole_row_level,
 )
 
 REF = ["Der Ausschuss tagte am Montag.", "Er beschloss einen neuen Haushalt.", "Die Sitzung endete um acht Uhr."]
@@ -106,7 +107,7 @@ def test_the_blend_replaces_mu_on_multi_sentence_rows_of_its_language_pairs_only
     assert inputs.loc[1].isna().all()
 
 
-def test_fit_adopts_a_pairs_blend_where_the_units_add_to_the_whole_row_mu_and_recovers_its_weights():
+def test_fit_adopts_a_pairs_blend_where_the_units_add_and_puts_it_on_the_level_of_the_rows_scored_whole():
     rng = np.random.default_rng(0)
     sentences = [f"Sentence number {k} says {' '.join(['many'] * w)} things." for k, w in enumerate(rng.integers(1, 9, 780))]
     lps = ["en-de"] * 140 + ["zh-en"] * 80 + ["en-ru"] * 40
@@ -115,24 +116,48 @@ def test_fit_adopts_a_pairs_blend_where_the_units_add_to_the_whole_row_mu_and_re
         ref = sentences[3 * i : 3 * i + 3]
         mt = ref if i % 3 else ref[:2]  # every third row omits its last sentence
         rows.append({"src": " ".join(s.replace("Sentence", "Satz") for s in ref), "mt": " ".join(mt), "ref": " ".join(ref), "lp": lp})
-    frame = pd.DataFrame(rows)
+    # en-de single sentences, scored whole: the human score follows their whole-row mu along 1 + 2 mu
+    singles = [{"src": s.replace("Sentence", "Satz"), "mt": s, "ref": s, "lp": "en-de"} for s in sentences[:60]]
+    frame = pd.DataFrame(rows + singles)
     whole, inputs = blend_inputs(fake_predict, frame)
+    single = np.arange(len(frame)) >= len(rows)
+    assert inputs["sum"].isna().to_numpy().tolist() == single.tolist()
     truth = np.array([0.3, 0.4, 1.5, -2.0, 0.7])
-    noise = rng.normal(scale=0.01, size=len(frame))
-    human = np.column_stack([np.ones(len(frame)), inputs.to_numpy(dtype=float)]) @ truth + noise
+    human = np.column_stack([np.ones(len(frame)), inputs.fillna(0).to_numpy(dtype=float)]) @ truth + rng.normal(scale=0.01, size=len(frame))
+    human[single] = 1.0 + 2.0 * whole["mu"].to_numpy()[single] + rng.normal(scale=0.01, size=single.sum())
     # zh-en: the human score follows the whole-row mu alone; the units add nothing
     zh = frame["lp"].eq("zh-en").to_numpy()
     human[zh] = 0.3 + 0.4 * whole["mu"].to_numpy()[zh] + rng.normal(scale=1.0, size=zh.sum())
     blend, why = fit_blend(fake_predict, frame, human)
     assert why == "adopted for ['en-de']" and list(blend.weights) == ["en-de"]
-    assert blend.weights["en-de"][:4] == pytest.approx(truth[:4], abs=0.02)  # no row adds a sentence: its weight is free
+    level = blend.report["en-de"]["level"]
+    assert level["rows"] == "scored whole" and (level["alpha"], level["beta"]) == pytest.approx((1.0, 2.0), abs=0.05)
+    # the weights return (human - alpha) / beta; no row adds a sentence, so the last weight is free
+    folded = (truth[:4] - np.array([level["alpha"], 0, 0, 0])) / level["beta"]
+    assert blend.weights["en-de"][:4] == pytest.approx(folded, abs=0.02)
     assert blend.report["en-de"]["units_p"] < 1e-12 and blend.report["en-de"]["pearson_blend_in_sample"] > 0.99
     assert blend.report["zh-en"]["units_p"] > 1e-3 and "add nothing" in blend.report["zh-en"]["why_whole"]
     assert blend.report["en-ru"] == {"rows": 40, "multi_sentence_rows": 40, "why_whole": f"< {MIN_FIT_ROWS} multi-sentence rows"}
     got = blend.apply(fake_predict, frame)["mu"].to_numpy()
     de = frame["lp"].eq("en-de").to_numpy()
-    assert got[de] == pytest.approx(human[de], abs=0.05) and (got[~de] == whole["mu"].to_numpy()[~de]).all()
+    # one level: blended and whole rows of en-de lie on one line with the human score
+    assert 1.0 + 2.0 * got[de] == pytest.approx(human[de], abs=0.1)
+    assert (got[~de] == whole["mu"].to_numpy()[~de]).all() and (got[single] == whole["mu"].to_numpy()[single]).all()
     assert fit_blend(fake_predict, frame.drop(columns="lp"), human)[0] is None
+
+
+def test_the_level_falls_back_to_every_row_and_a_falling_whole_row_mu_keeps_the_pair_whole():
+    mu, human = np.arange(80.0), 3.0 + 0.5 * np.arange(80.0)
+    few_single = np.arange(80) < MIN_FIT_ROWS - 1
+    assert whole_row_level(mu, human, few_single) == pytest.approx((3.0, 0.5, "all"))
+    human[:40] = 100.0  # the rows scored whole alone would give another line
+    assert whole_row_level(mu, human, np.arange(80) >= 80 - MIN_FIT_ROWS)[2] == "scored whole"
+    frame = pd.DataFrame({"src": [SRC] * 60, "mt": [" ".join(REF[: 1 + i % 3]) for i in range(60)], "ref": [" ".join(REF)] * 60, "lp": "en-de"})
+    whole, inputs = blend_inputs(fake_predict, frame)
+    rng = np.random.default_rng(1)
+    falling = -5.0 * whole["mu"].to_numpy() - 4.0 * inputs["omitted"].to_numpy() + rng.normal(scale=0.01, size=60)
+    blend, why = fit_blend(fake_predict, frame, falling)
+    assert why == "adopted for no language pair" and "does not rise" in blend.report["en-de"]["why_whole"]
 
 
 def test_the_f_test_of_the_units_matches_its_hand_computed_value():
@@ -177,13 +202,13 @@ def paragraph_table(n: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-CFG = TrainConfig(hidden_sizes=(16, 8), max_epochs=1, batch_size=16, patience=1, paragraph_units=True)
+CFG = TrainConfig(hidden_sizes=(16, 8), max_epochs=3, batch_size=16, patience=1, paragraph_units=True, row_features=("sentence_ratio_ref",))
 
 
 @pytest.fixture(scope="module")
 def paragraph_models(tmp_path_factory, one_torch_thread):
     root = tmp_path_factory.mktemp("paragraphs")
-    train_df, dev_df = paragraph_table(96, 1), paragraph_table(72, 2)
+    train_df, dev_df = paragraph_table(96, 1), paragraph_table(72, 2).assign(split="dev")
     return {
         "hts": train("hts", CFG, train_df, dev_df, FEATURES, root / "hts"),
         "hts_qe": train("hts", CFG.as_reference_free(), train_df.drop(columns="ref"), dev_df.drop(columns="ref"), FEATURES, root / "hts_qe"),
@@ -195,6 +220,7 @@ def test_a_model_trained_with_paragraph_units_records_its_dev_blend_and_predicts
     meta = json.loads((paragraph_models["hts"] / MANIFEST).read_text())
     assert meta["paragraphs"]["fit"] == "adopted for ['en-de']" and meta["paragraphs"]["columns"] == list(COLUMNS)
     assert meta["paragraphs"]["dev"]["en-de"]["multi_sentence_rows"] == 72  # every dev row but the single sentence
+    assert meta["paragraphs"]["fitted_on"] == ["dev"] and meta["paragraphs"]["dev"]["en-de"]["level"]["rows"] == "all"
     model = load(paragraph_models["hts"])
     test = paragraph_table(30, 3)
     got = model.predict(test, FEATURES)
@@ -224,3 +250,21 @@ def test_the_onnx_head_serves_the_same_blend(paragraph_models, tmp_path):
     got = head.predict(test, FEATURES)
     np.testing.assert_allclose(got["mu"], want["mu"], rtol=1e-5, atol=1e-5)
     assert head.paragraphs == load(paragraph_models["hts"]).paragraphs
+
+
+def test_the_blend_is_fitted_on_the_paragraph_splits_the_model_never_trained_on(tmp_path):
+    from uamt.core.errors import DataError
+    from uamt.pipeline_config import PipelineConfig, paragraph_rows
+
+    for split, n in (("dev", 4), ("d_e", 6), ("d_q", 8)):
+        paragraph_table(n, 0).assign(split=split).to_parquet(tmp_path / f"{split}.parquet")
+    pipe = PipelineConfig(datasets=("synthetic",), prepared_dir=str(tmp_path))
+    dev_df = pd.read_parquet(tmp_path / "dev.parquet")
+    cfg = CFG.replace(paragraph_splits=["dev", "d_e", "d_q"])
+    assert paragraph_rows(pipe, cfg, dev_df)["split"].value_counts().to_dict() == {"dev": 5, "d_e": 7}  # d_q trained it
+    dup = cfg.replace(train_split="d_e")  # DUP: its error model trained on d_e, its base on d_q
+    assert paragraph_rows(pipe, dup, dev_df, trained_on={"d_q"})["split"].unique().tolist() == ["dev"]
+    assert paragraph_rows(pipe, cfg.as_reference_free(), dev_df) is None
+    assert paragraph_rows(pipe, cfg.replace(paragraph_units=False), dev_df) is None
+    with pytest.raises(DataError, match=r"params.yaml:train_base.paragraph_splits \['d_q'\] leaves no rows"):
+        paragraph_rows(pipe, cfg.replace(paragraph_splits=["d_q"]), dev_df)

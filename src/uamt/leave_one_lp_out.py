@@ -79,11 +79,11 @@ def held_out_lps(train_df, dev_df) -> tuple[list[str], dict[str, str]]:
 
 
 def _training_inputs(pipe, train_cfg, encode):
-    from uamt.pipeline_config import open_features, read_split
+    from uamt.pipeline_config import open_features, paragraph_rows, read_split
 
     train_df = read_split(pipe.prepared_dir, train_cfg.train_split, pipe.datasets)
     dev_df = read_split(pipe.prepared_dir, train_cfg.dev_split, pipe.datasets)
-    return train_df, dev_df, open_features(encode)
+    return train_df, dev_df, open_features(encode), paragraph_rows(pipe, train_cfg, dev_df)
 
 
 def _train_one(train_cfg, lolo, job: tuple[str, str], inputs) -> dict:
@@ -92,7 +92,7 @@ def _train_one(train_cfg, lolo, job: tuple[str, str], inputs) -> dict:
     from uamt.models.shared_training import train_methods
 
     lp, model = job
-    train_df, dev_df, features = inputs
+    train_df, dev_df, features, paragraph_df = inputs
     kept = train_df[train_df["lp"].astype(str) != lp]
     kept = with_synthetic_failures(kept, train_cfg.synthetic_failures, train_cfg.seed)
     cfg = train_cfg.as_reference_free() if is_reference_free(model) else train_cfg.replace(reference_free=False)
@@ -100,6 +100,7 @@ def _train_one(train_cfg, lolo, job: tuple[str, str], inputs) -> dict:
     train_methods(
         (base_method(model),), cfg, kept, dev_df[dev_df["lp"].astype(str) != lp], features,
         lambda name: lolo.model_dir(lp, name), QE_MODEL_SUFFIX if is_reference_free(model) else "",
+        None if paragraph_df is None else paragraph_df[paragraph_df["lp"].astype(str) != lp],
     )
     seconds = time.perf_counter() - started
     log.info("trained %s without %s on %d rows in %.1f s", model, lp, len(kept), seconds)

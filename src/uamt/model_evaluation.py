@@ -51,6 +51,7 @@ from uamt.pipeline_config import (
     open_features,
     predict_split,
     read_split,
+    training_splits,
 )
 from uamt.plots import pyplot, save_figure
 from uamt.serving.model_calibration import (
@@ -221,19 +222,6 @@ def _scale_bounds(pipe: PipelineConfig):
     from uamt.data.datasets import scale_bounds
 
     return scale_bounds(pipe.datasets)
-
-
-def training_splits(model_dir: str | Path) -> frozenset[str]:
-    """The splits whose rows trained the model in ``model_dir`` or a model it builds on (DUP's base,
-    ``meta["base"]``), from the manifests: a calibration must never be fitted on them."""
-    from uamt.models.api import read_manifest
-
-    meta = read_manifest(Path(model_dir))
-    split = (meta.get("config") or {}).get("train_split")
-    splits = {str(split)} if split else set()
-    if meta.get("base"):
-        splits |= training_splits(Path(model_dir) / meta["base"])
-    return frozenset(splits)
 
 
 def model_calibration_splits(pipe: PipelineConfig, method: str, settings: EvaluationSettings) -> tuple[str, ...]:

@@ -5,17 +5,19 @@ paragraph's score.  Here a multi-sentence row is cut into sentences
 (:func:`uamt.surface_features.sentences`), the translation's sentences are aligned to the
 reference's (:func:`align_sentences`), every aligned (source, translation, reference) unit is
 scored by the same network, and the row's μ becomes a least-squares blend (fitted per language
-pair on the model's dev split when it is trained, :func:`fit_blend`) of
+pair when the model is trained, on the rows of ``train_base.paragraph_splits`` it never trained on,
+:func:`fit_blend`) of
 
 * ``paragraph``: the network's μ of the whole row,
 * ``sum``: the sum of its units' μ (MQM penalties add up over a paragraph's errors),
 * ``omitted``: reference sentences no translation sentence aligns to,
 * ``added``: translation sentences aligned to no reference sentence,
 
-and an intercept.  Single-sentence rows, rows whose source and reference have different sentence
-counts (the source of a reference sentence is then unknown), rows of a language pair with too few
-multi-sentence dev rows or whose units add nothing on dev (an F-test, :func:`fit_blend`) and rows
-given without ``lp`` keep the network's μ.  The
+and an intercept, expressed in the units of the network's μ for the rows it scores whole (one
+level for both kinds of row, :func:`fit_blend`).  Single-sentence rows, rows whose source and
+reference have different sentence counts (the source of a reference sentence is then unknown), rows
+of a language pair with too few multi-sentence fitting rows or whose units add nothing there (an
+F-test, :func:`fit_blend`) and rows given without ``lp`` keep the network's μ.  The
 blend is part of the model's ``predict``, so calibration, evaluation, the gates and the served
 distribution all see it (benchmarks/sentence_scoring.py measured it first; docs/quality.md).
 
@@ -239,8 +241,9 @@ def _pearson(a, b) -> float:
 
 @dataclass(frozen=True)
 class ParagraphBlend:
-    """Per language pair, the weights of :data:`COLUMNS` (score scale), the alignment threshold,
-    and ``report``: what :func:`fit_blend` found per pair of the dev split."""
+    """Per language pair, the weights of :data:`COLUMNS` (inputs on the score scale, the blended μ
+    in the units of the pair's whole-row μ: :func:`fit_blend`), the alignment threshold, and
+    ``report``: what :func:`fit_blend` found per pair of the rows it was fitted on."""
 
     weights: dict[str, tuple[float, ...]]
     min_chrf: float = MIN_CHRF
@@ -331,22 +334,45 @@ def units_f_test(inputs: pd.DataFrame, human: np.ndarray) -> tuple[float, float]
     return float(f_value), float(f_distribution.sf(f_value, design.shape[1] - 2, dof))
 
 
+def whole_row_level(mu, human, scored_whole) -> tuple[float, float, str]:
+    """``(alpha, beta, rows)``: the least-squares line ``human ≈ alpha + beta * mu`` of one language
+    pair's whole-row μ (shape [n]), fitted on the rows scored whole (``scored_whole``, a boolean mask)
+    where at least :data:`MIN_FIT_ROWS` are, else on every row (``rows`` says which)."""
+    use = scored_whole if scored_whole.sum() >= MIN_FIT_ROWS else np.ones_like(scored_whole)
+    beta, alpha = np.polyfit(mu[use], human[use], 1) if mu[use].std() > 0 else (0.0, float(human[use].mean()))
+    return float(alpha), float(beta), "scored whole" if use is scored_whole else "all"
+
+
 def fit_blend(predict: Predict, frame: pd.DataFrame, human, min_chrf: float = MIN_CHRF) -> tuple[ParagraphBlend | None, str]:
     """Fit the blend per language pair of ``frame`` (human scores ``human`` [n]) by least squares on
     the pair's multi-sentence rows, and adopt it for a pair with at least :data:`MIN_FIT_ROWS` of
     them where the units add to the whole-row μ: the F-test of the blend against intercept + μ on
     those rows (:func:`units_f_test`) gives p < :data:`MAX_P`.  The others keep the whole-row μ.
 
+    One level.  The least squares predicts the human score :math:`\\hat y`; the rows scored whole
+    keep the network's μ, which follows the human score along its own line
+    :math:`q \\approx \\alpha + \\beta\\mu` (:func:`whole_row_level`, β > 0 required).  The
+    adopted weights are folded so that the blend returns :math:`(\\hat y - \\alpha)/\\beta`: both
+    kinds of row then lie on one line with the human score, which the calibration's per-pair
+    recalibration of μ (:class:`uamt.uncertainty.calibrators.Standardizer`) fits once for both.
+    Returned as :math:`\\hat y` (uamt-comet v3), the blended rows had slope 1 with the human score
+    while the single sentences' μ had slope β (2.26 for HTS en-de): no one recalibration line fits
+    both, and the two kinds of row were ranked against each other on different scales (HTS, fitted
+    on dev + d_e, test Pearson without -> with one level: WMT23 en-de .686 -> .711, AUROC of -μ for
+    MQM <= -5 .822 -> .848; WMT21 en-de, 128 two-sentence rows of 1,885, .176 -> .173;
+    docs/quality.md).
+
     Per pair, not pooled: weights pooled over every pair, applied to WMT21's two-sentence segments
     and WMT23 zh-en, lowered their test PPS by .012-.024 while WMT23 en-de gained .107.  The F-test,
     not a cross-fit: dev's en-de multi-sentence rows come from 18 documents of three campaigns, and
-    cross-fitting over them scored the blend below the whole-row μ for every pair, while the served
-    blend gained .089 on test.  The zh-en blend it now leaves out (HTS on dev: F 0.49, p .69; en-de
-    F 20.3, p 3e-12) had lowered the WMT21 and side-by-side zh-en test PPS and scored duplicated zh-en translations above
+    cross-fitting over them scored the blend below the whole-row μ for every pair.  The zh-en blend
+    it leaves out (HTS on dev: F 0.49, p .69; on dev + d_e F 2.6, p .05; en-de F 82.6, p 5e-50) had
+    lowered the WMT21 and side-by-side zh-en test PPS and scored duplicated zh-en translations above
     their original 22 % of the time (docs/quality.md).  ``report`` records per pair its rows,
-    multi-sentence rows, F and p, and the in-sample Pearson r over all its rows of the whole-row μ
-    and of the blended μ.  Returns ``(blend, why)``; ``blend.weights`` is empty where no pair adopted
-    it, and ``blend`` is None where ``frame`` has no ``lp``.
+    multi-sentence rows, F and p, the level (α, β and the rows it was fitted on), and the in-sample
+    Pearson r over all its rows of the whole-row μ and of the blended μ.  Returns ``(blend, why)``;
+    ``blend.weights`` is empty where no pair adopted it, and ``blend`` is None where ``frame`` has no
+    ``lp``.
     """
     human = np.asarray(human, dtype=float)
     if "lp" not in frame.columns:
@@ -355,10 +381,11 @@ def fit_blend(predict: Predict, frame: pd.DataFrame, human, min_chrf: float = MI
     mu = whole["mu"].to_numpy(dtype=float)
     blended = mu.copy()
     lps = frame["lp"].astype(str).to_numpy()
+    has_units = inputs["sum"].notna().to_numpy()
     weights, report = {}, {}
     for lp in sorted(np.unique(lps)):
         rows = (lps == lp) & np.isfinite(human)
-        multi = rows & inputs["sum"].notna().to_numpy()
+        multi = rows & has_units
         entry = {"rows": int(rows.sum()), "multi_sentence_rows": int(multi.sum())}
         report[lp] = entry
         if multi.sum() < MIN_FIT_ROWS:
@@ -369,8 +396,14 @@ def fit_blend(predict: Predict, frame: pd.DataFrame, human, min_chrf: float = MI
         if not p_value < MAX_P:
             entry["why_whole"] = f"the units add nothing to the whole-row mu (F-test p = {p_value:.3g} >= {MAX_P})"
             continue
-        weights[lp] = tuple(float(w) for w in _lstsq(inputs[multi], human[multi]))
-        blended[multi] = _design(inputs[multi]) @ np.asarray(weights[lp])
+        alpha, beta, level_rows = whole_row_level(mu[rows], human[rows], ~has_units[rows])
+        entry["level"] = {"alpha": round(alpha, 4), "beta": round(beta, 4), "rows": level_rows}
+        if not beta > 0:
+            entry["why_whole"] = f"the whole-row mu does not rise with the human score (slope {beta:.3g}): no level for the blend"
+            continue
+        folded = (_lstsq(inputs[multi], human[multi]) - alpha * np.eye(len(COLUMNS))[0]) / beta
+        weights[lp] = tuple(float(w) for w in folded)
+        blended[multi] = _design(inputs[multi]) @ folded
         entry["pearson_whole"] = round(_pearson(mu[rows], human[rows]), 4)
         entry["pearson_blend_in_sample"] = round(_pearson(blended[rows], human[rows]), 4)
     fitted = sorted(weights)

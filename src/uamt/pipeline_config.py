@@ -134,6 +134,37 @@ def read_split(prepared_dir: str | Path, split: str, datasets: tuple[str, ...]) 
     return frame
 
 
+def training_splits(model_dir: str | Path) -> frozenset[str]:
+    """The splits whose rows trained the model in ``model_dir`` or a model it builds on (DUP's base,
+    ``meta["base"]``), from the manifests: neither a calibration nor a paragraph blend may be fitted on them."""
+    from uamt.models.api import read_manifest
+
+    meta = read_manifest(Path(model_dir))
+    split = (meta.get("config") or {}).get("train_split")
+    splits = {str(split)} if split else set()
+    if meta.get("base"):
+        splits |= training_splits(Path(model_dir) / meta["base"])
+    return frozenset(splits)
+
+
+def paragraph_rows(pipe: PipelineConfig, train_cfg, dev_df: pd.DataFrame, trained_on=()) -> pd.DataFrame | None:
+    """The rows a model's paragraph blend is fitted on (:func:`uamt.paragraphs.fit_blend`): those of
+    ``train_cfg.paragraph_splits`` (``dev_df`` for its ``dev_split``) less every split in
+    ``trained_on`` and the model's own ``train_split``, in that order.  None where the model fits
+    no blend (``paragraph_units`` off, or reference-free); DataError when no split is left."""
+    if not train_cfg.paragraph_units or train_cfg.reference_free:
+        return None
+    excluded = {train_cfg.train_split, *trained_on}
+    splits = [split for split in train_cfg.paragraph_splits if split not in excluded]
+    if not splits:
+        raise DataError(
+            f"params.yaml:train_base.paragraph_splits {list(train_cfg.paragraph_splits)} leaves no rows to fit the "
+            f"paragraph blend on: the model trained on {sorted(excluded)}; add a split it never saw"
+        )
+    frames = [dev_df if split == train_cfg.dev_split else read_split(pipe.prepared_dir, split, pipe.datasets) for split in splits]
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
 def open_features(encode_cfg):
     """The cached-feature source of the ``encode:`` section (encoder + on-disk cache)."""
     from uamt.encoders import EmbeddingCache, get_encoder

@@ -269,6 +269,7 @@ def train(
     out_dir: str | Path,
     base_model_dir: str | Path | None = None,
     encoder=None,
+    paragraph_df: pd.DataFrame | None = None,
 ) -> Path:
     """Train ``method`` on ``train_df`` (early stopping on ``dev_df``) and write the model to ``out_dir``.
 
@@ -290,6 +291,10 @@ def train(
         DUP only: the trained first-stage model (else ``cfg.base_model_dir``).
     encoder : optional
         The encoder object, needed when ``cfg.finetune`` (default: the one behind ``features``).
+    paragraph_df : DataFrame, optional
+        With ``cfg.paragraph_units``: the rows the paragraph blend is fitted on, none of them a
+        training row (default ``dev_df``; the stages pass
+        :func:`uamt.pipeline_config.paragraph_rows`).
 
     Returns
     -------
@@ -303,7 +308,7 @@ def train(
     trainer = _TRAINERS[spec.layout]
     out_dir = trainer(cfg, train_df, dev_df, features, Path(out_dir), base_model_dir or cfg.base_model_dir, encoder)
     if cfg.paragraph_units:
-        fit_paragraphs(out_dir, cfg, dev_df, features, encoder)
+        fit_paragraphs(out_dir, cfg, dev_df if paragraph_df is None else paragraph_df, features, encoder)
     return out_dir
 
 
@@ -408,19 +413,22 @@ def _train_dup(cfg, train_df, dev_df, features, out_dir: Path, base_model_dir, e
 
 
 # --------------------------------------------------------------------------- paragraphs
-def fit_paragraphs(out_dir: Path, cfg: TrainConfig, dev_df: pd.DataFrame, features, encoder=None) -> None:
-    """Fit the paragraph blend of the model in ``out_dir`` on ``dev_df`` (its early-stopping split:
-    the training rows' own μ would be in-sample) and record it, or why there is none, in the
-    manifest under ``paragraphs`` (:func:`uamt.paragraphs.fit_blend`)."""
+def fit_paragraphs(out_dir: Path, cfg: TrainConfig, rows: pd.DataFrame, features, encoder=None) -> None:
+    """Fit the paragraph blend of the model in ``out_dir`` on ``rows`` (never its training rows:
+    their μ would be in-sample) and record it, or why there is none, in the manifest under
+    ``paragraphs`` with the splits of ``rows`` (column ``split``) as ``fitted_on``
+    (:func:`uamt.paragraphs.fit_blend`)."""
     model = load(out_dir, encoder=encoder)
     if cfg.reference_free:
         blend, why = None, "reference-free: no reference sentences to align the translation's to"
     else:
         blend, why = fit_blend(
-            lambda frame: model.predict_whole(frame, features, None, encoder), dev_df, targets_of(dev_df, "dev split")
+            lambda frame: model.predict_whole(frame, features, None, encoder), rows, targets_of(rows, "paragraph fit rows")
         )
     meta = {k: v for k, v in model.meta.items() if k not in ("format", "complete")}
     meta[PARAGRAPHS] = {"fit": why, **(blend.to_dict() if blend is not None else {})}
+    if blend is not None and "split" in rows.columns:
+        meta[PARAGRAPHS]["fitted_on"] = list(dict.fromkeys(rows["split"].astype(str)))
     write_manifest(out_dir, meta)
 
 

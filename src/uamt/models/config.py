@@ -95,9 +95,15 @@ class TrainConfig:
     paragraph_units : bool
         Score a multi-sentence row sentence by sentence too (:mod:`uamt.paragraphs`): after training,
         a blend of the whole row's μ, the sum of its aligned sentence units' μ and the counts of
-        unaligned reference and translation sentences is fitted per language pair on the dev split,
-        adopted where an F-test says the units add to the whole-row μ, and recorded in the
-        model's manifest; ``predict`` returns it as ``mu``.  Reference-based models only.
+        unaligned reference and translation sentences is fitted per language pair on the rows of
+        ``paragraph_splits``, adopted where an F-test says the units add to the whole-row μ, and
+        recorded in the model's manifest; ``predict`` returns it as ``mu``.  Reference-based
+        models only.
+    paragraph_splits : tuple of str
+        The prepared splits the blend is fitted on, less every split that trained the model or a
+        model it builds on (the pipeline's stages drop those; :func:`uamt.models.api.train` takes
+        the rows, ``dev_df`` by default).  dev alone held 389 en-de multi-sentence rows from 18
+        documents; dev + d_e hold 1,807 (docs/quality.md).
     init_from : str or None
         A trained single-network model folder whose weights start the training (a warm start: the
         "DA first, then MQM" recipe of COMET and MetricX trains once on direct assessments, then on
@@ -144,6 +150,7 @@ class TrainConfig:
     synthetic_failures: float = 0.0
     row_features: tuple[str, ...] = ()
     paragraph_units: bool = False
+    paragraph_splits: tuple[str, ...] = ("dev",)
     init_from: str | None = None
     train_split: str = "d_q"
     dev_split: str = "dev"

@@ -48,6 +48,7 @@ def train_methods(
     features,
     model_dir: Callable[[str], Path],
     suffix: str = "",
+    paragraph_df=None,
 ) -> dict[str, Path]:
     """Train each of ``methods`` as the model ``<method><suffix>`` into ``model_dir(name)``.
 
@@ -65,6 +66,8 @@ def train_methods(
         Model name -> folder.
     suffix : str
         Appended to each method's name (``"_qe"`` for the reference-free models).
+    paragraph_df : DataFrame, optional
+        The rows the paragraph blend is fitted on (:func:`uamt.models.api.train`; default ``dev_df``).
 
     Returns
     -------
@@ -72,7 +75,7 @@ def train_methods(
         ``{model name: model folder}`` in training order; a method of :data:`SAME_TRAINING` whose
         source is among ``methods`` gets a copy of the source's folder (:func:`derive`).
     """
-    return train_jobs([(method, cfg, suffix) for method in methods], lambda: (train_df, dev_df, features), model_dir)
+    return train_jobs([(method, cfg, suffix) for method in methods], lambda: (train_df, dev_df, features, paragraph_df), model_dir)
 
 
 def train_jobs(
@@ -84,7 +87,8 @@ def train_jobs(
     """Train every ``(method, cfg, suffix)`` of ``jobs`` as the model ``<method><suffix>``, the
     independent trainings in ``workers`` processes, then copy the shared ones (:func:`derive`).
 
-    ``load() -> (train_df, dev_df, features)`` is read once per process
+    ``load() -> (train_df, dev_df, features, paragraph_df)`` (``paragraph_df``: the rows the
+    paragraph blend is fitted on, None = ``dev_df``; :func:`uamt.models.api.train`) is read once per process
     (:func:`uamt.core.parallel.map_in_processes`; with ``workers`` > 1 it and ``model_dir`` must be
     picklable).  A process trains with ``cores // workers`` torch threads: the weights are the same
     bit for bit as with every core (checked on the pipeline's models), so the number of workers
@@ -109,8 +113,8 @@ def _train_job(model_dir: Callable[[str], Path], job: tuple[str, object, str], i
     from uamt.models.api import train
 
     method, cfg, suffix = job
-    train_df, dev_df, features = inputs
+    train_df, dev_df, features, paragraph_df = inputs
     name, started = f"{method}{suffix}", time.perf_counter()
-    folder = train(method, cfg, train_df, dev_df, features, model_dir(name))
+    folder = train(method, cfg, train_df, dev_df, features, model_dir(name), paragraph_df=paragraph_df)
     log.info("trained %s on %d rows in %.1f s", name, len(train_df), time.perf_counter() - started)
     return folder

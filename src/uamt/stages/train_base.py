@@ -19,7 +19,7 @@ from uamt.core.naming import QE_MODEL_SUFFIX
 from uamt.encoders import EncodeConfig
 from uamt.models.config import TrainConfig, load_train_config
 from uamt.models.shared_training import train_jobs
-from uamt.pipeline_config import PipelineConfig, load_pipeline, open_features, read_split
+from uamt.pipeline_config import PipelineConfig, load_pipeline, open_features, paragraph_rows, read_split
 from uamt.stages._cli import stage_main
 
 NAME = "train_base"
@@ -39,12 +39,14 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> TrainBaseConfig:
 
 
 def training_inputs(cfg: TrainBaseConfig) -> tuple:
-    """``(train_df, dev_df, features)``: d_q with the synthetic failure rows, dev, the cached embeddings."""
+    """``(train_df, dev_df, features, paragraph_df)``: d_q with the synthetic failure rows, dev, the
+    cached embeddings, the rows the paragraph blend is fitted on (:func:`paragraph_rows`)."""
     pipe = cfg.pipeline
     train_df = with_synthetic_failures(
         read_split(pipe.prepared_dir, cfg.train.train_split, pipe.datasets), cfg.train.synthetic_failures, cfg.train.seed
     )
-    return train_df, read_split(pipe.prepared_dir, cfg.train.dev_split, pipe.datasets), open_features(cfg.encode)
+    dev_df = read_split(pipe.prepared_dir, cfg.train.dev_split, pipe.datasets)
+    return train_df, dev_df, open_features(cfg.encode), paragraph_rows(pipe, cfg.train, dev_df)
 
 
 def run(cfg: TrainBaseConfig) -> dict[str, Path]:

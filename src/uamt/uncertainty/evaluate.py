@@ -125,7 +125,7 @@ class EvaluationSettings:
     calibration_splits : tuple of str
         Splits (:data:`CALIBRATION_SPLITS`) whose rows the calibrate stage fits each model's served
         calibration on, less any split the model (or a model it builds on) was trained on
-        (:func:`uamt.model_evaluation.training_splits`): DUP's error model is trained on ``d_e``, so it is
+        (:func:`uamt.pipeline_config.training_splits`): DUP's error model is trained on ``d_e``, so it is
         calibrated on ``dev`` alone.  Test and out-of-domain rows never enter a fit.
     top_atom : bool
         Serve a point mass at the top of the scale (MQM 0) with its probability per LP x mu bin,
