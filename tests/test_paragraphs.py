@@ -213,6 +213,7 @@ def paragraph_models(tmp_path_factory, one_torch_thread):
         "hts": train("hts", CFG, train_df, dev_df, FEATURES, root / "hts"),
         "hts_qe": train("hts", CFG.as_reference_free(), train_df.drop(columns="ref"), dev_df.drop(columns="ref"), FEATURES, root / "hts_qe"),
         "whole": train("hts", CFG.replace(paragraph_units=False), train_df, dev_df, FEATURES, root / "whole"),
+        "dup": train("dup", CFG, paragraph_table(40, 5), dev_df, FEATURES, root / "dup", base_model_dir=root / "hts"),
     }
 
 
@@ -232,6 +233,13 @@ def test_a_model_trained_with_paragraph_units_records_its_dev_blend_and_predicts
     np.testing.assert_allclose(got["sigma"], whole["sigma"])
     table = model.predictions_table(test, FEATURES)
     np.testing.assert_allclose(table["mu"], got["mu"])
+
+
+def test_dup_serves_its_base_models_blended_mu(paragraph_models):
+    base, dup = load(paragraph_models["hts"]), load(paragraph_models["dup"])
+    assert dup.paragraphs == base.paragraphs and dup.meta["paragraphs"]["fit"] == "the base model's blend, adopted for ['en-de']"
+    test = paragraph_table(30, 3)
+    np.testing.assert_allclose(dup.predict(test, FEATURES)["mu"], base.predict(test, FEATURES)["mu"], rtol=1e-6)
 
 
 def test_reference_free_and_switched_off_models_score_every_row_whole(paragraph_models):

@@ -417,8 +417,18 @@ def fit_paragraphs(out_dir: Path, cfg: TrainConfig, rows: pd.DataFrame, features
     """Fit the paragraph blend of the model in ``out_dir`` on ``rows`` (never its training rows:
     their μ would be in-sample) and record it, or why there is none, in the manifest under
     ``paragraphs`` with the splits of ``rows`` (column ``split``) as ``fitted_on``
-    (:func:`uamt.paragraphs.fit_blend`)."""
+    (:func:`uamt.paragraphs.fit_blend`).  A model built on a base model whose μ it serves (DUP)
+    records the base's blend instead, so that both serve one μ."""
     model = load(out_dir, encoder=encoder)
+    base = getattr(model, "base", None)
+    if base is not None and not cfg.reference_free:
+        # DUP: its mu is its base model's, so is the blend of that mu (refitted on DUP's own rows,
+        # dev alone, it scored test en-de .025 below its base: docs/quality.md)
+        own = base.meta.get(PARAGRAPHS) or {"fit": "the base model scores every row whole"}
+        meta = {k: v for k, v in model.meta.items() if k not in ("format", "complete")}
+        meta[PARAGRAPHS] = {**own, "fit": f"the base model's blend, {own['fit']}"}
+        write_manifest(out_dir, meta)
+        return
     if cfg.reference_free:
         blend, why = None, "reference-free: no reference sentences to align the translation's to"
     else:

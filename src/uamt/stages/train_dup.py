@@ -12,14 +12,7 @@ from pathlib import Path
 from uamt.core.config import DEFAULT_PARAMS, load_section
 from uamt.encoders import EncodeConfig
 from uamt.models.config import TrainConfig, load_train_config
-from uamt.pipeline_config import (
-    PipelineConfig,
-    load_pipeline,
-    open_features,
-    paragraph_rows,
-    read_split,
-    training_splits,
-)
+from uamt.pipeline_config import PipelineConfig, load_pipeline, open_features, read_split
 from uamt.stages._cli import stage_main
 
 NAME = "train_dup"
@@ -44,7 +37,6 @@ def run(cfg: TrainDupConfig) -> Path:
     pipe = cfg.pipeline
     train_df = read_split(pipe.prepared_dir, cfg.train.train_split, pipe.datasets)
     dev_df = read_split(pipe.prepared_dir, cfg.train.dev_split, pipe.datasets)
-    base_dir = pipe.model_dir(pipe.dup_base)
     return train(
         "dup",
         cfg.train,
@@ -52,8 +44,7 @@ def run(cfg: TrainDupConfig) -> Path:
         dev_df,
         open_features(cfg.encode),
         pipe.model_dir("dup"),
-        base_model_dir=base_dir,
-        paragraph_df=paragraph_rows(pipe, cfg.train, dev_df, trained_on=training_splits(base_dir)),
+        base_model_dir=pipe.model_dir(pipe.dup_base),
     )
 
 
