@@ -491,7 +491,7 @@ def test_a_missing_unbabel_comet_names_the_install_that_keeps_lightning_out(monk
 
 
 def _training_inputs():
-    return TRAIN, DEV, FEATURES
+    return TRAIN, DEV, FEATURES, None  # no paragraph rows: CFG fits no paragraph blend
 
 
 def _model_folder(root: Path, name: str) -> Path:

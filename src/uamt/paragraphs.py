@@ -243,7 +243,9 @@ def _pearson(a, b) -> float:
 class ParagraphBlend:
     """Per language pair, the weights of :data:`COLUMNS` (inputs on the score scale, the blended μ
     in the units of the pair's whole-row μ: :func:`fit_blend`), the alignment threshold, and
-    ``report``: what :func:`fit_blend` found per pair of the rows it was fitted on."""
+    ``report``: what :func:`fit_blend` found per pair of the rows it was fitted on (stored under
+    ``dev`` in the manifest, the key of the time it was fitted on dev alone; ``fitted_on`` beside it
+    names the splits)."""
 
     weights: dict[str, tuple[float, ...]]
     min_chrf: float = MIN_CHRF
