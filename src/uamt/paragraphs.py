@@ -340,9 +340,10 @@ def whole_row_level(mu, human, scored_whole) -> tuple[float, float, str]:
     """``(alpha, beta, rows)``: the least-squares line ``human ≈ alpha + beta * mu`` of one language
     pair's whole-row μ (shape [n]), fitted on the rows scored whole (``scored_whole``, a boolean mask)
     where at least :data:`MIN_FIT_ROWS` are, else on every row (``rows`` says which)."""
-    use = scored_whole if scored_whole.sum() >= MIN_FIT_ROWS else np.ones_like(scored_whole)
+    enough = scored_whole.sum() >= MIN_FIT_ROWS
+    use = scored_whole if enough else np.ones_like(scored_whole)
     beta, alpha = np.polyfit(mu[use], human[use], 1) if mu[use].std() > 0 else (0.0, float(human[use].mean()))
-    return float(alpha), float(beta), "scored whole" if use is scored_whole else "all"
+    return float(alpha), float(beta), "scored whole" if enough else "all"
 
 
 def fit_blend(predict: Predict, frame: pd.DataFrame, human, min_chrf: float = MIN_CHRF) -> tuple[ParagraphBlend | None, str]:

@@ -421,24 +421,25 @@ def fit_paragraphs(out_dir: Path, cfg: TrainConfig, rows: pd.DataFrame, features
     records the base's blend instead, so that both serve one μ."""
     model = load(out_dir, encoder=encoder)
     base = getattr(model, "base", None)
-    if base is not None and not cfg.reference_free:
+    if cfg.reference_free:
+        entry = {"fit": "reference-free: no reference sentences to align the translation's to"}
+    elif base is not None:
         # DUP: its mu is its base model's, so is the blend of that mu (refitted on DUP's own rows,
         # dev alone, it scored test en-de .025 below its base: docs/quality.md)
         own = base.meta.get(PARAGRAPHS) or {"fit": "the base model scores every row whole"}
-        meta = {k: v for k, v in model.meta.items() if k not in ("format", "complete")}
-        meta[PARAGRAPHS] = {**own, "fit": f"the base model's blend, {own['fit']}"}
-        write_manifest(out_dir, meta)
-        return
-    if cfg.reference_free:
-        blend, why = None, "reference-free: no reference sentences to align the translation's to"
+        entry = {**own, "fit": f"the base model's blend, {own['fit']}"}
     else:
+        splits = list(dict.fromkeys(rows["split"].astype(str))) if "split" in rows.columns else []
         blend, why = fit_blend(
-            lambda frame: model.predict_whole(frame, features, None, encoder), rows, targets_of(rows, "paragraph fit rows")
+            lambda frame: model.predict_whole(frame, features, None, encoder),
+            rows,
+            targets_of(rows, f"paragraph fit rows ({'+'.join(splits) or 'given'})"),
         )
+        entry = {"fit": why, **(blend.to_dict() if blend is not None else {})}
+        if blend is not None and splits:
+            entry["fitted_on"] = splits
     meta = {k: v for k, v in model.meta.items() if k not in ("format", "complete")}
-    meta[PARAGRAPHS] = {"fit": why, **(blend.to_dict() if blend is not None else {})}
-    if blend is not None and "split" in rows.columns:
-        meta[PARAGRAPHS]["fitted_on"] = list(dict.fromkeys(rows["split"].astype(str)))
+    meta[PARAGRAPHS] = entry
     write_manifest(out_dir, meta)
 
 
