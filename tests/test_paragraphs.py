@@ -19,11 +19,15 @@ from uamt.paragraphs import (
     MIN_FIT_ROWS,
     ParagraphBlend,
     _char_ngrams,
+    align_by_length,
     align_sentences,
     blend_inputs,
     chrf_from_ngrams,
     fit_blend,
+    length_scales,
     paragraph_units,
+    row_units,
+    source_units,
     unit_texts,
     units_f_test,
     whole_row_level,
@@ -74,13 +78,34 @@ def test_units_pair_each_reference_sentence_with_its_source_sentence_or_the_row_
     assert paragraph_units(SRC, "  ", " ".join(REF)) is None
 
 
-def test_unit_texts_are_the_distinct_texts_of_every_unit():
+def test_without_a_reference_a_dropped_sentence_is_found_by_length_and_the_others_keep_their_partners():
+    src = ["The committee met on Monday.", "It adopted a new budget for the coming year.", "The meeting ended."]
+    mt = ["Der Ausschuss tagte am Montag.", "Er beschloss einen neuen Haushalt für das kommende Jahr.", "Die Sitzung endete."]
+    assert align_by_length(src, mt) == ([((i,), (i,)) for i in range(3)], [], [])  # the row's own length ratio
+    # with the pair's ratio (German runs ~1.2x English in characters) a dropped long sentence is found;
+    # the row's own ratio, shrunk by the drop, pairs the long source sentence with the short last one
+    assert align_by_length(src, [mt[0], mt[2]], scale=1.2) == ([((0,), (0,)), ((2,), (1,))], [1], [])
+    assert align_by_length(src, [mt[0], mt[2]])[1] == [2]
+    merged = "Der Ausschuss tagte am Montag und beschloss einen neuen Haushalt für das kommende Jahr."
+    assert align_by_length(src, [merged, mt[2]], scale=1.2) == ([((0, 1), (0,)), ((2,), (1,))], [], [])
+    found = source_units(" ".join(src), f"{mt[0]} {mt[2]}", scale=1.2)
+    assert found.units == ((src[0], mt[0], ""), (src[2], mt[2], "")) and (found.omitted, found.added) == (1, 0)
+    frame = pd.DataFrame({"lp": ["en-de", "en-de", "en-de", "zh-en"], "src": ["abcd", "ab cd", "abcdefgh", "甲乙"],
+                          "mt": ["abcde", "abcdef", "abcdefghij", "one two three"]})  # fmt: skip
+    assert length_scales(frame) == {"en-de": 1.25, "zh-en": 5.5}
+    assert source_units(src[0], mt[0]) is None and source_units(" ".join(src), " ") is None
+    with pytest.raises(ValueError, match=r"alignment='target' not supported; choose from \['reference', 'source'\]"):
+        row_units(pd.DataFrame({"src": [], "mt": []}), "target")
+
+
+def test_unit_texts_are_the_distinct_texts_of_every_unit_under_both_alignments():
     frame = pd.DataFrame({"src": [SRC, SRC, "One short line here."], "mt": [" ".join(REF), f"{REF[0]} {REF[2]}", REF[0]],
                           "ref": [" ".join(REF)] * 2 + [REF[0]]})  # fmt: skip
     texts = unit_texts(frame)
-    assert set(texts) == set(REF) | {"The committee met on Monday.", "It adopted a new budget.", "The meeting ended at eight."}
+    by_reference = set(REF) | {"The committee met on Monday.", "It adopted a new budget.", "The meeting ended at eight."}
+    by_source = {text for found in row_units(frame, "source") if found for unit in found.units for text in unit if text}
+    assert set(texts) == by_reference | by_source and by_source <= set(unit_texts(frame.drop(columns="ref")))
     assert len(texts) == len(set(texts))
-    assert unit_texts(frame.drop(columns="ref")) == []
 
 
 def fake_predict(frame: pd.DataFrame) -> pd.DataFrame:
@@ -102,6 +127,9 @@ def test_the_blend_replaces_mu_on_multi_sentence_rows_of_its_language_pairs_only
     assert out["sigma"].tolist() == [1.0, 1.0, 1.0]
     # without lp the blend of no pair applies
     assert blend.apply(fake_predict, frame.drop(columns="lp"))["mu"].tolist() == whole["mu"].tolist()
+    # blended_rows names exactly the rows whose mu apply() changed
+    assert blend.blended_rows(frame).tolist() == [True, False, False]
+    assert not blend.blended_rows(frame.drop(columns="lp")).any()
     _, inputs = blend_inputs(fake_predict, frame)
     assert inputs.loc[0].tolist() == pytest.approx([whole.loc[0, "mu"], units_sum, 1.0, 0.0])
     assert inputs.loc[1].isna().all()
@@ -177,6 +205,12 @@ def test_the_f_test_of_the_units_matches_its_hand_computed_value():
 def test_a_recorded_blend_round_trips_and_a_broken_one_is_named():
     blend = ParagraphBlend({"en-de": (1.0, 0.5, 2.0, -3.0, -0.25)}, 0.2, {"en-de": {"rows": 80}})
     assert ParagraphBlend.from_dict(json.loads(json.dumps(blend.to_dict())), "m") == blend
+    source = ParagraphBlend({"en-de": (1.0, 0.5, 2.0, -3.0, -0.25)}, alignment="source", min_length_ratio=0.4)
+    assert ParagraphBlend.from_dict(json.loads(json.dumps(source.to_dict())), "m") == source
+    old = {k: v for k, v in blend.to_dict().items() if k != "alignment"}  # written before the source alignment
+    assert ParagraphBlend.from_dict(old, "m").alignment == "reference"
+    with pytest.raises(UamtError, match=r"m: unusable paragraph blend .*alignment='target' not supported"):
+        ParagraphBlend.from_dict({**blend.to_dict(), "alignment": "target"}, "m")
     assert ParagraphBlend.from_dict(None, "m") is None
     assert ParagraphBlend.from_dict({"fit": "reference-free"}, "m") is None
     assert ParagraphBlend.from_dict(ParagraphBlend({}).to_dict(), "m") is None  # no pair had the rows
@@ -242,11 +276,22 @@ def test_dup_serves_its_base_models_blended_mu(paragraph_models):
     np.testing.assert_allclose(dup.predict(test, FEATURES)["mu"], base.predict(test, FEATURES)["mu"], rtol=1e-6)
 
 
-def test_reference_free_and_switched_off_models_score_every_row_whole(paragraph_models):
+def test_a_reference_free_model_aligns_to_the_source_and_never_reads_a_reference(paragraph_models):
     meta = json.loads((paragraph_models["hts_qe"] / MANIFEST).read_text())
-    assert meta["paragraphs"] == {"fit": "reference-free: no reference sentences to align the translation's to"}
-    assert load(paragraph_models["hts_qe"]).paragraphs is None
+    assert meta["paragraphs"]["fit"] == "adopted for ['en-de']" and meta["paragraphs"]["alignment"] == "source"
+    model = load(paragraph_models["hts_qe"])
+    test = paragraph_table(30, 3).drop(columns="ref")
+    got, whole = model.predict(test, FEATURES), model.predict_whole(test, FEATURES)
+    assert (got["mu"].to_numpy()[:-1] != whole["mu"].to_numpy()[:-1]).all()
+    assert got["mu"].iloc[-1] == whole["mu"].iloc[-1]  # the single sentence is read whole
+    assert model.paragraphs.blended_rows(test).tolist() == [True] * 30 + [False]
+    with_ref = test.assign(ref="Ein ganz anderer Text. Mit zwei Sätzen.")
+    np.testing.assert_allclose(model.predict(with_ref, FEATURES)["mu"], got["mu"])
+
+
+def test_a_model_with_paragraph_units_switched_off_scores_every_row_whole(paragraph_models):
     assert "paragraphs" not in json.loads((paragraph_models["whole"] / MANIFEST).read_text())
+    assert load(paragraph_models["whole"]).paragraphs is None
 
 
 def test_the_onnx_head_serves_the_same_blend(paragraph_models, tmp_path):
@@ -272,7 +317,18 @@ def test_the_blend_is_fitted_on_the_paragraph_splits_the_model_never_trained_on(
     assert paragraph_rows(pipe, cfg, dev_df)["split"].value_counts().to_dict() == {"dev": 5, "d_e": 7}  # d_q trained it
     dup = cfg.replace(train_split="d_e")  # DUP: its error model trained on d_e, its base on d_q
     assert paragraph_rows(pipe, dup, dev_df, trained_on={"d_q"})["split"].unique().tolist() == ["dev"]
-    assert paragraph_rows(pipe, cfg.as_reference_free(), dev_df) is None
+    assert paragraph_rows(pipe, cfg.as_reference_free(), dev_df).equals(paragraph_rows(pipe, cfg, dev_df))
     assert paragraph_rows(pipe, cfg.replace(paragraph_units=False), dev_df) is None
     with pytest.raises(DataError, match=r"params.yaml:train_base.paragraph_splits \['d_q'\] leaves no rows"):
         paragraph_rows(pipe, cfg.replace(paragraph_splits=["d_q"]), dev_df)
+
+
+def test_a_failed_blend_fit_leaves_no_loadable_model(tmp_path, one_torch_thread):
+    from uamt.core.errors import DataError, UamtError
+
+    train_df, dev_df = paragraph_table(48, 1), paragraph_table(24, 2).assign(split="dev")
+    bad = dev_df.assign(score=dev_df["score"].where(dev_df.index != 3, "n/a"))
+    with pytest.raises(DataError, match="paragraph fit rows"):
+        train("hts", CFG, train_df, dev_df, FEATURES, tmp_path / "hts", paragraph_df=bad)
+    with pytest.raises(UamtError, match="not a trained model"):
+        load(tmp_path / "hts")

@@ -151,8 +151,8 @@ def paragraph_rows(pipe: PipelineConfig, train_cfg, dev_df: pd.DataFrame, traine
     """The rows a model's paragraph blend is fitted on (:func:`uamt.paragraphs.fit_blend`): those of
     ``train_cfg.paragraph_splits`` (``dev_df`` for its ``dev_split``) less every split in
     ``trained_on`` and the model's own ``train_split``, in that order.  None where the model fits
-    no blend (``paragraph_units`` off, or reference-free); DataError when no split is left."""
-    if not train_cfg.paragraph_units or train_cfg.reference_free:
+    no blend (``paragraph_units`` off); DataError when no split is left."""
+    if not train_cfg.paragraph_units:
         return None
     excluded = {train_cfg.train_split, *trained_on}
     splits = [split for split in train_cfg.paragraph_splits if split not in excluded]

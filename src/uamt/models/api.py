@@ -308,7 +308,13 @@ def train(
     trainer = _TRAINERS[spec.layout]
     out_dir = trainer(cfg, train_df, dev_df, features, Path(out_dir), base_model_dir or cfg.base_model_dir, encoder)
     if cfg.paragraph_units:
-        fit_paragraphs(out_dir, cfg, dev_df if paragraph_df is None else paragraph_df, features, encoder)
+        try:
+            fit_paragraphs(out_dir, cfg, dev_df if paragraph_df is None else paragraph_df, features, encoder)
+        except BaseException:
+            # The trainer's manifest marked the folder complete; without the blend it was configured
+            # for, the model would load and serve every paragraph whole. Unmark it: not a model.
+            (Path(out_dir) / MANIFEST).unlink(missing_ok=True)
+            raise
     return out_dir
 
 
@@ -421,9 +427,7 @@ def fit_paragraphs(out_dir: Path, cfg: TrainConfig, rows: pd.DataFrame, features
     records the base's blend instead, so that both serve one μ."""
     model = load(out_dir, encoder=encoder)
     base = getattr(model, "base", None)
-    if cfg.reference_free:
-        entry = {"fit": "reference-free: no reference sentences to align the translation's to"}
-    elif base is not None:
+    if base is not None:
         # DUP: its mu is its base model's, so is the blend of that mu (refitted on DUP's own rows,
         # dev alone, it scored test en-de .025 below its base: docs/quality.md)
         own = base.meta.get(PARAGRAPHS) or {"fit": "the base model scores every row whole"}
@@ -434,6 +438,8 @@ def fit_paragraphs(out_dir: Path, cfg: TrainConfig, rows: pd.DataFrame, features
             lambda frame: model.predict_whole(frame, features, None, encoder),
             rows,
             targets_of(rows, f"paragraph fit rows ({'+'.join(splits) or 'given'})"),
+            # a reference-free model aligns to the source: it is served without a reference
+            alignment="source" if cfg.reference_free else "reference",
         )
         entry = {"fit": why, **(blend.to_dict() if blend is not None else {})}
         if blend is not None and splits:

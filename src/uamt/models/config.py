@@ -97,8 +97,8 @@ class TrainConfig:
         a blend of the whole row's μ, the sum of its aligned sentence units' μ and the counts of
         unaligned reference and translation sentences is fitted per language pair on the rows of
         ``paragraph_splits``, adopted where an F-test says the units add to the whole-row μ, and
-        recorded in the model's manifest; ``predict`` returns it as ``mu``.  Reference-based
-        models only.
+        recorded in the model's manifest; ``predict`` returns it as ``mu``.  A reference-free
+        model aligns the translation's sentences to the source's by length instead.
     paragraph_splits : tuple of str
         The prepared splits the blend is fitted on, less every split that trained the model or a
         model it builds on (the pipeline's stages drop those; :func:`uamt.models.api.train` takes
