@@ -94,6 +94,7 @@ def test_without_a_reference_a_dropped_sentence_is_found_by_length_and_the_other
                           "mt": ["abcde", "abcdef", "abcdefghij", "one two three"]})  # fmt: skip
     assert length_scales(frame) == {"en-de": 1.25, "zh-en": 5.5}
     assert source_units(src[0], mt[0]) is None and source_units(" ".join(src), " ") is None
+    assert source_units(src[0], f"{mt[0]} {mt[0]}") is None  # one source sentence: judged whole
     with pytest.raises(ValueError, match=r"alignment='target' not supported; choose from \['reference', 'source'\]"):
         row_units(pd.DataFrame({"src": [], "mt": []}), "target")
 
@@ -186,6 +187,22 @@ def test_the_level_falls_back_to_every_row_and_a_falling_whole_row_mu_keeps_the_
     falling = -5.0 * whole["mu"].to_numpy() - 4.0 * inputs["omitted"].to_numpy() + rng.normal(scale=0.01, size=60)
     blend, why = fit_blend(fake_predict, frame, falling)
     assert why == "adopted for no language pair" and "does not rise" in blend.report["en-de"]["why_whole"]
+
+
+def test_the_weights_keep_their_signs_and_a_fit_that_keeps_them_is_the_free_one():
+    from uamt.paragraphs import _lstsq
+
+    rng = np.random.default_rng(0)
+    units = rng.normal(size=200)
+    inputs = pd.DataFrame({"paragraph": units + rng.normal(scale=0.05, size=200), "sum": units,
+                           "omitted": rng.integers(0, 2, 200).astype(float), "added": rng.integers(0, 2, 200).astype(float)})  # fmt: skip
+    human = 2.0 * units - 1.5 * inputs["paragraph"].to_numpy() - 3.0 * inputs["omitted"].to_numpy() + 0.5 * inputs["added"].to_numpy()
+    free = np.linalg.lstsq(np.column_stack([np.ones(200), inputs.to_numpy()]), human, rcond=None)[0]
+    assert free[1] < 0 and free[4] > 0  # the free fit weighs the whole row and an addition the wrong way
+    held = _lstsq(inputs, human)
+    assert held[1] >= 0 and held[2] >= 0 and held[3] <= 0 and held[4] <= 0
+    signed = human + 1.5 * inputs["paragraph"].to_numpy() + inputs["paragraph"].to_numpy() - 0.5 * inputs["added"].to_numpy()
+    np.testing.assert_allclose(_lstsq(inputs, signed), np.linalg.lstsq(np.column_stack([np.ones(200), inputs.to_numpy()]), signed, rcond=None)[0])
 
 
 def test_the_f_test_of_the_units_matches_its_hand_computed_value():

@@ -24,8 +24,9 @@ distribution all see it (benchmarks/sentence_scoring.py measured it first; docs/
 A reference-free model has no reference to align to: its blend (``alignment="source"``) aligns the
 translation's sentences to the source's by their length (:func:`align_by_length`, the lengths
 scaled by the row's own translation/source length ratio), scores (source, translation) units, and
-counts unaligned source sentences as ``omitted``.  It reads nothing a request without a reference
-lacks.
+counts unaligned source sentences as ``omitted``; a row whose source is one sentence is scored
+whole.  It reads nothing a request without a reference lacks.  Every blend's weights keep the signs
+of :data:`SIGNS`.
 
 Only μ changes; σ and the variance parts stay the network's for the whole row, and the calibration
 fitted afterwards on this μ's errors sets the served width.
@@ -62,9 +63,9 @@ MAX_P = 1e-3
 #: Rows whose alignment one process remembers (calibration predicts the same rows for many models).
 REMEMBERED_ROWS = 2**16
 #: Reference-free alignment: a link is kept where the shorter side reaches this share of the longer
-#: one (lengths in characters, the source's scaled by the row's translation/source ratio).  0.3, 0.5
-#: and 0.7 gave the HTS QE model the same en-de fit (F 224 / 221 / 211) and test Pearson (WMT23
-#: en-de .636 / .632 / .628; docs/quality.md).
+#: one (lengths in characters, the source's scaled by the pair's translation/source ratio).  0.3, 0.5
+#: and 0.7 gave the HTS QE model about the same en-de fit (F 225 / 221 / 202 on dev + d_e) and test
+#: Pearson (WMT23 en-de .639 / .635 / .624; free weights, before :data:`SIGNS`; docs/quality.md).
 MIN_LENGTH_RATIO = 0.5
 #: What a 2-1 or 1-2 link of the length alignment gives up against two 1-1 links of equal ratio:
 #: lengths alone cannot tell a merge from two sentences, and translations keep the source's
@@ -245,7 +246,9 @@ def length_scales(frame: pd.DataFrame) -> dict[str, float]:
 @lru_cache(maxsize=REMEMBERED_ROWS)
 def _source_units(src: str, mt: str, min_ratio: float, scale: float | None) -> ParagraphUnits | None:
     src_s, mt_s = sentences(src), sentences(mt)
-    if not src_s or not mt_s or max(len(src_s), len(mt_s)) < 2:
+    # One source sentence is one unit: there is nothing to cut, and a translation made longer than
+    # it (a duplicated sentence, say) is judged by the whole-row network, as before the blend.
+    if len(src_s) < 2 or not mt_s:
         return None
     links, unaligned_src, unaligned_mt = align_by_length(src_s, mt_s, min_ratio, scale)
     units = tuple((" ".join(src_s[i] for i in s), " ".join(mt_s[j] for j in t), "") for s, t in links)
@@ -255,7 +258,9 @@ def _source_units(src: str, mt: str, min_ratio: float, scale: float | None) -> P
 def source_units(src, mt, min_ratio: float = MIN_LENGTH_RATIO, scale: float | None = None) -> ParagraphUnits | None:
     """The reference-free units of one row (:func:`align_by_length` with the pair's length
     ``scale``; each unit's reference is "", ``omitted`` counts unaligned source sentences), or None
-    where the row is scored whole: a single sentence on both sides, or an empty source or
+    where the row is scored whole: a source of one sentence (its translation duplicated into two
+    scored whole, as the network reads it, and not as one unit plus an addition: with the HTS QE
+    blend of 2026-11-30 a duplicated en-ru sentence rose above its original), or an empty source or
     translation.  Remembered per process."""
     if not all(isinstance(text, str) and text.strip() for text in (src, mt)):
         return None
@@ -354,8 +359,26 @@ def _design(inputs: pd.DataFrame) -> np.ndarray:
     return np.column_stack([np.ones(len(inputs)), inputs[list(COLUMNS[1:])].to_numpy(dtype=float)])
 
 
+#: The sign each input's weight may take (intercept free): a worse whole row or worse units lower
+#: the score, so do an omitted or an added sentence.
+SIGNS = (0, 1, 1, -1, -1)
+
+
 def _lstsq(inputs: pd.DataFrame, human: np.ndarray) -> np.ndarray:
-    return np.linalg.lstsq(_design(inputs), human, rcond=None)[0]
+    """Least squares of ``human`` on :data:`COLUMNS`, held to :data:`SIGNS` where the free fit breaks
+    them (bounded least squares; the free fit where it keeps them).  Free, the HTS QE en-de blend
+    weighed the whole row -0.985 against the units' sum 1.881 (collinear inputs), so a failure the
+    whole row sees but its units less so (gibberish) scored above its original more often."""
+    design = _design(inputs)
+    free = np.linalg.lstsq(design, human, rcond=None)[0]
+    signs = np.asarray(SIGNS)
+    if np.all(free * signs >= 0):
+        return free
+    from scipy.optimize import lsq_linear
+
+    lower = np.where(signs > 0, 0.0, -np.inf)
+    upper = np.where(signs < 0, 0.0, np.inf)
+    return lsq_linear(design, human, bounds=(lower, upper)).x
 
 
 def _pearson(a, b) -> float:
