@@ -16,8 +16,10 @@ and spread are the key's own), and measures each with the evaluate stage's code
 * ``test``: as served.
 
 Per LP of the blend, and per kind of row within it: ECE, CRPS, coverage and misses at 0.9, the
-mean 90 % width; then the CRPS over all LPs.  Whether a row is blended is
-:meth:`uamt.paragraphs.ParagraphBlend.blended_rows` of the model's own blend.
+mean 90 % width; then the CRPS over all LPs.  First, per split the calibration drew on and test,
+per kind: rows, documents and the least-squares line of the human score on the raw μ (how far the
+splits differ).  Whether a row is blended is :meth:`uamt.paragraphs.ParagraphBlend.blended_rows`
+of the model's own blend.
 
     python benchmarks/row_kind_calibration.py [--models hts point+signed_mondrian_conformal]
 """
@@ -95,6 +97,16 @@ def main(argv: list[str] | None = None) -> int:
             f"\n## {model}: calibrated on {'+'.join(served.calibrated_on)} ({len(rows):,} rows, {rows_blended.sum():,} "
             f"blended); test {len(test):,} rows, {test_blended.sum():,} blended (LPs {lps}); refits {time.perf_counter() - started:.0f} s"
         )
+        print("\n| split | LP, kind | rows | documents | slope of human on μ | intercept |")
+        print("|---|---|---|---|---|---|")
+        for split, table in [*parts.items(), ("test", test)]:
+            blended = flags(pipe, predicted, split, table)
+            for lp in lps:
+                for kind, rows_of in (("whole", ~blended), (KIND, blended)):
+                    mask = rows_of & (table["lp"].astype(str).to_numpy() == lp)
+                    slope, intercept = np.polyfit(table["mu"].to_numpy(float)[mask], table["human"].to_numpy(float)[mask], 1)
+                    documents = row_documents(table[mask])
+                    print(f"| {split} | {lp} {kind} | {mask.sum():,} | {len(set(documents.tolist())):,} | {slope:.2f} | {intercept:.2f} |")
         print("\n| split | calibration | rows | " + " | ".join(label for _, label, _ in COLUMNS) + " |")
         print("|---|---|---|" + "---|" * len(COLUMNS))
         for split, table, blended in (("cross-fitted", rows, rows_blended), ("test", test, test_blended)):
