@@ -56,7 +56,6 @@ from uamt.uncertainty.conformal import (
     _signed_key,
     cdf_knots,
     conformal_quantile,
-    interpolated_half_width,
     signed_cdf_knots,
     signed_conformal_quantiles,
 )
@@ -86,6 +85,34 @@ GRID_BLOCK = 64
 #: Levels the conformal candidate is fitted for: its |z| quantile function, from which intervals at
 #: these levels and the risk (interpolated) are read.
 CONFORMAL_LEVELS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1, 20)) + (0.975, 0.99)
+
+
+# =========================================================================== row-wise interpolation
+def interp_rows(x, xp, fp_rows) -> np.ndarray:
+    """``np.interp(x[i], xp, fp_rows[i])`` for every row i: ``x`` shape [n], ``xp`` shape [k]
+    increasing (shared), ``fp_rows`` shape [n, k]; constant beyond the ends, as ``np.interp``."""
+    x, xp, fp_rows = np.asarray(x, dtype=float), np.asarray(xp, dtype=float), np.asarray(fp_rows, dtype=float)
+    if xp.size == 1:
+        return fp_rows[:, 0].copy()
+    right = np.clip(np.searchsorted(xp, x, side="right"), 1, xp.size - 1)
+    t = np.clip((x - xp[right - 1]) / (xp[right] - xp[right - 1]), 0.0, 1.0)
+    at = np.arange(x.size)
+    return fp_rows[at, right - 1] + t * (fp_rows[at, right] - fp_rows[at, right - 1])
+
+
+def interp_rows_inverse(x, xp_rows, fp) -> np.ndarray:
+    """``np.interp(x[i], xp_rows[i], fp)`` for every row i: ``x`` shape [n], ``xp_rows`` shape [n, k]
+    non-decreasing per row, ``fp`` shape [k] (shared); constant beyond the ends; where knots tie, the
+    value at the last of them (as ``np.interp``)."""
+    x, xp_rows, fp = np.asarray(x, dtype=float), np.asarray(xp_rows, dtype=float), np.asarray(fp, dtype=float)
+    if fp.size == 1:
+        return np.full(x.size, fp[0])
+    right = np.clip((xp_rows <= x[:, None]).sum(axis=1), 1, fp.size - 1)
+    at = np.arange(x.size)
+    x0, x1 = xp_rows[at, right - 1], xp_rows[at, right]
+    gap = x1 - x0
+    t = np.clip(np.divide(x - x0, gap, out=np.ones_like(x), where=gap > 0), 0.0, 1.0)
+    return fp[right - 1] + t * (fp[right] - fp[right - 1])
 
 
 # =========================================================================== proper-score affine fit
@@ -249,20 +276,27 @@ class MondrianConformalCalibrator(ConformalCalibrator):
 
     def __init__(
         self, *, gammas: Sequence[float] = CONFORMAL_LEVELS, n_bins: int = 5, ece_bound: float = 0.01,
-        n_levels: int = N_CONFIDENCE_LEVELS, **settings
+        n_levels: int = N_CONFIDENCE_LEVELS, interpolate: bool = True, **settings
     ) -> None:
         super().__init__(gammas=gammas, **settings)
         if int(n_bins) < 1:
             raise ValueError(f"n_bins={n_bins!r} must be >= 1")
         self.n_bins, self.ece_bound, self.n_levels = int(n_bins), float(ece_bound), int(n_levels)
+        self.interpolate = bool(interpolate)
         self.variance: ScoreVarianceCalibrator | None = None
 
     @classmethod
     def _setting_keys(cls):
-        return (*super()._setting_keys(), "n_bins", "ece_bound", "n_levels")
+        return (*super()._setting_keys(), "n_bins", "ece_bound", "n_levels", "interpolate")
 
     def _settings(self) -> dict[str, Any]:
-        return {**super()._settings(), "n_bins": self.n_bins, "ece_bound": self.ece_bound, "n_levels": self.n_levels}
+        return {
+            **super()._settings(),
+            "n_bins": self.n_bins,
+            "ece_bound": self.ece_bound,
+            "n_levels": self.n_levels,
+            "interpolate": self.interpolate,
+        }
 
     def fit(self, human, mu, sigma, lp=None) -> MondrianConformalCalibrator:
         """Fit on the calibration split: arrays of shape [n]; ``sigma`` a std > 0."""
@@ -271,13 +305,16 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         ).fit(human, mu, sigma, lp=lp)
         return super().fit(human, mu, self.variance.transform(mu, sigma, lp), lp=lp)
 
-    def _fit_group(self, human, mu, sigma):
+    def _binned_params(self, human, mu, sigma) -> dict[str, float]:
+        """Edges, centres and per-bin thresholds of one group's rows (arrays of shape [n])."""
         edges = np.quantile(mu, np.arange(1, self.n_bins) / self.n_bins)
         bins = np.searchsorted(edges, mu)
         params = {f"edge{k + 1}": float(e) for k, e in enumerate(edges)}
         for b in range(self.n_bins):
             rows = bins == b
             params.update({f"b{b}:{key}": value for key, value in self._bin_params(human[rows], mu[rows], sigma[rows]).items()})
+            # the bin's centre, where its thresholds hold exactly when interpolated (:meth:`_row_knots`)
+            params[f"mid{b}"] = float(np.median(mu[rows])) if rows.any() else math.nan
         params["n"] = float(human.size)
         return params
 
@@ -303,28 +340,109 @@ class MondrianConformalCalibrator(ConformalCalibrator):
                 if rows.any():
                     yield rows, f"b{b}:", params, scale
 
+    #: The piecewise-linear CDF of one cell's scores: ``(params, gammas, prefix) -> (probs, knots)``.
+    _knots = staticmethod(cdf_knots)
+
+    def _score(self, human, mu, scale) -> np.ndarray:
+        """The score whose CDF :meth:`_knots` describes: :math:`|q^* - \\hat\\mu|/s` here."""
+        return np.abs(human - mu) / scale
+
+    def _recalibration_params(self, scores: np.ndarray) -> dict[str, float]:
+        """Thresholds of the PIT values ``scores`` (shape [n]) under the interpolated CDF, keyed as
+        :meth:`_bin_params` keys a cell's (read back with :meth:`_knots` and the prefix ``pit:``)."""
+        return self._bin_params(scores, np.zeros_like(scores), np.ones_like(scores))
+
+    def _interpolated(self, params: dict[str, float], mu: np.ndarray, part: str = ""):
+        """``(probs, knots)`` of rows with predicted ``mu`` (shape [n]), each knot interpolated
+        linearly in mu between the centres of one group's bins (``params``; ``part``: ``""`` the
+        scores' CDF, ``"pit:"`` its recalibration): ``probs`` [k] shared, ``knots`` [n, k]; None
+        where the group cannot be interpolated (:meth:`_row_knots`)."""
+        knots = [self._knots(params, self.gammas, f"b{b}:{part}") for b in range(self.n_bins)]
+        centres = np.array([params.get(f"mid{b}", math.nan) for b in range(self.n_bins)], dtype=float)
+        same = knots[0][0].size > 0 and all(np.array_equal(k[0], knots[0][0]) for k in knots)
+        if not (self.interpolate and self.n_bins > 1 and same and np.all(np.isfinite(centres))):
+            return None
+        table = np.array([k[1] for k in knots])  # [bins, k]
+        return knots[0][0], np.column_stack([np.interp(mu, centres, table[:, j]) for j in range(table.shape[1])])
+
+    def _fit_group(self, human, mu, sigma):
+        params = self._binned_params(human, mu, sigma)
+        interpolated = self._interpolated(params, mu)
+        if interpolated is None:
+            return params
+        pit = interp_rows_inverse(self._score(human, mu, sigma), interpolated[1], interpolated[0])
+        bins = np.searchsorted([params[f"edge{k}"] for k in range(1, self.n_bins)], mu)
+        for b in range(self.n_bins):
+            params.update({f"b{b}:pit:{key}": value for key, value in self._recalibration_params(pit[bins == b]).items()})
+        return params
+
+    def _row_knots(self, mu, sigma, lp):
+        """``(rows, probs, knots, scale, recalibration)``: the rows of one LP (or of one of its mu
+        bins), the probabilities [k] of their scores' CDF knots (:meth:`_knots`), each row's knots
+        [rows, k], its scale [rows], and ``(probs, pit_knots)``: the CDF of PIT values that
+        recalibrates it, probabilities [k'] and each row's knots [rows, k'] (None: stepwise, none
+        is needed).
+
+        Interpolated (``interpolate``, the default since 2026-11-30): each knot of a row is the
+        linear interpolation in mu of its LP's bins' knots between the bins' centres (their
+        calibration rows' median mu, ``mid<b>``), constant beyond the outermost centres.  That CDF
+        :math:`F_j` is recalibrated: in each bin, the conformal thresholds of its calibration rows'
+        PIT values :math:`F_i(z_i)` (``b<b>:pit:<key>``) give a piecewise-linear :math:`R_b`, and a
+        row gets :math:`R_j(F_j(z))` with :math:`R_j`'s knots interpolated between the centres the
+        same way (distributional conformal prediction, Chernozhukov, Wüthrich & Zhu 2021, made
+        continuous in mu).  Without the recalibration the interpolated shape misses where the
+        spread is convex in mu (synthetic spread 0.2 + mu², worst mu quintile 0.840 at 0.9; with it
+        0.888, stepwise 0.866).  Stepwise, a row took its bin's knots: the risk and the interval
+        jumped at every bin edge, and ranking by the served risk found bad translations less well
+        than ranking by mu (HTS test, AUROC for MQM <= -5 of the risk below that of -mu in every
+        dataset x LP, e.g. WMT21 en-ru .599 / .619; docs/quality.md).  Convex mixes of
+        non-decreasing knots are non-decreasing, so each row keeps a proper CDF.  Stepwise where the
+        artifact has no centres (fitted before 2026-11-30) or an LP's bins do not share their
+        knots' probabilities (a bin too small for the outer levels)."""
+        groups: dict[int, list] = {}
+        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
+            groups.setdefault(id(params), [params, scale, []])[2].append((rows, prefix))
+        mu = _as_1d("mu", mu)
+        for params, scale, cells in groups.values():
+            rows = np.any([r for r, _ in cells], axis=0)
+            interpolated = self._interpolated(params, mu[rows])
+            recalibration = self._interpolated(params, mu[rows], "pit:") if f"b0:pit:{self._first_key()}" in params else None
+            if interpolated is not None and recalibration is not None:
+                yield rows, interpolated[0], interpolated[1], scale[rows], recalibration
+                continue
+            for cell_rows, prefix in cells:
+                probs, knots = self._knots(params, self.gammas, prefix)
+                yield cell_rows, probs, np.broadcast_to(knots, (int(cell_rows.sum()), knots.size)), scale[cell_rows], None
+
+    def _first_key(self) -> str:
+        return _key(self.gammas[0])
+
     def interval(self, mu, sigma, gamma: float, lp=None) -> tuple[np.ndarray, np.ndarray]:
         return self.interval_at(mu, sigma, gamma, lp)
 
     def interval_at(self, mu, sigma, gamma, lp=None) -> tuple[np.ndarray, np.ndarray]:
         """Interval ``(lower, upper)`` at level gamma (one, or one per row: shape [n]), each shape [n]
-        (thresholds interpolated between levels)."""
+        (thresholds interpolated between levels, and between bins in mu: :meth:`_row_knots`)."""
         mu = _as_1d("mu", mu)
         gamma = _check_row_gammas(gamma, mu.size)
         half = np.empty(mu.size)
-        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
-            levels, knots = cdf_knots(params, self.gammas, prefix)
-            half[rows] = interpolated_half_width(gamma[rows], levels, knots, scale[rows])
+        for rows, levels, knots, scale, recalibration in self._row_knots(mu, sigma, lp):
+            level, top = gamma[rows], levels[-1]
+            if recalibration is not None:  # the PIT value whose recalibrated CDF is gamma
+                top = recalibration[0][-1]
+                level = interp_rows(level, *recalibration)
+            half[rows] = np.where(gamma[rows] <= top, interp_rows(level, levels, knots) * scale, np.inf)
         return mu - half, mu + half
 
     def risk(self, mu, sigma, threshold, lp=None) -> np.ndarray:
-        """P(Q <= threshold), shape [n], from the row's (LP, mu bin) thresholds (see the parent class)."""
+        """P(Q <= threshold), shape [n], from the row's thresholds (:meth:`_row_knots`; see the parent class)."""
         mu = _as_1d("mu", mu)
         chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
         cdf = np.empty(mu.size)
-        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
-            levels, knots = cdf_knots(params, self.gammas, prefix)
-            cdf[rows] = np.interp(np.abs(chi[rows] - mu[rows]) / scale[rows], knots, levels)
+        for rows, levels, knots, scale, recalibration in self._row_knots(mu, sigma, lp):
+            cdf[rows] = interp_rows_inverse(np.abs(chi[rows] - mu[rows]) / scale, knots, levels)
+            if recalibration is not None:
+                cdf[rows] = interp_rows_inverse(cdf[rows], recalibration[1], recalibration[0])
         return 0.5 + 0.5 * np.sign(chi - mu) * cdf
 
     def to_dict(self) -> dict[str, Any]:
@@ -363,6 +481,13 @@ class SignedMondrianConformalCalibrator(MondrianConformalCalibrator):
     """
 
     kind = "signed_mondrian_conformal"
+    _knots = staticmethod(signed_cdf_knots)
+
+    def _score(self, human, mu, scale) -> np.ndarray:
+        return (human - mu) / scale
+
+    def _first_key(self) -> str:
+        return _signed_key("hi", self.gammas[0])
 
     def _bin_params(self, human, mu, sigma) -> dict[str, float]:
         scores = (human - mu) / sigma
@@ -383,17 +508,19 @@ class SignedMondrianConformalCalibrator(MondrianConformalCalibrator):
         mu = _as_1d("mu", mu)
         gamma = _check_row_gammas(gamma, mu.size)
         lower, upper = np.empty(mu.size), np.empty(mu.size)
-        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
-            probs, knots = signed_cdf_knots(params, self.gammas, prefix)
+        for rows, probs, knots, scale, recalibration in self._row_knots(mu, sigma, lp):
             if probs.size == 0:
                 lower[rows], upper[rows] = -np.inf, np.inf
                 continue
             level = gamma[rows]
-            unbounded = level > probs[-1] - probs[0] + 1e-12
-            lo = np.interp((1.0 - level) / 2.0, probs, knots)
-            hi = np.interp((1.0 + level) / 2.0, probs, knots)
-            lower[rows] = np.where(unbounded, -np.inf, mu[rows] + lo * scale[rows])
-            upper[rows] = np.where(unbounded, np.inf, mu[rows] + hi * scale[rows])
+            low, high = (1.0 - level) / 2.0, (1.0 + level) / 2.0
+            span = probs[-1] - probs[0]
+            if recalibration is not None:  # the PIT values whose recalibrated CDF is low, high
+                span = recalibration[0][-1] - recalibration[0][0]
+                low, high = interp_rows(low, *recalibration), interp_rows(high, *recalibration)
+            unbounded = level > span + 1e-12
+            lower[rows] = np.where(unbounded, -np.inf, mu[rows] + interp_rows(low, probs, knots) * scale)
+            upper[rows] = np.where(unbounded, np.inf, mu[rows] + interp_rows(high, probs, knots) * scale)
         return lower, upper
 
     def risk(self, mu, sigma, threshold, lp=None) -> np.ndarray:
@@ -408,12 +535,13 @@ class SignedMondrianConformalCalibrator(MondrianConformalCalibrator):
         mu = _as_1d("mu", mu)
         chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
         cdf = np.empty(mu.size)
-        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
-            probs, knots = signed_cdf_knots(params, self.gammas, prefix)
+        for rows, probs, knots, scale, recalibration in self._row_knots(mu, sigma, lp):
             if probs.size == 0:
                 cdf[rows] = 0.5
                 continue
-            cdf[rows] = np.interp((chi[rows] - mu[rows]) / scale[rows], knots, probs)
+            cdf[rows] = interp_rows_inverse((chi[rows] - mu[rows]) / scale, knots, probs)
+            if recalibration is not None:
+                cdf[rows] = interp_rows_inverse(cdf[rows], recalibration[1], recalibration[0])
         return cdf
 
     @classmethod
