@@ -269,6 +269,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     b the thresholds ``b<b>:q@<gamma>`` are the conformal quantiles of :math:`|q^* - \\hat\\mu|/s`.
     The finite-sample guarantee then holds within each (LP, mu bin) -- "Mondrian" conformal
     prediction (Vovk et al., 2005) -- so coverage is close to nominal in every predicted-mu quintile.
+    Served, the thresholds are interpolated in mu between the bins' centres and recalibrated per bin
+    (``interpolate``, :meth:`_row_knots`): continuous in mu, the guarantee then approximate.
     Intervals and the risk come from the same thresholds (:meth:`interval_at`, :meth:`risk`).
     """
 
@@ -313,7 +315,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         for b in range(self.n_bins):
             rows = bins == b
             params.update({f"b{b}:{key}": value for key, value in self._bin_params(human[rows], mu[rows], sigma[rows]).items()})
-            # the bin's centre, where its thresholds hold exactly when interpolated (:meth:`_row_knots`)
+            # the bin's centre: a row at it takes the bin's own knots (:meth:`_row_knots`)
             params[f"mid{b}"] = float(np.median(mu[rows])) if rows.any() else math.nan
         params["n"] = float(human.size)
         return params
@@ -348,8 +350,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         return np.abs(human - mu) / scale
 
     def _recalibration_params(self, scores: np.ndarray) -> dict[str, float]:
-        """Thresholds of the PIT values ``scores`` (shape [n]) under the interpolated CDF, keyed as
-        :meth:`_bin_params` keys a cell's (read back with :meth:`_knots` and the prefix ``pit:``)."""
+        """Thresholds of one bin's PIT values ``scores`` (shape [n]) under the interpolated CDF, keyed
+        as :meth:`_bin_params` keys a cell's (stored under ``b<b>:pit:``, read back by :meth:`_knots`)."""
         return self._bin_params(scores, np.zeros_like(scores), np.ones_like(scores))
 
     def _interpolated(self, params: dict[str, float], mu: np.ndarray, part: str = ""):
@@ -471,7 +473,9 @@ class SignedMondrianConformalCalibrator(MondrianConformalCalibrator):
 
     .. math:: [\\hat\\mu_j + lo_\\gamma s_j,\\; \\hat\\mu_j + hi_\\gamma s_j]
 
-    misses below and above each with probability at most :math:`(1-\\gamma)/2` within the cell.
+    misses below and above each with probability at most :math:`(1-\\gamma)/2` within the cell
+    (stepwise; served interpolated in mu between the cells' centres and recalibrated per cell,
+    :meth:`_row_knots`, it does so approximately, and continuously in mu).
     Interval (:meth:`interval_at`) and risk (:meth:`risk`) read one predictive distribution: the
     piecewise-linear CDF :math:`F` of z through the knots :math:`((1-\\gamma)/2, lo_\\gamma)` and
     :math:`((1+\\gamma)/2, hi_\\gamma)` of every level with finite bounds
@@ -526,11 +530,14 @@ class SignedMondrianConformalCalibrator(MondrianConformalCalibrator):
     def risk(self, mu, sigma, threshold, lp=None) -> np.ndarray:
         """P(Q <= threshold) = :math:`F((\\chi - \\hat\\mu)/s)`, shape [n], from the same knots as :meth:`interval_at`.
 
-        F is non-decreasing (the bounds are order statistics whose ranks move outwards with gamma).
-        Beyond the outermost finite knots it is *clipped* to their probabilities,
-        :math:`(1-\\gamma_{max})/2` and :math:`(1+\\gamma_{max})/2` (no extrapolation: the calibration
-        set says nothing about the tail beyond its extreme order statistics; 0.005 / 0.995 with the
-        default levels).  A cell without a finite bound has :math:`F = 1/2` everywhere.
+        F is non-decreasing (the bounds are order statistics whose ranks move outwards with gamma;
+        interpolated, a convex mix of such knots, recalibrated by a non-decreasing map:
+        :meth:`_row_knots`).  Beyond the outermost finite knots it is constant (no extrapolation: the
+        calibration set says nothing about the tail beyond its extreme order statistics): stepwise at
+        their probabilities, :math:`(1-\\gamma_{max})/2` and :math:`(1+\\gamma_{max})/2` (0.005 / 0.995
+        with the default levels); interpolated at the recalibrated CDF there, the share of the
+        bin's calibration rows beyond them (within [0.005, 0.995]).  A cell without a finite bound
+        has :math:`F = 1/2` everywhere.
         """
         mu = _as_1d("mu", mu)
         chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
