@@ -84,18 +84,16 @@ def print_block(title: str, results: dict[str, dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from uamt.core.config import DEFAULT_PARAMS, load_section
-    from uamt.data.datasets import scale_bounds
+    from uamt.core.config import DEFAULT_PARAMS
     from uamt.model_evaluation import ask, calibration_rows, cross_fitted_rows, measure
-    from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline
-    from uamt.quality import read_model
+    from uamt.pipeline_config import CALIBRATION_DIR
+    from uamt.quality import read_model, served_setting
     from uamt.serving.model_calibration import (
         fit_model_unseen_lp_sigma_factor,
         with_isotonic,
         with_model_sigma,
         with_unseen_factor,
     )
-    from uamt.uncertainty import EvaluationSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=DEFAULT_PARAMS)
@@ -104,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", nargs="+", default=["in-sample", "cross-fitted", "test"],
                         choices=["in-sample", "cross-fitted", "test", "ood"])
     args = parser.parse_args(argv)
-    pipe = load_pipeline(args.params)
-    settings = load_section(EvaluationSettings, "evaluate", args.params)
-    bounds = scale_bounds(pipe.datasets)
+    pipe, settings, bounds = served_setting(args.params)
     for model in args.models:
         test, served = read_model(pipe.predictions_dir, args.calibration_dir, model)
         calib = with_model_sigma(calibration_rows(pipe, model, served.calibrated_on), model)

@@ -82,12 +82,10 @@ def with_interpolated_atom(calibration):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from uamt.core.config import DEFAULT_PARAMS, load_section
-    from uamt.data.datasets import scale_bounds
+    from uamt.core.config import DEFAULT_PARAMS
     from uamt.model_evaluation import ask, measure
-    from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline
-    from uamt.quality import auroc_score, read_model, served_quantities
-    from uamt.uncertainty import EvaluationSettings
+    from uamt.pipeline_config import CALIBRATION_DIR
+    from uamt.quality import auroc_score, read_model, served_quantities, served_setting
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=DEFAULT_PARAMS)
@@ -96,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=None, help="an LP whose risk and bounds to print along mu")
     parser.add_argument("--chi", type=float, default=-5.0)
     args = parser.parse_args(argv)
-    pipe = load_pipeline(args.params)
-    settings = load_section(EvaluationSettings, "evaluate", args.params)
-    bounds = scale_bounds(pipe.datasets)
+    pipe, settings, bounds = served_setting(args.params)
     for model in args.models:
         test, served = read_model(pipe.predictions_dir, args.calibration_dir, model)
         readings = {

@@ -26,13 +26,11 @@ COLUMNS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    from uamt.core.config import DEFAULT_PARAMS, load_section
-    from uamt.data.datasets import scale_bounds
+    from uamt.core.config import DEFAULT_PARAMS
     from uamt.model_evaluation import ask, calibration_rows, measure
-    from uamt.pipeline_config import CALIBRATION_DIR, load_pipeline
-    from uamt.quality import read_model
+    from uamt.pipeline_config import CALIBRATION_DIR
+    from uamt.quality import read_model, served_setting
     from uamt.serving.model_calibration import with_top_atom
-    from uamt.uncertainty import EvaluationSettings
     from uamt.uncertainty.served import summary_row
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,9 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-dir", default=CALIBRATION_DIR)
     parser.add_argument("--models", nargs="+", default=["hts", "hts_qe", "point"])
     args = parser.parse_args(argv)
-    pipe = load_pipeline(args.params)
-    settings = load_section(EvaluationSettings, "evaluate", args.params)
-    bounds = scale_bounds(pipe.datasets)
+    pipe, settings, bounds = served_setting(args.params)
     for model in args.models:
         test, served = read_model(pipe.predictions_dir, args.calibration_dir, model)
         without = dataclasses.replace(served, top_atom=None, below_top=None)

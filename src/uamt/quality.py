@@ -248,6 +248,18 @@ def read_model(
     return with_model_sigma(pd.read_parquet(path), predicted), Calibration.load(calibration_path)
 
 
+def served_setting(params) -> tuple[Any, Any, tuple[float, float]]:
+    """``(pipe, settings, bounds)`` of a params file: the pipeline's paths, the ``evaluate:`` section
+    and the score range, what every benchmark that re-measures a served calibration reads first."""
+    from uamt.core.config import load_section
+    from uamt.data.datasets import scale_bounds
+    from uamt.pipeline_config import load_pipeline
+    from uamt.uncertainty import EvaluationSettings
+
+    pipe = load_pipeline(params)
+    return pipe, load_section(EvaluationSettings, "evaluate", params), scale_bounds(pipe.datasets)
+
+
 __all__ = [
     "QualityGoals",
     "ROW_KEYS",
@@ -259,5 +271,6 @@ __all__ = [
     "read_model",
     "sentence_chrf",
     "served_quantities",
+    "served_setting",
     "worst_recall_score",
 ]
