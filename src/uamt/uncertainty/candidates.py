@@ -325,22 +325,16 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         scores = standardized_abs_error(human, mu, sigma) if human.size else np.array([np.inf])
         return {_key(g): conformal_quantile(scores, g) for g in self.gammas}
 
-    def _cells(self, mu, sigma, lp):
-        """``(rows, prefix, params, scale)`` for each (LP, mu bin) present; ``scale`` shape [n]."""
-        mu = _as_1d("mu", mu)
+    def _groups(self, mu, sigma, lp):
+        """``(rows, params, scale)`` for each LP present (its own parameters or the global
+        fallback); ``rows`` a mask of shape [n], ``scale`` shape [n]."""
         sigma = _as_1d("sigma", sigma, nonnegative=True)
         _check_same_length(mu=mu, sigma=sigma)
         if self.variance is None:
             raise RuntimeError("MondrianConformalCalibrator is not fitted; call fit() on dev first")
         scale = self.variance.transform(mu, sigma, lp)
-        lp_arr = _as_lp(lp, mu.size)
-        for name, in_lp in lp_groups(lp_arr):
-            params, _ = self.params_for(None if name == GLOBAL else name)
-            bins = np.searchsorted([params[f"edge{k}"] for k in range(1, self.n_bins)], mu)
-            for b in range(self.n_bins):
-                rows = in_lp & (bins == b)
-                if rows.any():
-                    yield rows, f"b{b}:", params, scale
+        for name, in_lp in lp_groups(_as_lp(lp, mu.size)):
+            yield in_lp, self.params_for(None if name == GLOBAL else name)[0], scale
 
     #: The piecewise-linear CDF of one cell's scores: ``(params, gammas, prefix) -> (probs, knots)``.
     _knots = staticmethod(cdf_knots)
@@ -402,20 +396,19 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         non-decreasing knots are non-decreasing, so each row keeps a proper CDF.  Stepwise where the
         artifact has no centres (fitted before 2026-11-30) or an LP's bins do not share their
         knots' probabilities (a bin too small for the outer levels)."""
-        groups: dict[int, list] = {}
-        for rows, prefix, params, scale in self._cells(mu, sigma, lp):
-            groups.setdefault(id(params), [params, scale, []])[2].append((rows, prefix))
         mu = _as_1d("mu", mu)
-        for params, scale, cells in groups.values():
-            rows = np.any([r for r, _ in cells], axis=0)
+        for rows, params, scale in self._groups(mu, sigma, lp):
             interpolated = self._interpolated(params, mu[rows])
             recalibration = self._interpolated(params, mu[rows], "pit:") if f"b0:pit:{self._first_key()}" in params else None
             if interpolated is not None and recalibration is not None:
                 yield rows, interpolated[0], interpolated[1], scale[rows], recalibration
                 continue
-            for cell_rows, prefix in cells:
-                probs, knots = self._knots(params, self.gammas, prefix)
-                yield cell_rows, probs, np.broadcast_to(knots, (int(cell_rows.sum()), knots.size)), scale[cell_rows], None
+            bins = np.searchsorted([params[f"edge{k}"] for k in range(1, self.n_bins)], mu)
+            for b in range(self.n_bins):
+                cell = rows & (bins == b)
+                if cell.any():
+                    probs, knots = self._knots(params, self.gammas, f"b{b}:")
+                    yield cell, probs, np.broadcast_to(knots, (int(cell.sum()), knots.size)), scale[cell], None
 
     def _first_key(self) -> str:
         return _key(self.gammas[0])
