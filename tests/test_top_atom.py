@@ -89,7 +89,7 @@ def test_top_atom_fit_and_probability_hand_computed():
     human = np.array([0.0, 0.0, -1.0, -4.0, 0.0, -2.0])
     center = np.array([-0.5, -0.2, -3.0, -4.0, -0.1, -2.5])
     lp = np.array(["a"] * 4 + ["b"] * 2, dtype=object)
-    atom = TopAtom.fit(human, center, lp, 0.0, n_bins=2, min_lp_rows=3)
+    atom = TopAtom.fit(human, center, lp, 0.0, n_bins=2, min_lp_rows=3, interpolate=False)
     # LP a: edge at the median centre -1.75; below it -3, -4 (no zero), above -0.5, -0.2 (both 0).
     assert atom.lp_params["a"]["edges"] == [pytest.approx(-1.75)]
     assert atom.lp_params["a"]["rates"] == [0.0, 1.0]
@@ -98,12 +98,45 @@ def test_top_atom_fit_and_probability_hand_computed():
     glob = atom.global_params
     np.testing.assert_allclose(atom.probability([-2.6, -0.1], ["b", "unseen"]), [glob["rates"][0], glob["rates"][1]])
     assert TopAtom.from_dict(json.loads(json.dumps(atom.to_dict()))) == atom
+    older = {k: v for k, v in atom.to_dict().items() if k != "interpolate"}  # written before the interpolation
+    assert not TopAtom.from_dict(older).interpolate
     # With mass already clipped onto the top (mean 0.2 in a bin whose share is 0.5): pi = 0.3 / 0.8.
     topped = TopAtom.fit([0.0, -1.0], [-1.0, -1.0], ["a", "a"], 0.0, clipped=[0.1, 0.3], n_bins=1, min_lp_rows=1)
     assert topped.lp_params["a"]["rates"] == [pytest.approx(0.375)]
     assert atom.problem() is None
     broken = TopAtom.from_dict({**atom.to_dict(), "global": {**glob, "rates": [0.2, 1.5]}})
     assert "must be probabilities" in broken.problem()
+
+
+def test_an_interpolated_atom_is_continuous_in_mu_and_keeps_each_bins_share():
+    """pi is linear in mu between the bins' centres (their rows' median mu), constant beyond them,
+    and its rates there are solved so that each bin's mean served top mass is still its share of
+    rows at the top (with the mass the distribution below already clips onto it)."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    center = rng.normal(-2.0, 1.0, n)
+    human = np.where(rng.random(n) < 1 / (1 + np.exp(-2 * (center + 2))), 0.0, -3.0)  # P(0) rises with mu
+    clipped = rng.uniform(0.0, 0.05, n)  # below every bin's share, so every share is reachable
+    atom = TopAtom.fit(human, center, ["x"] * n, 0.0, clipped=clipped, n_bins=5, min_lp_rows=10)
+    params = atom.lp_params["x"]
+    edges, centres, rates = (np.asarray(params[k]) for k in ("edges", "centres", "rates"))
+    bins = np.searchsorted(edges, center)
+    np.testing.assert_allclose(centres, [np.median(center[bins == b]) for b in range(5)])
+    pi = atom.probability(center, ["x"] * n)
+    mass = pi + (1 - pi) * clipped
+    for b in range(5):
+        assert mass[bins == b].mean() == pytest.approx((human[bins == b] == 0).mean(), abs=1e-6)
+    grid = np.linspace(-6, 2, 8001)
+    on_grid = atom.probability(grid, ["x"] * grid.size)
+    assert np.abs(np.diff(on_grid)).max() < 1e-3  # no step at an edge
+    np.testing.assert_allclose(on_grid[[0, -1]], rates[[0, -1]])
+    middle = (centres[1] + centres[2]) / 2
+    assert atom.probability([middle], ["x"])[0] == pytest.approx((rates[1] + rates[2]) / 2)
+    step = TopAtom.fit(human, center, ["x"] * n, 0.0, clipped=clipped, n_bins=5, min_lp_rows=10, interpolate=False)
+    assert "centres" not in step.lp_params["x"] and np.abs(np.diff(step.probability(grid, ["x"] * grid.size))).max() > 0.01
+    assert TopAtom.from_dict(json.loads(json.dumps(atom.to_dict()))) == atom
+    broken = TopAtom.from_dict({**atom.to_dict(), "per_lp": {"x": {**params, "centres": [1.0, 0.0, 2.0, 3.0, 4.0]}}})
+    assert "centres" in broken.problem()
 
 
 def test_served_mixture_puts_the_atom_where_the_rows_are(fitted):
@@ -117,10 +150,12 @@ def test_served_mixture_puts_the_atom_where_the_rows_are(fitted):
     # In every (LP, mu bin) the served top mass averages to the share of calibration rows at 0.
     d_mu, d_sigma, d_lp = dev["mu"].to_numpy(), dev["sigma"].to_numpy(), dev["lp"].to_numpy(dtype=object)
     top_mass = 1 - served.risk(d_mu, d_sigma, np.nextafter(0.0, -1.0), d_lp)
-    d_pi = served.top_atom.probability(served.center(d_mu, d_sigma, d_lp), d_lp)
-    for value in np.unique(d_pi[d_pi > 0]):
-        cell = d_pi == value
-        assert top_mass[cell].mean() == pytest.approx(np.mean(dev["human"].to_numpy()[cell] == 0.0), abs=1e-9)
+    d_center = served.center(d_mu, d_sigma, d_lp)
+    for lp_name, params in served.top_atom.lp_params.items():
+        bins = np.searchsorted(params["edges"], d_center)
+        for b in range(served.top_atom.n_bins):
+            cell = (d_lp == lp_name) & (bins == b)
+            assert top_mass[cell].mean() == pytest.approx(np.mean(dev["human"].to_numpy()[cell] == 0.0), abs=1e-6)
     lower, upper = served.interval(mu, sigma, 0.9, lp, "conformal")
     assert np.all(lower <= upper) and np.all(upper <= 0.0)
     np.testing.assert_array_equal(upper[pi >= 0.05], 0.0)  # (1 + 0.9) / 2 >= 1 - pi: the top is inside
