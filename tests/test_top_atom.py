@@ -223,3 +223,24 @@ def test_the_mixture_reads_every_row_at_its_own_level_as_one_call_per_level_woul
         got = served._below_top_quantile(mu, sigma, lp, None, p, pi)
         np.testing.assert_array_equal(got[inside], np.minimum(expected, 0.0))
         np.testing.assert_array_equal(got[~inside], 0.0)
+
+
+def test_a_gaussian_below_the_top_reads_every_row_at_its_own_level_as_one_call_per_level_would():
+    """The fixed-variance point baseline's mixture: the Gaussian below the top is read at each row's
+    own level in one pass (an interpolated atom gives nearly every row its own level, and one
+    interval call per level made the calibrate stage quadratic); the same quantiles as the calls."""
+    dev, test = zero_inflated(0, 3000).assign(sigma=1.0), zero_inflated(1, 600)
+    calibration, _ = fit_calibration(dev, "point", settings=SIGNED)
+    served = with_top_atom(calibration, dev, "point", SIGNED, BOUNDS[1])
+    assert served.below_top.is_gaussian
+    mu, sigma, lp = test["mu"].to_numpy(), np.ones(len(test)), test["lp"].to_numpy(dtype=object)
+    pi = served.top_atom.probability(served.center(mu, sigma, lp), lp)
+    assert np.unique(pi).size > 100  # interpolated: the rows' levels differ
+    for p in (0.05, 0.5, 0.95):
+        inside = pi + p < 1.0
+        expected = np.full(len(test), 0.0)
+        for i in np.flatnonzero(inside):
+            level = p / (1.0 - pi[i])
+            lower, upper = served.below_top.interval(mu[i : i + 1], sigma[i : i + 1], abs(2.0 * level - 1.0), lp[i : i + 1], "gaussian")
+            expected[i] = min((lower if level < 0.5 else upper)[0], 0.0)
+        np.testing.assert_allclose(served._below_top_quantile(mu, sigma, lp, None, p, pi), expected, rtol=0, atol=1e-12)
