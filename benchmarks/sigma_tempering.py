@@ -1,0 +1,119 @@
+"""Does σ cost the served risk its ranking?  Each model's σ tempered towards its LP's median,
+σ_λ = m_LP^(1−λ) · σ^λ (m_LP the median σ of the LP's calibration rows; λ = 1 is the model as
+served, λ = 0 a constant σ per LP: the point estimate with the model's μ), and the served calibration
+refitted end to end on it (:func:`uamt.serving.model_calibration.refit_served`: the same candidate,
+its point mass at 0).  For each λ, per LP: CRPS, and for P(MQM ≤ χ) the Brier score and the AUROC
+of the risk, pooled over the LP's datasets;
+
+* **x-fit**: each of the calibration rows' document folds answered by the calibration refitted on
+  the others (:func:`uamt.model_evaluation.cross_fitted_rows`, what the gate reads; λ = 1
+  reproduces ``metrics/dev.json``) -- what a choice of λ may read;
+* **test**: the calibration refitted on every calibration row, test answered;
+* **ood**: the same calibration on the out-of-domain sets, per dataset (TED: the news LPs; the
+  biomedical set: 15 LPs, most unseen, served by the global fallback), averaged over their LPs.
+  The refit has no unseen-LP widening (:func:`refit_served` does not refit it), at every λ alike.
+
+The ranking cost is named in docs/quality.md ("the risk held monotone in μ"): ranked by the served
+risk, bad translations are found less well than by −μ, cross-fitted too, and at one σ per LP the
+served risk is a decreasing function of μ.  This measures whether a σ slope below the one the
+whole-distribution fit chose pays for the risk, and what it costs the CRPS.
+
+    python benchmarks/sigma_tempering.py [--models hts hts_qe] [--lambdas 0 0.5 1] [--chi -5]
+
+Reads what the pipeline wrote; changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+
+def tempered(table, medians: dict[str, float], lam: float):
+    """``table`` with its ``sigma`` (shape [n]) replaced by :math:`m_{LP}^{1-\\lambda}\\sigma^\\lambda`."""
+    sigma = table["sigma"].to_numpy(dtype=float)
+    # an LP the calibration rows lack takes the median over all of them (the global fallback's)
+    median = table["lp"].astype(str).map(medians).fillna(medians["__all__"]).to_numpy(dtype=float)
+    return table.assign(sigma=median ** (1.0 - lam) * sigma**lam)
+
+
+def scores(calibration, rows, table, settings, chi: float) -> dict[str, dict[str, float]]:
+    """Per LP (and ``avg``): CRPS, Brier and AUROC of P(Q <= chi) of the served ``rows``."""
+    from uamt.model_evaluation import measure
+    from uamt.quality import auroc_score
+
+    full = measure(calibration, rows, table, settings)
+    human = table["human"].to_numpy(dtype=float)
+    risk = rows.risk[chi]
+    out = {}
+    for lp, index in table.groupby("lp").indices.items():
+        event = human[index] <= chi
+        out[str(lp)] = {
+            "crps": full[str(lp)]["crps"],
+            "brier": float(np.mean((risk[index] - event) ** 2)),
+            "auroc": auroc_score(risk[index], event),
+            "auroc_mu": auroc_score(-table["mu"].to_numpy(dtype=float)[index], event),
+        }
+    out["avg"] = {key: float(np.mean([m[key] for m in out.values()])) for key in ("crps", "brier", "auroc", "auroc_mu")}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import pandas as pd
+
+    from uamt.core.config import DEFAULT_PARAMS
+    from uamt.model_evaluation import ask, calibration_rows, cross_fitted_rows
+    from uamt.pipeline_config import CALIBRATION_DIR
+    from uamt.quality import served_setting
+    from uamt.serving.model_calibration import Calibration, refit_served
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default=DEFAULT_PARAMS)
+    parser.add_argument("--calibration-dir", default=CALIBRATION_DIR)
+    parser.add_argument("--models", nargs="+", default=["hts", "hts_qe"])
+    parser.add_argument("--lambdas", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    parser.add_argument("--chi", type=float, default=-5.0)
+    args = parser.parse_args(argv)
+    pipe, settings, bounds = served_setting(args.params)
+    if args.chi not in settings.risk_thresholds:
+        parser.error(f"--chi {args.chi:g} is not one of params.yaml:evaluate.risk_thresholds {list(settings.risk_thresholds)}")
+    for model in args.models:
+        calibration = Calibration.load(f"{args.calibration_dir}/{model}.json")
+        fitted_on = calibration_rows(pipe, model, calibration.calibrated_on)
+        test = pd.read_parquet(f"{pipe.predictions_dir}/test/{model}.parquet")
+        medians = fitted_on.groupby("lp")["sigma"].median().to_dict()
+        lps = sorted(medians)
+        medians["__all__"] = float(fitted_on["sigma"].median())
+        ood = pd.read_parquet(f"{pipe.predictions_dir}/ood/{model}.parquet")
+        lines = []
+        print(f"\n## {model}: σ_λ = m_LP^(1−λ)·σ^λ, calibration refitted; CRPS / Brier / AUROC of P(MQM ≤ {args.chi:g})\n")
+        print("| λ | split | " + " | ".join(lps) + " | avg |")
+        print("|---|---|" + "---|" * (len(lps) + 1))
+        for lam in args.lambdas:
+            dev = tempered(fitted_on, medians, lam)
+            xfit, _ = cross_fitted_rows(dev, model, calibration, settings, bounds)
+            refitted = refit_served(dev, model, calibration, settings)
+            held = tempered(test, medians, lam)
+            for split, rows, table in (("x-fit", xfit, dev), ("test", ask(refitted, held, settings, bounds), held)):
+                result = scores(refitted, rows, table, settings, args.chi)
+                cells = [f"{m['crps']:.4f} / {m['brier']:.4f} / {m['auroc']:.3f}" for lp, m in sorted(result.items()) if lp != "avg"]
+                avg = result["avg"]
+                print(f"| {lam:g} | {split} | " + " | ".join(cells) + f" | {avg['crps']:.4f} / {avg['brier']:.4f} / {avg['auroc']:.3f} |")
+                if lam == args.lambdas[0]:
+                    mu_line = " | ".join(f"{m['auroc_mu']:.3f}" for lp, m in sorted(result.items()) if lp != "avg")
+                    lines.append(f"| −μ | {split} | {mu_line} | {result['avg']['auroc_mu']:.3f} |")
+            held = tempered(ood, medians, lam)
+            rows = ask(refitted, held, settings, bounds)
+            for dataset, index in held.groupby("dataset").indices.items():
+                avg = scores(refitted, rows.take(index), held.iloc[index], settings, args.chi)["avg"]
+                lines.append(f"| {lam:g} | ood {dataset} | {avg['crps']:.4f} / {avg['brier']:.4f} / {avg['auroc']:.3f} |")
+        print("\nAUROC of −μ (what a constant σ per LP approaches), then the out-of-domain sets (LP average):\n")
+        print("\n".join(line for line in lines if line.startswith("| −μ")))
+        print("\n| λ | split | CRPS / Brier / AUROC |\n|---|---|---|")
+        print("\n".join(line for line in lines if not line.startswith("| −μ")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
