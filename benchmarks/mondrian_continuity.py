@@ -5,9 +5,9 @@ before 2026-11-30 is served).
 
 Both read the one file ``calibration/<model>.json``: the stepwise reading turns ``interpolate`` off
 in its Mondrian distributions (the served candidate and the one below the point mass at 0), whose
-per-bin quantiles are fitted the same way either way; only the point mass's rates were fitted on
-the interpolated distribution below it, so the stepwise reading is close to, not exactly, the
-artifact a stepwise fit writes.  Measured on test with the evaluate stage's code
+per-bin quantiles are fitted the same way either way, and in the point mass at 0 (interpolated in
+μ too since 2026-11-30), whose rates were fitted for the interpolation; so the stepwise reading is
+close to, not exactly, the artifact a stepwise fit writes.  Measured on test with the evaluate stage's code
 (:func:`uamt.model_evaluation.measure`) and :mod:`uamt.quality`:
 
 * per LP: CRPS, ECE, coverage at 0.9 and the misses, the mean width, coverage of MQM <= -5;
@@ -28,9 +28,6 @@ artifact a stepwise fit writes.  Measured on test with the evaluate stage's code
   95th percentile, the LP's median σ): where the risk does not rise as μ falls.
 
     python benchmarks/mondrian_continuity.py [--models hts hts_qe] [--profile en-ru] [--dev]
-
-Since 2026-11-30 the point mass at 0 is interpolated in μ too, its rates fitted for that; the
-stepwise reading reads those rates per bin (close to, not exactly, a stepwise fit's).
 
 Reads what the pipeline wrote; changes nothing.
 """
@@ -140,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         news = test[test["dataset"].astype(str).str.contains("mqm")]
         event = news["human"].to_numpy(dtype=float) <= args.chi
         groups = news.groupby(["dataset", "lp"]).indices
-        risks = {name: served_quantities(c, news, bounds, args.chi, 0.9)["risk"] for name, c in readings.items()}
-        center = served_quantities(served, news, bounds, args.chi, 0.9)["center"]
+        answers = {name: served_quantities(c, news, bounds, args.chi, 0.9) for name, c in readings.items()}
+        risks = {name: answer["risk"] for name, answer in answers.items()}
+        center = answers["interpolated (served)"]["center"]
         fitted_on = calibration_rows(pipe, model.split("+")[0], served.calibrated_on)
         grid = {str(lp): np.quantile(rows["mu"].to_numpy(dtype=float), GRID) for lp, rows in fitted_on.groupby("lp")}
         sigma = news["sigma"].to_numpy(dtype=float)
@@ -162,11 +160,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.dev:
             bad = fitted_on["human"].to_numpy(dtype=float) <= args.chi
             xfit = cross_fitted_risks(fitted_on, model.split("+")[0], served, settings, bounds, args.chi)
-            print(f"\ncross-fitted on the calibration rows ({len(fitted_on):,}): AUROC MQM ≤ {args.chi:g} −raw μ | "
-                  + " | ".join(xfit) + "; then Brier / largest decile gap per LP")
+            print(f"\ncross-fitted on the calibration rows ({len(fitted_on):,}):\n")
+            print(f"| dataset x LP | AUROC MQM ≤ {args.chi:g}: −raw μ | " + " | ".join(xfit) + " |")
+            print("|---|---|" + "---|" * len(xfit))
             for (dataset, lp), rows in fitted_on.groupby(["dataset", "lp"]).indices.items():
                 line = [f"{auroc_score(r[rows], bad[rows]):.3f}" for r in xfit.values()]
                 print(f"| {dataset} {lp} | {auroc_score(-fitted_on['mu'].to_numpy(dtype=float)[rows], bad[rows]):.3f} | " + " | ".join(line) + " |")
+            print(f"\n| LP | Brier / largest decile gap, P(MQM ≤ {args.chi:g}): " + " | ".join(xfit) + " |")
+            print("|---|" + "---|" * len(xfit))
             for lp, rows in fitted_on.groupby("lp").indices.items():
                 line = [_risk_reliability(r[rows], bad[rows], 10) for r in xfit.values()]
                 print(f"| {lp} | " + " | ".join(f"{x['brier']:.4f} / {x['max_gap']:.3f}" for x in line) + " |")
