@@ -104,12 +104,30 @@ def cross_fitted_risks(table, method: str, calibration, settings, bounds, chi: f
     return out
 
 
+def print_risk_tables(table, risks: dict[str, np.ndarray], center: np.ndarray, chi: float, mu_label: str) -> None:
+    """Per dataset x LP of ``table``, the AUROC for MQM <= ``chi`` of −``center`` and of each of
+    ``risks`` (name -> shape [n]); then per LP each risk's Brier score and largest decile gap."""
+    from uamt.quality import auroc_score
+    from uamt.uncertainty.served import _risk_reliability
+
+    event = table["human"].to_numpy(dtype=float) <= chi
+    print(f"\n| dataset x LP | AUROC MQM ≤ {chi:g}: {mu_label} | " + " | ".join(risks) + " |")
+    print("|---|---|" + "---|" * len(risks))
+    for (dataset, lp), rows in table.groupby(["dataset", "lp"]).indices.items():
+        line = [f"{auroc_score(r[rows], event[rows]):.3f}" for r in risks.values()]
+        print(f"| {dataset} {lp} | {auroc_score(-center[rows], event[rows]):.3f} | " + " | ".join(line) + " |")
+    print(f"\n| LP | Brier / largest decile gap, P(MQM ≤ {chi:g}): " + " | ".join(risks) + " |")
+    print("|---|" + "---|" * len(risks))
+    for lp, rows in table.groupby("lp").indices.items():
+        line = [_risk_reliability(r[rows], event[rows], 10) for r in risks.values()]
+        print(f"| {lp} | " + " | ".join(f"{x['brier']:.4f} / {x['max_gap']:.3f}" for x in line) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     from uamt.core.config import DEFAULT_PARAMS
     from uamt.model_evaluation import ask, calibration_rows, measure
     from uamt.pipeline_config import CALIBRATION_DIR
-    from uamt.quality import auroc_score, read_model, served_quantities, served_setting
-    from uamt.uncertainty.served import _risk_reliability
+    from uamt.quality import read_model, served_quantities, served_setting
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=DEFAULT_PARAMS)
@@ -135,8 +153,6 @@ def main(argv: list[str] | None = None) -> int:
             cells[name] = {k: f"{v['lp']} {v['cell']} {v['coverage']:.3f}" for k, v in full["worst_cells"].items() if isinstance(v, dict)}
         print("\nworst LP x quintile cell: " + "; ".join(f"{name}: {c}" for name, c in cells.items()))
         news = test[test["dataset"].astype(str).str.contains("mqm")]
-        event = news["human"].to_numpy(dtype=float) <= args.chi
-        groups = news.groupby(["dataset", "lp"]).indices
         answers = {name: served_quantities(c, news, bounds, args.chi, 0.9) for name, c in readings.items()}
         risks = {name: answer["risk"] for name, answer in answers.items()}
         center = answers["interpolated (served)"]["center"]
@@ -147,30 +163,11 @@ def main(argv: list[str] | None = None) -> int:
             served, news["mu"].to_numpy(dtype=float), np.where(np.isfinite(sigma), sigma, 1.0),
             news["lp"].astype(str).to_numpy(dtype=object), args.chi, grid,
         )
-        print(f"\n| dataset x LP | AUROC MQM ≤ {args.chi:g}: −μ | " + " | ".join(risks) + " |")
-        print("|---|---|" + "---|" * len(risks))
-        for (dataset, lp), rows in groups.items():
-            line = [f"{auroc_score(r[rows], event[rows]):.3f}" for r in risks.values()]
-            print(f"| {dataset} {lp} | {auroc_score(-center[rows], event[rows]):.3f} | " + " | ".join(line) + " |")
-        print(f"\n| LP | Brier / largest decile gap, P(MQM ≤ {args.chi:g}): " + " | ".join(risks) + " |")
-        print("|---|" + "---|" * len(risks))
-        for lp, rows in news.groupby("lp").indices.items():
-            line = [_risk_reliability(r[rows], event[rows], 10) for r in risks.values()]
-            print(f"| {lp} | " + " | ".join(f"{x['brier']:.4f} / {x['max_gap']:.3f}" for x in line) + " |")
+        print_risk_tables(news, risks, center, args.chi, "−μ")
         if args.dev:
-            bad = fitted_on["human"].to_numpy(dtype=float) <= args.chi
             xfit = cross_fitted_risks(fitted_on, model.split("+")[0], served, settings, bounds, args.chi)
-            print(f"\ncross-fitted on the calibration rows ({len(fitted_on):,}):\n")
-            print(f"| dataset x LP | AUROC MQM ≤ {args.chi:g}: −raw μ | " + " | ".join(xfit) + " |")
-            print("|---|---|" + "---|" * len(xfit))
-            for (dataset, lp), rows in fitted_on.groupby(["dataset", "lp"]).indices.items():
-                line = [f"{auroc_score(r[rows], bad[rows]):.3f}" for r in xfit.values()]
-                print(f"| {dataset} {lp} | {auroc_score(-fitted_on['mu'].to_numpy(dtype=float)[rows], bad[rows]):.3f} | " + " | ".join(line) + " |")
-            print(f"\n| LP | Brier / largest decile gap, P(MQM ≤ {args.chi:g}): " + " | ".join(xfit) + " |")
-            print("|---|" + "---|" * len(xfit))
-            for lp, rows in fitted_on.groupby("lp").indices.items():
-                line = [_risk_reliability(r[rows], bad[rows], 10) for r in xfit.values()]
-                print(f"| {lp} | " + " | ".join(f"{x['brier']:.4f} / {x['max_gap']:.3f}" for x in line) + " |")
+            print(f"\ncross-fitted on the calibration rows ({len(fitted_on):,}):")
+            print_risk_tables(fitted_on, xfit, fitted_on["mu"].to_numpy(dtype=float), args.chi, "−raw μ")
         if args.profile and (test["lp"] == args.profile).any():
             rows = test[test["lp"] == args.profile]
             mu = np.quantile(rows["mu"].to_numpy(dtype=float), np.linspace(0.05, 0.95, 19))
