@@ -1,13 +1,16 @@
 """Does σ cost the served risk its ranking?  Each model's σ tempered towards its LP's median,
-σ_λ = m_LP^(1−λ) · σ^λ (m_LP the median σ of the LP's calibration rows; λ = 1 is the model as
-served, λ = 0 a constant σ per LP: the point estimate with the model's μ), and the served calibration
-refitted end to end on it (:func:`uamt.serving.model_calibration.refit_served`: the same candidate,
-its point mass at 0).  For each λ, per LP: CRPS, and for P(MQM ≤ χ) the Brier score and the AUROC
+σ_λ = m_LP^(1−λ) · σ^λ (:class:`uamt.uncertainty.tempering.SigmaTempering`: m_LP the median σ of
+the LP's calibration rows; λ = 1 the model's own σ, λ = 0 a constant σ per LP: the point estimate
+with the model's μ), and the served calibration refitted end to end on it
+(:func:`uamt.serving.model_calibration.refit_served`: the same candidate, its point mass at 0).
+Since v10 the calibrate stage chooses λ itself from ``evaluate.sigma_weights`` by the x-fit CRPS
+below (:func:`uamt.model_evaluation.choose_sigma_weight`); this prints the finer grid, with the
+Brier score, the AUROC and the test and out-of-domain readings the choice does not see.  For each λ, per LP: CRPS, and for P(MQM ≤ χ) the Brier score and the AUROC
 of the risk, pooled over the LP's datasets;
 
 * **x-fit**: each of the calibration rows' document folds answered by the calibration refitted on
   the others (:func:`uamt.model_evaluation.cross_fitted_rows`, what the gate reads; λ = 1
-  reproduces ``metrics/dev.json``) -- what a choice of λ may read;
+  reproduces ``metrics/dev.json`` of a model served at λ = 1) -- what the choice of λ reads;
 * **test**: the calibration refitted on every calibration row, test answered;
 * **ood**: the same calibration on the out-of-domain sets, per dataset (TED: the news LPs; the
   biomedical set: 15 LPs, most unseen, served by the global fallback), averaged over their LPs.
@@ -28,14 +31,6 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-
-
-def tempered(table, medians: dict[str, float], lam: float):
-    """``table`` with its ``sigma`` (shape [n]) replaced by :math:`m_{LP}^{1-\\lambda}\\sigma^\\lambda`."""
-    sigma = table["sigma"].to_numpy(dtype=float)
-    # an LP the calibration rows lack takes the median over all of them (the global fallback's)
-    median = table["lp"].astype(str).map(medians).fillna(medians["__all__"]).to_numpy(dtype=float)
-    return table.assign(sigma=median ** (1.0 - lam) * sigma**lam)
 
 
 def scores(calibration, rows, table, settings, chi: float) -> dict[str, dict[str, float]]:
@@ -66,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     from uamt.model_evaluation import ask, calibration_rows, cross_fitted_rows
     from uamt.pipeline_config import CALIBRATION_DIR
     from uamt.quality import served_setting
-    from uamt.serving.model_calibration import Calibration, refit_served
+    from uamt.serving.model_calibration import Calibration, refit_served, with_sigma_tempering
+    from uamt.uncertainty.tempering import SigmaTempering
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=DEFAULT_PARAMS)
@@ -82,20 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         calibration = Calibration.load(f"{args.calibration_dir}/{model}.json")
         fitted_on = calibration_rows(pipe, model, calibration.calibrated_on)
         test = pd.read_parquet(f"{pipe.predictions_dir}/test/{model}.parquet")
-        medians = fitted_on.groupby("lp")["sigma"].median().to_dict()
-        lps = sorted(medians)
-        medians["__all__"] = float(fitted_on["sigma"].median())
+        lps = sorted(fitted_on["lp"].astype(str).unique())
         ood = pd.read_parquet(f"{pipe.predictions_dir}/ood/{model}.parquet")
         lines = []
         print(f"\n## {model}: σ_λ = m_LP^(1−λ)·σ^λ, calibration refitted; CRPS / Brier / AUROC of P(MQM ≤ {args.chi:g})\n")
         print("| λ | split | " + " | ".join(lps) + " | avg |")
         print("|---|---|" + "---|" * (len(lps) + 1))
         for lam in args.lambdas:
-            dev = tempered(fitted_on, medians, lam)
-            xfit, _ = cross_fitted_rows(dev, model, calibration, settings, bounds)
-            refitted = refit_served(dev, model, calibration, settings)
-            held = tempered(test, medians, lam)
-            for split, rows, table in (("x-fit", xfit, dev), ("test", ask(refitted, held, settings, bounds), held)):
+            tempering = SigmaTempering.fit(fitted_on["sigma"], fitted_on["lp"].astype(str).to_numpy(dtype=object), lam)
+            template = with_sigma_tempering(calibration, tempering)  # replaces the served weight
+            xfit, _ = cross_fitted_rows(fitted_on, model, template, settings, bounds)
+            refitted = refit_served(fitted_on, model, template, settings)
+            for split, rows, table in (("x-fit", xfit, fitted_on), ("test", ask(refitted, test, settings, bounds), test)):
                 result = scores(refitted, rows, table, settings, args.chi)
                 cells = [f"{m['crps']:.4f} / {m['brier']:.4f} / {m['auroc']:.3f}" for lp, m in sorted(result.items()) if lp != "avg"]
                 avg = result["avg"]
@@ -103,10 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                 if lam == args.lambdas[0]:
                     mu_line = " | ".join(f"{m['auroc_mu']:.3f}" for lp, m in sorted(result.items()) if lp != "avg")
                     lines.append(f"| −μ | {split} | {mu_line} | {result['avg']['auroc_mu']:.3f} |")
-            held = tempered(ood, medians, lam)
-            rows = ask(refitted, held, settings, bounds)
-            for dataset, index in held.groupby("dataset").indices.items():
-                avg = scores(refitted, rows.take(index), held.iloc[index], settings, args.chi)["avg"]
+            rows = ask(refitted, ood, settings, bounds)
+            for dataset, index in ood.groupby("dataset").indices.items():
+                avg = scores(refitted, rows.take(index), ood.iloc[index], settings, args.chi)["avg"]
                 lines.append(f"| {lam:g} | ood {dataset} | {avg['crps']:.4f} / {avg['brier']:.4f} / {avg['auroc']:.3f} |")
         print("\nAUROC of −μ (what a constant σ per LP approaches), then the out-of-domain sets (LP average):\n")
         print("\n".join(line for line in lines if line.startswith("| −μ")))

@@ -63,6 +63,7 @@ from uamt.serving.model_calibration import (
     is_fixed_variance,
     refit_served,
     with_model_sigma,
+    with_sigma_tempering,
     with_unseen_factor,
 )
 from uamt.serving.multi_reference import fit_reference_factors
@@ -71,6 +72,7 @@ from uamt.uncertainty.candidates import document_folds
 from uamt.uncertainty.goals import served_summary
 from uamt.uncertainty.metrics import ece_sampling_floor, effective_sample_size
 from uamt.uncertainty.served import ServedRows, ServedSettings, served_metrics, served_rows
+from uamt.uncertainty.tempering import SigmaTempering
 
 log = logging.getLogger(__name__)
 EVAL_SPLITS = ("test", "ood")
@@ -217,6 +219,39 @@ def cross_fitted_rows(
     return ServedRows.stack(parts, len(table)), unit
 
 
+def choose_sigma_weight(
+    table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds
+) -> tuple[Calibration, dict[str, Any]]:
+    """σ's weight λ (:class:`~uamt.uncertainty.tempering.SigmaTempering`) of ``settings.sigma_weights``
+    with the lowest CRPS of the served distribution cross-fitted over ``table``'s documents
+    (:func:`cross_fitted_rows`, the LP average, as the gate reads it; a tie goes to the larger λ),
+    and ``calibration`` refitted on σ tempered by it (its candidate pinned).
+
+    ``calibration``: :func:`fit_calibration`'s on ``table`` (no served distribution attached yet:
+    each λ is cross-fitted with the one ``settings`` attaches).  Returns the calibration -- unchanged,
+    with the identity tempering recorded, where λ = 1 wins; as is for a model without σ or a single
+    weight -- and ``{"weights": {λ: CRPS}, "chosen": λ}`` (empty where nothing was chosen).
+    """
+    if calibration.fixed or tuple(settings.sigma_weights) == (1.0,):
+        return calibration, {}
+    table = with_model_sigma(table, method) if method is not None else table
+    sigma = table["sigma"].to_numpy(dtype=float)
+    lp = table["lp"].astype(str).to_numpy(dtype=object)
+    template = attach_distribution(calibration, table, None, settings, bounds)
+    crps = {}
+    for weight in settings.sigma_weights:
+        tempered = with_sigma_tempering(template, SigmaTempering.fit(sigma, lp, weight))
+        rows, _ = cross_fitted_rows(table, None, tempered, settings, bounds)
+        crps[float(weight)] = measure(tempered, rows, table, settings)["avg"]["crps"]
+    chosen = min(crps, key=lambda weight: (crps[weight], -weight))
+    tempering = SigmaTempering.fit(sigma, lp, chosen)
+    if not tempering.is_identity:
+        tempered_table = table.assign(sigma=tempering.apply(sigma, lp))
+        refitted, _ = fit_calibration(tempered_table, None, settings=pinned(settings, calibration.selected))
+        calibration = dataclasses.replace(refitted, fixed=calibration.fixed, calibrated_on=calibration.calibrated_on)
+    return with_sigma_tempering(calibration, tempering), {"weights": {str(w): c for w, c in crps.items()}, "chosen": chosen}
+
+
 def _scale_bounds(pipe: PipelineConfig):
     """The scale's (low, high) that served mu, intervals and risk are clipped to (as ``uamt score``)."""
     from uamt.data.datasets import scale_bounds
@@ -287,6 +322,13 @@ def calibrate_model(
     source = f"{'+'.join(splits)}/{method}"
     calibration, _ = fit_calibration(table, method, settings=settings, source=source)
     calibration.calibrated_on = splits
+    started = time.perf_counter()
+    calibration, sigma_weight = choose_sigma_weight(table, method, calibration, settings, bounds)
+    if sigma_weight:
+        log.info(
+            "%s: sigma weight %g (cross-fitted CRPS %s; %.1f s)", method, sigma_weight["chosen"],
+            ", ".join(f"{w}: {c:.4f}" for w, c in sigma_weight["weights"].items()), time.perf_counter() - started,
+        )
     # The reference factors need rows with several references: dev's (the multi-reference
     # rows of the other splits are not encoded).
     calibration.reference_factors = fit_reference_factors(
@@ -335,6 +377,7 @@ def calibrate_model(
         "n_calibration_rows": len(table),
         "served": "fixed_variance" if calibration.fixed else calibration.selected,
         "unseen_lp": unseen,
+        **({"sigma_weight": sigma_weight} if sigma_weight else {}),
     }
     if calibration.isotonic is not None:  # "served" stays the candidate: the baselines are named by it
         metrics["distribution"] = "isotonic"

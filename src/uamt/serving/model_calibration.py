@@ -41,6 +41,7 @@ from uamt.uncertainty import (
 from uamt.uncertainty.atom import TopAtom
 from uamt.uncertainty.candidates import candidate_from_dict
 from uamt.uncertainty.isotonic import IsotonicDistribution
+from uamt.uncertainty.tempering import SigmaTempering
 
 INTERVAL_MODES = ("gaussian", "conformal")
 #: Quantile levels the served standard deviation of a conformal distribution is read from.
@@ -81,6 +82,10 @@ class Calibration:
     #: campaign under ``calibrate_campaigns.min_rows``, :mod:`uamt.campaigns`): ``{"min_rows": m,
     #: "keys": {key: rows}}``, so a request naming one is told why; empty (and not written) when none.
     too_few_rows: dict[str, Any] = field(default_factory=dict)
+    #: σ's weight, chosen by the calibrate stage (:mod:`uamt.uncertainty.tempering`): the model's σ
+    #: is tempered towards its LP's median before anything here reads it (the part below a point
+    #: mass at the top holds the same); None (files written before it): σ as the model gave it.
+    sigma_tempering: SigmaTempering | None = None
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -126,6 +131,7 @@ class Calibration:
             "isotonic": None if self.isotonic is None else self.isotonic.to_dict(),
             # only where some key is left out, so a file without any keeps its bytes
             **({"too_few_rows": self.too_few_rows} if self.too_few_rows else {}),
+            **({"sigma_tempering": self.sigma_tempering.to_dict()} if self.sigma_tempering is not None else {}),
         }
 
     @classmethod
@@ -163,6 +169,11 @@ class Calibration:
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise UamtError(f"calibration: malformed too_few_rows ({type(exc).__name__}: {exc})") from exc
+        if data.get("sigma_tempering") is not None:
+            try:
+                calibration.sigma_tempering = SigmaTempering.from_dict(data["sigma_tempering"])
+            except ValueError as exc:
+                raise UamtError(f"calibration: {exc}") from exc
         return calibration
 
     def save(self, path: str | Path) -> None:
@@ -241,6 +252,8 @@ class Calibration:
         factor = self.unseen_lp_sigma_factor
         if not (math.isfinite(factor) and factor >= 1):
             return f"unseen_lp_sigma_factor = {factor!r} must be a finite number >= 1"
+        if self.sigma_tempering is not None and (problem := self.sigma_tempering.problem()):
+            return problem
         if self.top_atom is not None:
             problem = self.top_atom.problem() or self.below_top.problem()
             if problem:
@@ -294,6 +307,8 @@ class Calibration:
         mu = np.asarray(mu, dtype=float)
         if self.fixed:
             sigma = np.ones_like(mu)
+        elif self.sigma_tempering is not None:
+            sigma = self.sigma_tempering.apply(np.broadcast_to(np.asarray(sigma, dtype=float), mu.shape), lp)
         mu_z, sigma_z = self.standardizer.transform_predictions(mu, np.asarray(sigma, dtype=float), lp)
         return mu_z, sigma_z
 
@@ -637,7 +652,10 @@ def refit_served(
     the many refits of the cross-fitted dev metrics and the leave-one-LP-out widening.  The
     reference factors and the unseen-LP widening are not refitted (1 / none).  A template with a
     point mass at the top gets one refitted on the same rows (:func:`with_top_atom`), an isotonic
-    one its isotonic distribution (:func:`with_isotonic`).
+    one its isotonic distribution (:func:`with_isotonic`).  A template with a σ weight
+    (:class:`~uamt.uncertainty.tempering.SigmaTempering`) has everything refitted on the tempered σ
+    and keeps its weight and medians (the medians are a constant per LP, which the per-LP fit
+    absorbs: they are not refitted on the rows).
 
     ``anchor``, if given, may change per-group parameters in place (:class:`uamt.campaigns.LPAnchor`
     puts each campaign on its LP's mu slope, or its LP's whole distribution shape):
@@ -651,6 +669,10 @@ def refit_served(
     settings = settings if settings is not None else EvaluationSettings()
     if method is not None:
         dev_table = with_model_sigma(dev_table, method)
+    tempering = None if template.fixed else template.sigma_tempering
+    if tempering is not None:
+        lp = dev_table["lp"].astype(str).to_numpy(dtype=object)
+        dev_table = dev_table.assign(sigma=tempering.apply(dev_table["sigma"].to_numpy(dtype=float), lp))
     arrays = prediction_arrays(dev_table, "dev")
     common = {"per_lp": settings.per_lp, "min_lp_rows": settings.min_lp_rows}
     everything = np.ones(len(arrays), dtype=bool)
@@ -691,7 +713,18 @@ def refit_served(
             calibration, dev_table, None, settings, template.top_atom.value, n_bins=template.top_atom.n_bins,
             anchor=anchor,
         )
-    return calibration
+    return with_sigma_tempering(calibration, tempering)
+
+
+def with_sigma_tempering(calibration: Calibration, tempering: SigmaTempering | None) -> Calibration:
+    """``calibration`` (fitted on σ tempered by ``tempering``) reading the model's own σ: the
+    tempering set on it and on the part below a point mass at the top."""
+    if tempering is None:
+        return calibration
+    out = dataclasses.replace(calibration, sigma_tempering=tempering)
+    if out.below_top is not None:
+        out.below_top = dataclasses.replace(out.below_top, sigma_tempering=tempering)
+    return out
 
 
 def refit_global_fallback(calibration: Calibration, dev_table: pd.DataFrame, settings: EvaluationSettings) -> None:

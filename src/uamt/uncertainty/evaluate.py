@@ -137,6 +137,11 @@ class EvaluationSettings:
         ``top_atom``) or ``isotonic`` (the isotonic distributional regression of the human score on
         the candidate's served mu, :mod:`uamt.uncertainty.isotonic`: calibrated at every threshold
         on its rows; ``top_atom`` is then not used).
+    sigma_weights : tuple of float
+        Weights λ in [0, 1] of the model's σ (:mod:`uamt.uncertainty.tempering`: σ tempered towards
+        its LP's median, λ = 1 the model's own, 0 one σ per LP) the calibrate stage chooses from by
+        the served distribution's cross-fitted CRPS
+        (:func:`uamt.model_evaluation.choose_sigma_weight`); ``(1.0,)``: the model's σ, no choice.
     """
 
     per_lp: bool = True
@@ -158,6 +163,7 @@ class EvaluationSettings:
     calibration_splits: tuple[str, ...] = ("dev",)
     top_atom: bool = False
     distribution: str = "candidate"
+    sigma_weights: tuple[float, ...] = (1.0,)
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.calibration_splits if s not in CALIBRATION_SPLITS]
@@ -180,6 +186,9 @@ class EvaluationSettings:
             raise ValueError(f"distribution={self.distribution!r} not supported; choose from {sorted(DISTRIBUTIONS)}")
         if self.miss_balance_tolerance is not None and not self.miss_balance_tolerance > 0:
             raise ValueError(f"miss_balance_tolerance={self.miss_balance_tolerance!r} must be > 0 (or null)")
+        weights = list(self.sigma_weights)
+        if not weights or len(set(weights)) != len(weights) or not all(0.0 <= w <= 1.0 for w in weights):
+            raise ValueError(f"sigma_weights={weights!r} not supported; choose distinct weights in [0, 1] (1: the model's sigma)")
 
 
 @dataclasses.dataclass(frozen=True)

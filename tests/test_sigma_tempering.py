@@ -1,0 +1,115 @@
+"""σ's weight chosen by the calibration: the tempering formula, its round trip through the artifact,
+the served distribution reading the model's own σ, and the cross-fitted choice."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from uamt.core.errors import UamtError
+from uamt.model_evaluation import choose_sigma_weight
+from uamt.serving.model_calibration import (
+    Calibration,
+    fit_calibration,
+    refit_served,
+    with_sigma_tempering,
+    with_top_atom,
+)
+from uamt.uncertainty import GLOBAL, EvaluationSettings
+from uamt.uncertainty.tempering import SigmaTempering
+
+BOUNDS = (-25.0, 0.0)
+SIGNED = EvaluationSettings(
+    min_lp_rows=20,
+    calibration="signed_mondrian_conformal",
+    calibration_candidates=("signed_mondrian_conformal",),
+    mu_scaling="regression",
+    top_atom=True,
+    sigma_weights=(0.0, 1.0),
+)
+
+
+def mqm_like(seed: int, n: int, informative: bool) -> pd.DataFrame:
+    """Rows whose error scale ``s`` varies 10x; ``sigma`` is ``s`` (informative) or drawn apart from it."""
+    rng = np.random.default_rng(seed)
+    lp = np.array(["en-ru", "zh-en"], dtype=object)[rng.integers(0, 2, n)]
+    latent = -rng.gamma(1.5, 2.5, n)
+    scale = np.exp(rng.uniform(np.log(0.4), np.log(4.0), n))
+    human = np.clip(latent + scale * rng.normal(size=n), -25.0, 0.0)
+    sigma = scale if informative else np.exp(rng.uniform(np.log(0.4), np.log(4.0), n))
+    doc = np.array([f"{lp[i]}/d{i // 10}" for i in range(n)], dtype=object)
+    return pd.DataFrame({"lp": lp, "human": human, "mu": latent, "sigma": sigma, "doc": doc})
+
+
+def test_tempering_hand_computed_and_refuses_what_it_cannot_serve():
+    tempering = SigmaTempering.fit([1.0, 4.0, 9.0, 16.0, 0.0], ["a", "a", "b", "b", "b"], 0.5)
+    # medians over the positive sigma: a (1, 4) -> 2.5, b (9, 16) -> 12.5, every row -> 6.5
+    assert tempering.medians == {"a": 2.5, "b": 12.5, GLOBAL: 6.5}
+    got = tempering.apply([4.0, 9.0, 4.0], np.array(["a", "b", "unseen"], dtype=object))
+    np.testing.assert_allclose(got, [np.sqrt(2.5 * 4.0), np.sqrt(12.5 * 9.0), np.sqrt(6.5 * 4.0)])
+    np.testing.assert_allclose(tempering.apply([4.0, 1.0], None), np.sqrt(6.5 * np.array([4.0, 1.0])))
+    assert dataclasses.replace(tempering, weight=0.0).apply([4.0, 0.1], "a").tolist() == [2.5, 2.5]
+    identity = dataclasses.replace(tempering, weight=1.0)
+    assert identity.is_identity and identity.apply([4.0, 0.1], "a").tolist() == [4.0, 0.1]
+    assert SigmaTempering.from_dict(json.loads(json.dumps(tempering.to_dict()))) == tempering
+    with pytest.raises(ValueError, match=r"weight = 1.5 must be in \[0, 1\]"):
+        SigmaTempering.fit([1.0], ["a"], 1.5)
+    assert "medians[a] = -1.0 must be a finite number > 0" in SigmaTempering(0.5, {"a": -1.0, GLOBAL: 1.0}).problem()
+    with pytest.raises(ValueError, match=r"sigma_weights=\[0.0, 2.0\] not supported"):
+        EvaluationSettings(sigma_weights=(0.0, 2.0))
+
+
+@pytest.fixture(scope="module")
+def noise_sigma():
+    dev, test = mqm_like(0, 2500, informative=False), mqm_like(1, 800, informative=False)
+    calibration, _ = fit_calibration(dev, "hts", settings=SIGNED)
+    return dev, test, calibration
+
+
+def test_a_tempered_calibration_serves_the_models_own_sigma_as_one_fitted_on_tempered_sigma(tmp_path, noise_sigma):
+    """Fitting on σ_λ and serving the model's σ through the artifact's tempering are the same
+    distribution, and at λ = 0 the answers no longer depend on σ within an LP."""
+    dev, test, calibration = noise_sigma
+    lp = dev["lp"].to_numpy(dtype=object)
+    tempering = SigmaTempering.fit(dev["sigma"], lp, 0.5)
+    served = with_top_atom(with_sigma_tempering(calibration, tempering), dev, "hts", SIGNED, BOUNDS[1])
+    refitted = refit_served(dev, "hts", served, SIGNED)
+    by_hand = refit_served(dev.assign(sigma=tempering.apply(dev["sigma"], lp)), "hts", dataclasses.replace(served, sigma_tempering=None), SIGNED)
+    mu, sigma, test_lp = test["mu"].to_numpy(), test["sigma"].to_numpy(), test["lp"].to_numpy(dtype=object)
+    tempered_sigma = tempering.apply(sigma, test_lp)
+    assert refitted.sigma_tempering == tempering and refitted.below_top.sigma_tempering == tempering
+    for gamma in (0.5, 0.9):
+        np.testing.assert_allclose(refitted.interval(mu, sigma, gamma, test_lp), by_hand.interval(mu, tempered_sigma, gamma, test_lp))
+    np.testing.assert_allclose(refitted.risk(mu, sigma, -5.0, test_lp), by_hand.risk(mu, tempered_sigma, -5.0, test_lp))
+    refitted.save(tmp_path / "hts.json")
+    loaded = Calibration.load(tmp_path / "hts.json")
+    np.testing.assert_array_equal(loaded.risk(mu, sigma, -5.0, test_lp), refitted.risk(mu, sigma, -5.0, test_lp))
+    flat = refit_served(dev, "hts", with_sigma_tempering(served, dataclasses.replace(tempering, weight=0.0)), SIGNED)
+    np.testing.assert_array_equal(flat.interval(mu, sigma, 0.9, test_lp), flat.interval(mu, 3.0 * sigma, 0.9, test_lp))
+    data = json.loads((tmp_path / "hts.json").read_text())
+    data["sigma_tempering"]["medians"]["en-ru"] = 0.0
+    (tmp_path / "broken.json").write_text(json.dumps(data))
+    with pytest.raises(UamtError, match=r"broken.json: sigma_tempering.medians\[en-ru\] = 0.0 must be a finite number > 0"):
+        Calibration.load(tmp_path / "broken.json")
+
+
+def test_the_cross_fitted_choice_drops_a_sigma_that_is_noise_and_keeps_one_that_is_not(noise_sigma):
+    dev, _, calibration = noise_sigma
+    chosen, report = choose_sigma_weight(dev, "hts", calibration, SIGNED, BOUNDS)
+    assert report["chosen"] == 0.0 and report["weights"]["0.0"] < report["weights"]["1.0"]
+    assert chosen.sigma_tempering.weight == 0.0 and chosen.selected == calibration.selected
+    informative = mqm_like(2, 2500, informative=True)
+    fitted, _ = fit_calibration(informative, "hts", settings=SIGNED)
+    kept, report = choose_sigma_weight(informative, "hts", fitted, SIGNED, BOUNDS)
+    assert report["chosen"] == 1.0 and report["weights"]["1.0"] < report["weights"]["0.0"] - 0.05
+    assert kept.sigma_tempering.is_identity
+    # the model's sigma as is: the identity tempering only records the choice
+    assert kept.served.to_dict() == fitted.served.to_dict()
+    # one weight, or no sigma of its own: nothing to choose
+    assert choose_sigma_weight(dev, "hts", calibration, dataclasses.replace(SIGNED, sigma_weights=(1.0,)), BOUNDS) == (calibration, {})
+    point, _ = fit_calibration(dev, "point", settings=SIGNED)
+    assert choose_sigma_weight(dev, "point", point, SIGNED, BOUNDS) == (point, {})
