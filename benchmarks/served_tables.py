@@ -6,8 +6,10 @@ reads), and prints:
 
 1. per model and LP: PPS, CRPS, ECE with its document-clustered floor, coverage / width / lower and
    upper misses at 0.9, UPS and ENCE of the served sd next to the model's raw sigma;
-2. per model: what it adds over the point estimate + the same calibration (CRPS, width, worst cells,
-   low-score coverage), the risk reliability and the held-out LPs, with the goals met.
+2. per model: the served calibration and σ's weight λ the calibrate stage chose (``dev.json``
+   ``sigma_weight``; none: the model has no σ, or a file from before the choice), what it adds over the
+   point estimate + the same calibration (CRPS, width, worst cells, low-score coverage), the risk
+   reliability and the held-out LPs, with the goals met.
 
     python benchmarks/served_tables.py [--metrics metrics]
 """
@@ -54,10 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         cov = ", ".join(f"{lp} {fmt(c)}" for lp, c in (held.get("coverage_by_lp") or {}).items()) or "–"
         base_name = base.get("name")
         dev_base = dev.get(base_name, {}).get("avg", {}).get("crps") if base_name else None
+        weight = (dev.get(model, {}).get("sigma_weight") or {}).get("chosen")
+        served = s["served"] if weight is None else f"{s['served']}, λ = {weight:g}"
         met = sum(g["met"] is True for g in s["goals"])
         judged = sum(g["met"] is not None for g in s["goals"])
         print(
-            f"| {model} | {s['served']} | {fmt(s.get('crps'))} ({fmt(base.get('crps'))}) | "
+            f"| {model} | {served} | {fmt(s.get('crps'))} ({fmt(base.get('crps'))}) | "
             f"{fmt(s.get('width'), '.2f')} ({fmt(base.get('width'), '.2f')}) | "
             f"{fmt(goals['worst_sd_cell_gap']['value'])} | {fmt(goals['worst_mu_cell_gap']['value'])} | "
             f"{fmt(goals['low_score_coverage']['value'])} | {fmt(goals['risk_max_gap']['value'])} | {cov} | "

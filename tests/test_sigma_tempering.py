@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.test_top_atom import BOUNDS
+from tests.test_top_atom import SIGNED as ATOM_SETTINGS
 from uamt.core.errors import UamtError
 from uamt.model_evaluation import choose_sigma_weight
 from uamt.serving.model_calibration import (
@@ -22,15 +24,8 @@ from uamt.serving.model_calibration import (
 from uamt.uncertainty import GLOBAL, EvaluationSettings
 from uamt.uncertainty.tempering import SigmaTempering
 
-BOUNDS = (-25.0, 0.0)
-SIGNED = EvaluationSettings(
-    min_lp_rows=20,
-    calibration="signed_mondrian_conformal",
-    calibration_candidates=("signed_mondrian_conformal",),
-    mu_scaling="regression",
-    top_atom=True,
-    sigma_weights=(0.0, 1.0),
-)
+# the zero-inflated tests' settings, with a weight to choose
+SIGNED = dataclasses.replace(ATOM_SETTINGS, sigma_weights=(0.0, 1.0))
 
 
 def mqm_like(seed: int, n: int, informative: bool) -> pd.DataFrame:

@@ -139,6 +139,20 @@ def test_an_interpolated_atom_is_continuous_in_mu_and_keeps_each_bins_share():
     assert "centres" in broken.problem()
 
 
+def test_rates_the_passes_leave_off_their_share_are_reported(monkeypatch, caplog):
+    """Too few passes leave interior rates off their bins' shares: logged, not silent."""
+    rng = np.random.default_rng(5)
+    center = rng.normal(-2.0, 1.0, 3000)
+    human = np.where(rng.random(3000) < 1 / (1 + np.exp(-2 * (center + 2))), 0.0, -3.0)
+    with caplog.at_level("WARNING", logger="uamt.uncertainty.atom"):
+        TopAtom.fit(human, center, ["x"] * 3000, 0.0, n_bins=5, min_lp_rows=10)
+    assert not caplog.records
+    monkeypatch.setattr(TopAtom, "RATE_PASSES", 1)
+    with caplog.at_level("WARNING", logger="uamt.uncertainty.atom"):
+        TopAtom.fit(human, center, ["x"] * 3000, 0.0, n_bins=5, min_lp_rows=10)
+    assert "1 passes left bins" in caplog.text and "off their share at the top" in caplog.text
+
+
 def test_served_mixture_puts_the_atom_where_the_rows_are(fitted):
     dev, test, without, served = fitted
     mu, sigma, lp = test["mu"].to_numpy(), test["sigma"].to_numpy(), test["lp"].to_numpy(dtype=object)
