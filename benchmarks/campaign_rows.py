@@ -71,7 +71,8 @@ def fit_keyed(fit: str, rows: pd.DataFrame, model: str, settings, bounds, min_ro
     from uamt.serving.model_calibration import refit_served
 
     if fit == "campaign":
-        return fit_campaign_calibration(rows, model, settings, bounds, min_rows)
+        weight = None if served.sigma_tempering is None else served.sigma_tempering.weight  # as the stage
+        return fit_campaign_calibration(rows, model, settings, bounds, min_rows, sigma_weight=weight)
     anchor = None if fit == "refit" else LPAnchor(served, shape=fit == "lp-shape")
     keys = fit_keys(rows, max(int(min_rows), int(settings.min_lp_rows)))
     return refit_served(rows.assign(lp=keys), model, served, settings, anchor=anchor)

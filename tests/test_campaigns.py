@@ -70,6 +70,25 @@ def test_keyed_by_campaign_each_campaign_is_covered_where_the_pooled_calibration
     assert measured["summary"]["per_campaign"]["crps"] < measured["summary"]["per_lp"]["crps"]
 
 
+def test_a_campaign_is_served_the_models_sigma_with_the_weight_the_served_calibration_chose():
+    """The keyed calibration tempers σ as the per-LP one does (its λ, medians per key): at λ = 0 its
+    answers do not move with σ, and fitting it on σ tempered by hand answers alike."""
+    settings = EvaluationSettings()
+    rows = _predictions(2).assign(sigma=lambda t: np.exp(np.random.default_rng(3).normal(0.0, 0.5, len(t))))
+    flat = fit_campaign_calibration(rows, "hts", settings, BOUNDS, sigma_weight=0.0)
+    assert flat.sigma_tempering.weight == 0.0 and set(flat.sigma_tempering.medians) >= {"en-de|calm", "en-de|harsh"}
+    mu, sigma = rows["mu"].to_numpy(), rows["sigma"].to_numpy()
+    lp = np.full(len(rows), campaign_key("en-de", "harsh"), dtype=object)
+    np.testing.assert_array_equal(flat.interval(mu, sigma, 0.9, lp), flat.interval(mu, 3.0 * sigma, 0.9, lp))
+    half = fit_campaign_calibration(rows, "hts", settings, BOUNDS, sigma_weight=0.5)
+    by_hand = rows.assign(sigma=half.sigma_tempering.apply(sigma, rows["dataset"].map(lambda c: campaign_key("en-de", c)).to_numpy(dtype=object)))
+    plain = fit_campaign_calibration(by_hand, "hts", settings, BOUNDS)
+    assert plain.sigma_tempering is None
+    np.testing.assert_allclose(
+        half.risk(mu, sigma, -10.0, lp), plain.risk(mu, half.sigma_tempering.apply(sigma, lp), -10.0, lp), rtol=1e-12
+    )
+
+
 def test_a_row_is_routed_only_by_a_campaign_the_calibration_knows_for_its_language_pair(fitted):
     keyed = fitted[4]
     mask, keys = campaign_route(["en-de", "en-de", "en-de"], [None, "harsh", float("nan")], keyed)

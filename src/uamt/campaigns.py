@@ -94,20 +94,40 @@ def fit_keys(rows: pd.DataFrame, min_rows: int) -> pd.Series:
 
 
 def fit_campaign_calibration(
-    rows: pd.DataFrame, method: str | None, settings, bounds, min_rows: int = DEFAULT_MIN_CAMPAIGN_ROWS
+    rows: pd.DataFrame,
+    method: str | None,
+    settings,
+    bounds,
+    min_rows: int = DEFAULT_MIN_CAMPAIGN_ROWS,
+    sigma_weight: float | None = None,
 ):
     """The calibrate stage's fit (:func:`~uamt.serving.model_calibration.fit_calibration` and the served
     point masses, :func:`~uamt.serving.model_calibration.attach_distribution`) of the calibration
     ``rows`` (predictions: ``lp, dataset, human, mu, sigma``; ``campaign`` where rows name one) keyed
     by ``lp|campaign`` (:func:`campaign_keys`).  A key with fewer than ``min_rows`` rows (or
     ``settings.min_lp_rows``, if more) gets no calibration of its own: it is not served
-    (:func:`campaigns_below_minimum` names them)."""
-    from uamt.serving.model_calibration import attach_distribution, fit_calibration
+    (:func:`campaigns_below_minimum` names them).  ``sigma_weight``: the λ the served calibration
+    chose (:class:`~uamt.uncertainty.tempering.SigmaTempering`, medians per key), so a campaign is
+    served the model's σ with the weight its LP is; None: σ as the model gave it."""
+    from uamt.serving.model_calibration import (
+        attach_distribution,
+        fit_calibration,
+        is_fixed_variance,
+        with_model_sigma,
+        with_sigma_tempering,
+    )
+    from uamt.uncertainty.tempering import SigmaTempering
 
     minimum = max(int(min_rows), int(settings.min_lp_rows))
     keyed = rows.assign(lp=fit_keys(rows, minimum))
+    tempering = None
+    if sigma_weight is not None and not (method is not None and is_fixed_variance(method)):
+        keyed = with_model_sigma(keyed, method) if method is not None else keyed
+        lp = keyed["lp"].to_numpy(dtype=object)
+        tempering = SigmaTempering.fit(keyed["sigma"], lp, sigma_weight)
+        keyed = keyed.assign(sigma=tempering.apply(keyed["sigma"].to_numpy(dtype=float), lp))
     calibration, _ = fit_calibration(keyed, method, settings=settings, source="campaigns")
-    calibration = attach_distribution(calibration, keyed, method, settings, bounds)
+    calibration = with_sigma_tempering(attach_distribution(calibration, keyed, method, settings, bounds), tempering)
     below = campaigns_below_minimum(rows, calibration)
     if below:  # a request naming one is told why it has no calibration (campaign_route)
         calibration.too_few_rows = {"min_rows": minimum, "keys": below}
@@ -333,7 +353,8 @@ def calibrate_campaigns(
     for model in served_models(pipe):
         served = Calibration.load(Path(calibration_dir) / f"{model}.json")
         rows = calibration_rows(pipe, model, served.calibrated_on)
-        keyed = fit_campaign_calibration(rows, model, settings, bounds, min_rows)
+        weight = None if served.sigma_tempering is None else served.sigma_tempering.weight
+        keyed = fit_campaign_calibration(rows, model, settings, bounds, min_rows, sigma_weight=weight)
         below = keyed.too_few_rows.get("keys", {})
         if below:
             log.warning(
