@@ -123,9 +123,8 @@ def fit_campaign_calibration(
     tempering = None
     if sigma_weight is not None and not (method is not None and is_fixed_variance(method)):
         keyed = with_model_sigma(keyed, method) if method is not None else keyed
-        lp = keyed["lp"].to_numpy(dtype=object)
-        tempering = SigmaTempering.fit(keyed["sigma"], lp, sigma_weight)
-        keyed = keyed.assign(sigma=tempering.apply(keyed["sigma"].to_numpy(dtype=float), lp))
+        tempering = SigmaTempering.fit(keyed["sigma"], keyed["lp"].to_numpy(dtype=object), sigma_weight)
+        keyed = tempering.applied(keyed)
     calibration, _ = fit_calibration(keyed, method, settings=settings, source="campaigns")
     calibration = with_sigma_tempering(attach_distribution(calibration, keyed, method, settings, bounds), tempering)
     below = campaigns_below_minimum(rows, calibration)

@@ -246,8 +246,7 @@ def choose_sigma_weight(
     chosen = min(crps, key=lambda weight: (crps[weight], -weight))
     tempering = SigmaTempering.fit(sigma, lp, chosen)
     if not tempering.is_identity:
-        tempered_table = table.assign(sigma=tempering.apply(sigma, lp))
-        refitted, _ = fit_calibration(tempered_table, None, settings=pinned(settings, calibration.selected))
+        refitted, _ = fit_calibration(tempering.applied(table), None, settings=pinned(settings, calibration.selected))
         calibration = dataclasses.replace(refitted, fixed=calibration.fixed, calibrated_on=calibration.calibrated_on)
     return with_sigma_tempering(calibration, tempering), {"weights": {str(w): c for w, c in crps.items()}, "chosen": chosen}
 

@@ -671,8 +671,7 @@ def refit_served(
         dev_table = with_model_sigma(dev_table, method)
     tempering = None if template.fixed else template.sigma_tempering
     if tempering is not None:
-        lp = dev_table["lp"].astype(str).to_numpy(dtype=object)
-        dev_table = dev_table.assign(sigma=tempering.apply(dev_table["sigma"].to_numpy(dtype=float), lp))
+        dev_table = tempering.applied(dev_table)
     arrays = prediction_arrays(dev_table, "dev")
     common = {"per_lp": settings.per_lp, "min_lp_rows": settings.min_lp_rows}
     everything = np.ones(len(arrays), dtype=bool)

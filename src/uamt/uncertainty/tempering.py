@@ -74,6 +74,11 @@ class SigmaTempering:
             median = median.reshape(sigma.shape)
         return median ** (1.0 - self.weight) * sigma**self.weight
 
+    def applied(self, table):
+        """A predictions ``table`` (columns ``lp``, ``sigma``) with its ``sigma`` tempered."""
+        lp = table["lp"].astype(str).to_numpy(dtype=object)
+        return table.assign(sigma=self.apply(table["sigma"].to_numpy(dtype=float), lp))
+
     def to_dict(self) -> dict[str, Any]:
         return {"weight": self.weight, "medians": dict(self.medians)}
 
