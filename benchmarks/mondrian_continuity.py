@@ -108,7 +108,7 @@ def print_risk_tables(table, risks: dict[str, np.ndarray], center: np.ndarray, c
     """Per dataset x LP of ``table``, the AUROC for MQM <= ``chi`` of −``center`` and of each of
     ``risks`` (name -> shape [n]); then per LP each risk's Brier score and largest decile gap."""
     from uamt.quality import auroc_score
-    from uamt.uncertainty.served import _risk_reliability
+    from uamt.uncertainty.served import risk_reliability
 
     event = table["human"].to_numpy(dtype=float) <= chi
     print(f"\n| dataset x LP | AUROC MQM ≤ {chi:g}: {mu_label} | " + " | ".join(risks) + " |")
@@ -119,7 +119,7 @@ def print_risk_tables(table, risks: dict[str, np.ndarray], center: np.ndarray, c
     print(f"\n| LP | Brier / largest decile gap, P(MQM ≤ {chi:g}): " + " | ".join(risks) + " |")
     print("|---|" + "---|" * len(risks))
     for lp, rows in table.groupby("lp").indices.items():
-        line = [_risk_reliability(r[rows], event[rows], 10) for r in risks.values()]
+        line = [risk_reliability(r[rows], event[rows], 10) for r in risks.values()]
         print(f"| {lp} | " + " | ".join(f"{x['brier']:.4f} / {x['max_gap']:.3f}" for x in line) + " |")
 
 

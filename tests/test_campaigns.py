@@ -100,6 +100,9 @@ def test_a_row_is_routed_only_by_a_campaign_the_calibration_knows_for_its_langua
         campaign_route(["zh-en"], ["calm"], keyed)
     with pytest.raises(DataError, match=r"record 0: campaign 'calm' needs the row's lp"):
         campaign_route(None, ["calm"], keyed, row_label="record")
+    # a row whose text contradicts --lp is scored as the unseen pair 'und': say so, not "no calibration for 'und'"
+    with pytest.raises(DataError, match=r"row 0: campaign 'calm' needs the row's language pair, but its text contradicts the lp given"):
+        campaign_route(["und"], ["calm"], keyed)
     with pytest.raises(DataError, match="this model has no per-campaign calibration"):
         campaign_route(["en-de"], ["calm"], None)
 

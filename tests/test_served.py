@@ -263,17 +263,17 @@ def test_cross_fitting_falls_back_to_segments_then_in_sample(data, mondrian):
 
 
 def test_risk_bins_carry_their_document_clustered_band():
-    from uamt.uncertainty.served import _risk_reliability
+    from uamt.uncertainty.served import risk_reliability
 
     risk = np.full(8, 0.25)
     event = np.array([1, 0, 0, 0, 1, 0, 0, 0], dtype=float)
-    alone = _risk_reliability(risk, event, 1, docs=np.arange(8))["bins"][0]
+    alone = risk_reliability(risk, event, 1, docs=np.arange(8))["bins"][0]
     assert alone["n_eff"] == 8 and alone["se"] == pytest.approx(np.sqrt(0.25 * 0.75 / 8))
     # four documents of two rows with the same outcome: each pair is worth one row, n_eff = 4
     pattern = np.array([1, 1, 0, 0, 0, 0, 0, 0], dtype=float)
-    clustered = _risk_reliability(risk, pattern, 1, docs=np.array([0, 0, 1, 1, 2, 2, 3, 3]))["bins"][0]
+    clustered = risk_reliability(risk, pattern, 1, docs=np.array([0, 0, 1, 1, 2, 2, 3, 3]))["bins"][0]
     assert clustered["n_eff"] == pytest.approx(4) and clustered["se"] == pytest.approx(np.sqrt(0.25 * 0.75 / 4))
-    assert "se" not in _risk_reliability(risk, event, 1)["bins"][0]
+    assert "se" not in risk_reliability(risk, event, 1)["bins"][0]
 
 
 @pytest.mark.parametrize("distribution", ["gaussian", "mondrian", "signed_top_atom", "isotonic"])

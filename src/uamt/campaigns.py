@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
+from uamt.serving.language_pair import UNDETERMINED_LP
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,12 @@ def campaign_route(lps, campaigns, calibration, row_label: str = "row") -> tuple
             raise DataError(f"{row_label} {i}: campaign {campaign!r} given, but this model has no per-campaign calibration")
         if lp is None or (isinstance(lp, float) and np.isnan(lp)):
             raise DataError(f"{row_label} {i}: campaign {campaign!r} needs the row's lp (campaigns are calibrated per language pair)")
+        if str(lp) == UNDETERMINED_LP:
+            raise DataError(
+                f"{row_label} {i}: campaign {campaign!r} needs the row's language pair, but its text contradicts "
+                f"the lp given (or no pair could be told from it), so it is scored as an unseen pair "
+                f"({UNDETERMINED_LP!r}); check --lp or the row's lp column, or score it without a campaign"
+            )
         key = campaign_key(str(lp), str(campaign))
         few = calibration.too_few_rows.get("keys", {})
         if key not in known and key in few:

@@ -188,21 +188,32 @@ def pinned(settings: EvaluationSettings, candidate: str) -> EvaluationSettings:
 
 
 def cross_fitted_rows(
-    table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds
+    table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds,
+    answer=None,
 ) -> tuple[ServedRows, str]:
     """The served distribution's answers for every dev row, each from the calibration fitted on the
     *other* folds (``settings.cross_fit_folds``; :func:`refit_served`): what the calibration promises
     on dev rows it never saw (the gate's input).  Folds are whole documents; with fewer than two
     documents, whole source segments; with fewer than two of those, the in-sample answers.
 
+    ``answer(fitted, part, fit_rows) -> ServedRows`` (default :func:`ask`): how a fold's calibration
+    answers its held-out rows ``part``, given the rows it was fitted on (a benchmark reading another
+    distribution derived from the same refit).
+
     Returns the rows and what the folds were made of (``documents``, ``source segments``, ``in-sample``).
     """
+    if answer is None:
+
+        def answer(fitted, part, fit_rows):
+            return ask(fitted, part, settings, bounds)
+
     groups, unit = row_documents(table), "documents"
     if len(set(groups.tolist())) < 2:
         groups, unit = row_documents(table.drop(columns="doc", errors="ignore")), "source segments"
     n_groups = len(set(groups.tolist()))
     if n_groups < 2:
-        return ask(calibration, with_model_sigma(table, method) if method else table, settings, bounds), "in-sample"
+        everything = with_model_sigma(table, method) if method else table
+        return answer(calibration, everything, everything), "in-sample"
     folds = document_folds(groups, min(settings.cross_fit_folds, n_groups))
     parts = []
     for fold in sorted(set(folds.tolist())):
@@ -212,15 +223,16 @@ def cross_fitted_rows(
         except (ValueError, DataError) as exc:  # too few rows outside the fold to fit on
             log.warning("cross-fitting fold %d of %d: %s; its rows are answered in-sample", fold, n_groups, exc)
             fitted, unit = calibration, f"{unit} (some folds in-sample)"
-        part = table[held]
+        part, fit_rows = table[held], table[~held]
         if method is not None:
-            part = with_model_sigma(part, method)
-        parts.append((np.flatnonzero(held), ask(fitted, part, settings, bounds)))
+            part, fit_rows = with_model_sigma(part, method), with_model_sigma(fit_rows, method)
+        parts.append((np.flatnonzero(held), answer(fitted, part, fit_rows)))
     return ServedRows.stack(parts, len(table)), unit
 
 
 def choose_sigma_weight(
-    table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds
+    table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds,
+    source: str = "dev",
 ) -> tuple[Calibration, dict[str, Any]]:
     """σ's weight λ (:class:`~uamt.uncertainty.tempering.SigmaTempering`) of ``settings.sigma_weights``
     with the lowest CRPS of the served distribution cross-fitted over ``table``'s documents
@@ -231,6 +243,7 @@ def choose_sigma_weight(
     each λ is cross-fitted with the one ``settings`` attaches).  Returns the calibration -- unchanged,
     with the identity tempering recorded, where λ = 1 wins; as is for a model without σ or a single
     weight -- and ``{"weights": {λ: CRPS}, "chosen": λ}`` (empty where nothing was chosen).
+    ``source`` names ``table`` in the refit's error messages, as :func:`fit_calibration`'s.
     """
     if calibration.fixed or tuple(settings.sigma_weights) == (1.0,):
         return calibration, {}
@@ -246,7 +259,9 @@ def choose_sigma_weight(
     chosen = min(crps, key=lambda weight: (crps[weight], -weight))
     tempering = SigmaTempering.fit(sigma, lp, chosen)
     if not tempering.is_identity:
-        refitted, _ = fit_calibration(tempering.applied(table), None, settings=pinned(settings, calibration.selected))
+        refitted, _ = fit_calibration(
+            tempering.applied(table), None, settings=pinned(settings, calibration.selected), source=source
+        )
         calibration = dataclasses.replace(refitted, fixed=calibration.fixed, calibrated_on=calibration.calibrated_on)
     return with_sigma_tempering(calibration, tempering), {"weights": {str(w): c for w, c in crps.items()}, "chosen": chosen}
 
@@ -322,7 +337,7 @@ def calibrate_model(
     calibration, _ = fit_calibration(table, method, settings=settings, source=source)
     calibration.calibrated_on = splits
     started = time.perf_counter()
-    calibration, sigma_weight = choose_sigma_weight(table, method, calibration, settings, bounds)
+    calibration, sigma_weight = choose_sigma_weight(table, method, calibration, settings, bounds, source=source)
     if sigma_weight:
         log.info(
             "%s: sigma weight %g (cross-fitted CRPS %s; %.1f s)", method, sigma_weight["chosen"],

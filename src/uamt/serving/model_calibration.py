@@ -534,7 +534,7 @@ def with_top_atom(
     clipped = 1.0 - np.asarray(below.risk(mu, sigma, float(np.nextafter(top, -np.inf)), lp), dtype=float)
     atom = TopAtom.fit(
         table["human"].to_numpy(dtype=float), base.center(mu, sigma, lp), lp, top,
-        clipped=clipped, n_bins=n_bins, min_lp_rows=settings.min_lp_rows,
+        clipped=clipped, n_bins=n_bins, min_lp_rows=settings.min_lp_rows, ordered=settings.order_in_mu,
     )
     return dataclasses.replace(base, top_atom=atom, below_top=below)
 
@@ -687,7 +687,7 @@ def refit_served(
     if not template.fixed:
         fitted = fit_candidate(
             template.selected, human, mu_z, sigma_z, arrays.lp, common=common,
-            n_levels=settings.n_levels, ece_bound=settings.ece_bound,
+            n_levels=settings.n_levels, ece_bound=settings.ece_bound, order_in_mu=settings.order_in_mu,
         )
         if anchor is not None:
             anchor.candidate(fitted, part)
@@ -752,6 +752,7 @@ def refit_global_fallback(calibration: Calibration, dev_table: pd.DataFrame, set
         common={"per_lp": False, "min_lp_rows": settings.min_lp_rows},
         n_levels=settings.n_levels,
         ece_bound=settings.ece_bound,
+        order_in_mu=settings.order_in_mu,
     )
     target = calibration.served if calibration.served is not None else calibration.affine
     target.global_params = fresh.global_params

@@ -459,7 +459,7 @@ def _cells(inside: np.ndarray, values: np.ndarray, docs: np.ndarray, n_groups: i
     return {"cells": cells, "worst_gap": worst["gap"]}
 
 
-def _risk_reliability(risk: np.ndarray, event: np.ndarray, n_bins: int, docs: np.ndarray | None = None) -> dict[str, Any]:
+def risk_reliability(risk: np.ndarray, event: np.ndarray, n_bins: int, docs: np.ndarray | None = None) -> dict[str, Any]:
     """Brier score and predicted vs observed frequency per equal-count bin of the predicted risk.
 
     With ``docs`` (shape [n]) each bin also gets the document-clustered standard error of its observed
@@ -562,7 +562,7 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
         "mu": _cells(covered, center, docs, settings.n_cell_groups, gamma),
     }
     out["risk"] = {
-        f"{chi:g}": _risk_reliability(risk, (human <= chi).astype(float), settings.n_risk_bins, docs)
+        f"{chi:g}": risk_reliability(risk, (human <= chi).astype(float), settings.n_risk_bins, docs)
         for chi, risk in rows.risk.items()
     }
     out["reliability"] = {
