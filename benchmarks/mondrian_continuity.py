@@ -14,16 +14,12 @@ close to, not exactly, the artifact a stepwise fit writes.  Measured on test wit
   the worst LP x sd and LP x μ quintile cell;
 * per dataset x LP: AUROC for MQM <= -5 of the served risk and of −μ (the ranking the risk should
   at least match);
-* a prototype reading of the risk only, ``risk rearranged in μ``: each row's served risk made
-  non-increasing in μ at its own σ by rearrangement (Chernozhukov, Fernández-Val & Galichon 2009):
-  the row's risk at the 2nd..98th percentiles of its LP's calibration μ and at its own μ, sorted in
-  decreasing order, read at its own μ's rank.  Ranked by the served risk, bad translations are
-  found less well than by −μ (test and cross-fitted dev, every dataset x LP: docs/quality.md);
-  this measures what a distribution stochastically monotone in μ would buy in ranking (AUROC) and
-  what it costs in reliability (Brier, largest decile gap).  Intervals are not rearranged, so it
-  is not a served distribution: a design study; ``--dev`` reads the served and the rearranged risk
-  cross-fitted on the calibration rows too (each document fold from the calibration refitted on
-  the others), which is what a choice between them may read;
+* since v12 the served distribution is rearranged in μ (:mod:`uamt.uncertainty.rearrangement`):
+  the readings above are of the artifact without its grid, and ``served`` reads it as served;
+  ``--dev`` reads the risk of both cross-fitted on the calibration rows too (each document fold
+  from the calibration refitted on the others, :func:`uamt.model_evaluation.cross_fitted_rows`),
+  which is what a choice between them may read.  (Until v11 this benchmark carried a prototype
+  of the rearranged risk; ``benchmarks/rearrangement.py`` measures the served one.)
 * ``--profile LP``: the served risk P(MQM <= -5) and the 90 % bounds along the LP's raw μ (5th to
   95th percentile, the LP's median σ): where the risk does not rise as μ falls.
 
@@ -48,10 +44,10 @@ COLUMNS = (
 
 def stepwise(calibration):
     """A copy of ``calibration`` whose Mondrian distributions serve each row its bin's quantiles and
-    whose point mass at the top its bin's rate."""
+    whose point mass at the top its bin's rate, not rearranged in μ."""
     from uamt.uncertainty.candidates import MondrianConformalCalibrator
 
-    out = copy.deepcopy(calibration)
+    out = unrearranged(calibration)
     for part in (out, out.below_top):
         if part is not None and isinstance(part.served, MondrianConformalCalibrator):
             part.served.interpolate = False
@@ -60,47 +56,10 @@ def stepwise(calibration):
     return out
 
 
-#: Percentiles of each LP's calibration μ at which :func:`rearranged_risk` reads every row's risk.
-GRID = np.linspace(0.02, 0.98, 49)
-
-
-def rearranged_risk(calibration, mu, sigma, lp, chi: float, grid: dict) -> np.ndarray:
-    """Each row's risk P(Q <= chi), shape [n], made non-increasing in μ at the row's own σ: its
-    served risk at its LP's ``grid`` of raw μ (sorted, shape [G]) and at its own μ, sorted in
-    decreasing order and read at the rank of its μ among them (the rearrangement on that grid)."""
-    out = np.empty(mu.size)
-    for name in np.unique(lp):
-        rows = lp == name
-        points = grid[name]
-        own = calibration.risk(mu[rows], sigma[rows], chi, lp[rows])
-        along = [calibration.risk(np.full(rows.sum(), m), sigma[rows], chi, lp[rows]) for m in points]
-        values = -np.sort(-np.column_stack([*along, own]), axis=1)
-        out[rows] = values[np.arange(rows.sum()), np.searchsorted(points, mu[rows])]
-    return out
-
-
-def cross_fitted_risks(table, method: str, calibration, settings, bounds, chi: float) -> dict[str, np.ndarray]:
-    """The served and the rearranged risk P(Q <= chi) of every calibration row (``table``), each
-    from the calibration refitted on the other document folds (as the calibrate stage cross-fits,
-    :func:`uamt.model_evaluation.cross_fitted_rows`), the rearrangement's grid from those folds' μ."""
-    from uamt.model_evaluation import row_documents
-    from uamt.quality import served_quantities
-    from uamt.serving.model_calibration import refit_served, with_model_sigma
-    from uamt.uncertainty.candidates import document_folds
-
-    table = with_model_sigma(table, method)
-    folds = document_folds(row_documents(table), settings.cross_fit_folds)
-    out = {"served": np.empty(len(table)), "risk rearranged in μ": np.empty(len(table))}
-    for fold in np.unique(folds):
-        held = folds == fold
-        fitted = refit_served(table[~held], method, calibration, settings)
-        part = table[held]
-        grid = {str(lp): np.quantile(rows["mu"].to_numpy(dtype=float), GRID) for lp, rows in table[~held].groupby("lp")}
-        out["served"][held] = served_quantities(fitted, part, bounds, chi, 0.9)["risk"]
-        out["risk rearranged in μ"][held] = rearranged_risk(
-            fitted, part["mu"].to_numpy(dtype=float), part["sigma"].to_numpy(dtype=float),
-            part["lp"].astype(str).to_numpy(dtype=object), chi, grid,
-        )
+def unrearranged(calibration):
+    """A copy of ``calibration`` without its grid: the answers as its calibrators give them."""
+    out = copy.deepcopy(calibration)
+    out.rearrangement_mu = {}
     return out
 
 
@@ -125,7 +84,7 @@ def print_risk_tables(table, risks: dict[str, np.ndarray], center: np.ndarray, c
 
 def main(argv: list[str] | None = None) -> int:
     from uamt.core.config import DEFAULT_PARAMS
-    from uamt.model_evaluation import ask, calibration_rows, measure
+    from uamt.model_evaluation import ask, calibration_rows, cross_fitted_rows, measure
     from uamt.pipeline_config import CALIBRATION_DIR
     from uamt.quality import read_model, served_quantities, served_setting
 
@@ -135,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["hts", "hts_qe", "point+signed_mondrian_conformal"])
     parser.add_argument("--profile", default=None, help="an LP whose risk and bounds to print along mu")
     parser.add_argument("--chi", type=float, default=-5.0)
-    parser.add_argument("--dev", action="store_true", help="also the served and rearranged risk cross-fitted on the calibration rows")
+    parser.add_argument("--dev", action="store_true", help="also the risk cross-fitted on the calibration rows, not rearranged and served")
     args = parser.parse_args(argv)
     pipe, settings, bounds = served_setting(args.params)
     for model in args.models:
         test, served = read_model(pipe.predictions_dir, args.calibration_dir, model)
-        readings = {"stepwise": stepwise(served), "interpolated (served)": served}
-        print(f"\n## {model}: test, {len(test):,} rows\n")
+        readings = {"stepwise": stepwise(served), "interpolated": unrearranged(served), "served": served}
+        print(f"\n## {model}: test, {len(test):,} rows (served: {'rearranged in μ' if served.rearrangement_mu else 'not rearranged'})\n")
         print("| reading | LP | " + " | ".join(label for _, label, _ in COLUMNS) + " |")
         print("|---|---|" + "---|" * len(COLUMNS))
         cells = {}
@@ -155,17 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         news = test[test["dataset"].astype(str).str.contains("mqm")]
         answers = {name: served_quantities(c, news, bounds, args.chi, 0.9) for name, c in readings.items()}
         risks = {name: answer["risk"] for name, answer in answers.items()}
-        center = answers["interpolated (served)"]["center"]
+        center = answers["served"]["center"]
         fitted_on = calibration_rows(pipe, model.split("+")[0], served.calibrated_on)
-        grid = {str(lp): np.quantile(rows["mu"].to_numpy(dtype=float), GRID) for lp, rows in fitted_on.groupby("lp")}
-        sigma = news["sigma"].to_numpy(dtype=float)
-        risks["risk rearranged in μ"] = rearranged_risk(
-            served, news["mu"].to_numpy(dtype=float), np.where(np.isfinite(sigma), sigma, 1.0),
-            news["lp"].astype(str).to_numpy(dtype=object), args.chi, grid,
-        )
         print_risk_tables(news, risks, center, args.chi, "−μ")
         if args.dev:
-            xfit = cross_fitted_risks(fitted_on, model.split("+")[0], served, settings, bounds, args.chi)
+            method = model.split("+")[0]
+            xfit = {
+                name: cross_fitted_rows(fitted_on, method, readings[name], settings, bounds)[0].risk[args.chi]
+                for name in ("interpolated", "served")
+            }
             print(f"\ncross-fitted on the calibration rows ({len(fitted_on):,}):")
             print_risk_tables(fitted_on, xfit, fitted_on["mu"].to_numpy(dtype=float), args.chi, "−raw μ")
         if args.profile and (test["lp"] == args.profile).any():
@@ -178,8 +135,6 @@ def main(argv: list[str] | None = None) -> int:
                 low, _ = calibration.interval(mu, sigma, 0.9, lp)
                 print(f"  {name}: risk " + " ".join(f"{r:.3f}" for r in calibration.risk(mu, sigma, args.chi, lp)))
                 print(f"  {name}: lower@0.9 " + " ".join(f"{x:.2f}" for x in low))
-            rearranged = rearranged_risk(served, mu, sigma, np.array(lp, dtype=object), args.chi, grid)
-            print("  risk rearranged in μ: risk " + " ".join(f"{r:.3f}" for r in rearranged))
     return 0
 
 

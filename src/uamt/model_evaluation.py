@@ -63,6 +63,7 @@ from uamt.serving.model_calibration import (
     is_fixed_variance,
     refit_served,
     with_model_sigma,
+    with_rearrangement,
     with_sigma_tempering,
     with_unseen_factor,
 )
@@ -188,32 +189,21 @@ def pinned(settings: EvaluationSettings, candidate: str) -> EvaluationSettings:
 
 
 def cross_fitted_rows(
-    table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds,
-    answer=None,
+    table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds
 ) -> tuple[ServedRows, str]:
     """The served distribution's answers for every dev row, each from the calibration fitted on the
     *other* folds (``settings.cross_fit_folds``; :func:`refit_served`): what the calibration promises
     on dev rows it never saw (the gate's input).  Folds are whole documents; with fewer than two
     documents, whole source segments; with fewer than two of those, the in-sample answers.
 
-    ``answer(fitted, part, fit_rows) -> ServedRows`` (default :func:`ask`): how a fold's calibration
-    answers its held-out rows ``part``, given the rows it was fitted on (a benchmark reading another
-    distribution derived from the same refit).
-
     Returns the rows and what the folds were made of (``documents``, ``source segments``, ``in-sample``).
     """
-    if answer is None:
-
-        def answer(fitted, part, fit_rows):
-            return ask(fitted, part, settings, bounds)
-
     groups, unit = row_documents(table), "documents"
     if len(set(groups.tolist())) < 2:
         groups, unit = row_documents(table.drop(columns="doc", errors="ignore")), "source segments"
     n_groups = len(set(groups.tolist()))
     if n_groups < 2:
-        everything = with_model_sigma(table, method) if method else table
-        return answer(calibration, everything, everything), "in-sample"
+        return ask(calibration, with_model_sigma(table, method) if method else table, settings, bounds), "in-sample"
     folds = document_folds(groups, min(settings.cross_fit_folds, n_groups))
     parts = []
     for fold in sorted(set(folds.tolist())):
@@ -223,10 +213,10 @@ def cross_fitted_rows(
         except (ValueError, DataError) as exc:  # too few rows outside the fold to fit on
             log.warning("cross-fitting fold %d of %d: %s; its rows are answered in-sample", fold, n_groups, exc)
             fitted, unit = calibration, f"{unit} (some folds in-sample)"
-        part, fit_rows = table[held], table[~held]
+        part = table[held]
         if method is not None:
-            part, fit_rows = with_model_sigma(part, method), with_model_sigma(fit_rows, method)
-        parts.append((np.flatnonzero(held), answer(fitted, part, fit_rows)))
+            part = with_model_sigma(part, method)
+        parts.append((np.flatnonzero(held), ask(fitted, part, settings, bounds)))
     return ServedRows.stack(parts, len(table)), unit
 
 
@@ -253,7 +243,8 @@ def choose_sigma_weight(
     template = attach_distribution(calibration, table, None, settings, bounds)
     crps = {}
     for weight in settings.sigma_weights:
-        tempered = with_sigma_tempering(template, SigmaTempering.fit(sigma, lp, weight))
+        # rearranged in mu where this weight leaves σ none, as the calibration would then be served
+        tempered = with_rearrangement(with_sigma_tempering(template, SigmaTempering.fit(sigma, lp, weight)), table, None, settings)
         rows, _ = cross_fitted_rows(table, None, tempered, settings, bounds)
         crps[float(weight)] = measure(tempered, rows, table, settings)["avg"]["crps"]
     chosen = min(crps, key=lambda weight: (crps[weight], -weight))

@@ -41,6 +41,7 @@ from uamt.uncertainty import (
 from uamt.uncertainty.atom import TopAtom
 from uamt.uncertainty.candidates import candidate_from_dict
 from uamt.uncertainty.isotonic import IsotonicDistribution
+from uamt.uncertainty.rearrangement import grid_of, in_mu_order
 from uamt.uncertainty.tempering import SigmaTempering
 
 INTERVAL_MODES = ("gaussian", "conformal")
@@ -86,6 +87,11 @@ class Calibration:
     #: is tempered towards its LP's median before anything here reads it (the part below a point
     #: mass at the top holds the same); None (files written before it): σ as the model gave it.
     sigma_tempering: SigmaTempering | None = None
+    #: lp -> the raw mu (:data:`~uamt.uncertainty.rearrangement.GRID_PERCENTILES` of its calibration
+    #: rows) on which every interval bound and risk is rearranged in mu
+    #: (:mod:`uamt.uncertainty.rearrangement`, ``evaluate.rearrange_in_mu``; set only where σ has no
+    #: weight); empty (files written before it): answers as the calibrators give them.
+    rearrangement_mu: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -132,6 +138,7 @@ class Calibration:
             # only where some key is left out, so a file without any keeps its bytes
             **({"too_few_rows": self.too_few_rows} if self.too_few_rows else {}),
             **({"sigma_tempering": self.sigma_tempering.to_dict()} if self.sigma_tempering is not None else {}),
+            **({"rearrangement_mu": {lp: list(g) for lp, g in sorted(self.rearrangement_mu.items())}} if self.rearrangement_mu else {}),
         }
 
     @classmethod
@@ -174,6 +181,10 @@ class Calibration:
                 calibration.sigma_tempering = SigmaTempering.from_dict(data["sigma_tempering"])
             except ValueError as exc:
                 raise UamtError(f"calibration: {exc}") from exc
+        grids = data.get("rearrangement_mu") or {}
+        if not isinstance(grids, dict) or not all(isinstance(g, list) for g in grids.values()):
+            raise UamtError(f"calibration: rearrangement_mu must map each lp to a list of mu, got {type(grids).__name__}")
+        calibration.rearrangement_mu = {str(lp): [float(v) for v in g] for lp, g in grids.items()}
         return calibration
 
     def save(self, path: str | Path) -> None:
@@ -254,6 +265,10 @@ class Calibration:
             return f"unseen_lp_sigma_factor = {factor!r} must be a finite number >= 1"
         if self.sigma_tempering is not None and (problem := self.sigma_tempering.problem()):
             return problem
+        for lp, grid in self.rearrangement_mu.items():
+            values = np.asarray(grid, dtype=float)
+            if values.size < 2 or not np.all(np.isfinite(values)) or np.any(np.diff(values) < 0):
+                return f"rearrangement_mu[{lp}] must be at least two finite, non-decreasing mu"
         if self.top_atom is not None:
             problem = self.top_atom.problem() or self.below_top.problem()
             if problem:
@@ -394,10 +409,48 @@ class Calibration:
             widen = widen * self.reference_scale(lp, n_refs)
         return widen
 
+    def _in_mu_order(self, answer, values, mu, sigma, lp, n_refs, level, increasing: bool) -> np.ndarray:
+        """``values`` (shape [n]) rearranged in mu within each LP with a grid (:attr:`rearrangement_mu`);
+        as given where there is none.  ``answer(mu, sigma, lp, n_refs, level)`` the same answer of
+        grid rows at one ``level`` (:func:`uamt.uncertainty.rearrangement.in_mu_order`)."""
+        if not self.rearrangement_mu or lp is None:
+            return values
+        mu = np.asarray(mu, dtype=float)
+        n = mu.size
+        lps = np.full(n, lp, dtype=object) if isinstance(lp, str) else np.asarray(lp, dtype=object)
+        refs = None if n_refs is None else np.broadcast_to(np.asarray(n_refs), (n,))
+        return in_mu_order(
+            answer, values, mu, np.broadcast_to(np.asarray(sigma, dtype=float), (n,)), lps, refs,
+            np.broadcast_to(np.asarray(level, dtype=float), (n,)), self.rearrangement_mu, increasing,
+        )
+
     def interval(self, mu, sigma, gamma: float, lp=None, mode: str = "gaussian", n_refs=None):
         """Central interval at ``gamma`` on the human scale: Gaussian-calibrated or split-conformal
         (with a point mass at the top, the served mixture's, whatever ``mode``).  ``gamma``: one
-        level, or, where the served distribution is a conformal one, one per row (shape [n])."""
+        level, or, where the served distribution is a conformal one, one per row (shape [n]).
+        Each bound is rearranged in mu where the calibration holds a grid (:attr:`rearrangement_mu`)."""
+        lower, upper = self._interval(mu, sigma, gamma, lp, mode, n_refs)
+        if not self.rearrangement_mu:
+            return lower, upper
+
+        grid_answers: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # both bounds from one call per grid
+
+        def bound(side: int):
+            def answer(m, s, grid_lp, refs, level):
+                key = (grid_lp[0], level, None if refs is None else int(refs[0]))
+                if key not in grid_answers:
+                    grid_answers[key] = self._interval(m, s, level, grid_lp, mode, refs)
+                return grid_answers[key][side]
+
+            return answer
+
+        return tuple(
+            self._in_mu_order(bound(side), values, mu, sigma, lp, n_refs, gamma, increasing=True)
+            for side, values in enumerate((lower, upper))
+        )
+
+    def _interval(self, mu, sigma, gamma, lp, mode: str, n_refs):
+        """:meth:`interval` as the calibrators give it (not rearranged)."""
         if mode not in INTERVAL_MODES:
             raise ValueError(f"interval={mode!r} not supported; choose from {sorted(INTERVAL_MODES)}")
         if self.isotonic is not None:
@@ -439,8 +492,19 @@ class Calibration:
         """P(Q <= threshold) under the served calibrated distribution (human scale), shape [n]: the
         same one the interval comes from (Gaussian, or the conformal |z| quantiles, or the mixture
         with a point mass at the top: :math:`(1 - \\pi) F_{<}(\\chi)` below the top, 1 from it on, or
-        the isotonic CDF).  ``threshold``: one :math:`\\chi` for every row, or one per row (shape [n]:
-        the CDF at each row's own score in one call)."""
+        the isotonic CDF), rearranged in mu where the calibration holds a grid
+        (:attr:`rearrangement_mu`).  ``threshold``: one :math:`\\chi` for every row, or one per row
+        (shape [n]: the CDF at each row's own score in one call)."""
+        risk = self._risk(mu, sigma, threshold, lp, n_refs)
+        if not self.rearrangement_mu:
+            return risk
+        return self._in_mu_order(
+            lambda m, s, grid_lp, refs, chi: self._risk(m, s, chi, grid_lp, refs),
+            risk, mu, sigma, lp, n_refs, threshold, increasing=False,
+        )
+
+    def _risk(self, mu, sigma, threshold, lp, n_refs) -> np.ndarray:
+        """:meth:`risk` as the calibrators give it (not rearranged)."""
         mu = np.asarray(mu, dtype=float)
         chi = np.broadcast_to(np.asarray(threshold, dtype=float), mu.shape)
         if self.isotonic is not None:
@@ -523,7 +587,8 @@ def with_top_atom(
     """
     if method is not None:
         table = with_model_sigma(table, method)
-    base = dataclasses.replace(calibration, top_atom=None, below_top=None)
+    # the part below the top is not rearranged itself: the mixture is (:func:`with_rearrangement`)
+    base = dataclasses.replace(calibration, top_atom=None, below_top=None, rearrangement_mu={})
     below_rows = table[table["human"].to_numpy(dtype=float) < top]
     below = refit_served(below_rows, None, base, settings, anchor, part="below_top")
     below.reference_factors = dict(calibration.reference_factors)
@@ -534,7 +599,7 @@ def with_top_atom(
     clipped = 1.0 - np.asarray(below.risk(mu, sigma, float(np.nextafter(top, -np.inf)), lp), dtype=float)
     atom = TopAtom.fit(
         table["human"].to_numpy(dtype=float), base.center(mu, sigma, lp), lp, top,
-        clipped=clipped, n_bins=n_bins, min_lp_rows=settings.min_lp_rows, ordered=settings.order_in_mu,
+        clipped=clipped, n_bins=n_bins, min_lp_rows=settings.min_lp_rows,
     )
     return dataclasses.replace(base, top_atom=atom, below_top=below)
 
@@ -546,7 +611,7 @@ def with_isotonic(calibration: Calibration, table: pd.DataFrame, method: str | N
     Replaces a point mass at the top (the isotonic distribution has its own)."""
     if method is not None:
         table = with_model_sigma(table, method)
-    base = dataclasses.replace(calibration, top_atom=None, below_top=None, isotonic=None)
+    base = dataclasses.replace(calibration, top_atom=None, below_top=None, isotonic=None, rearrangement_mu={})
     mu, sigma = table["mu"].to_numpy(dtype=float), table["sigma"].to_numpy(dtype=float)
     lp = table["lp"].astype(str).to_numpy(dtype=object)
     isotonic = IsotonicDistribution.fit(
@@ -566,8 +631,35 @@ def attach_distribution(
     if settings.distribution == "isotonic":
         return with_isotonic(calibration, table, method, settings)
     if settings.top_atom and bounds is not None:
-        return with_top_atom(calibration, table, method, settings, bounds[1])
-    return calibration
+        calibration = with_top_atom(calibration, table, method, settings, bounds[1])
+    return with_rearrangement(calibration, table, method, settings)
+
+
+def sigma_has_no_weight(calibration: Calibration, table: pd.DataFrame) -> bool:
+    """Whether the served distribution of a row of a known LP depends on its mu alone, not its σ:
+    the fixed variance, σ tempered with weight 0, or one σ per LP in ``table`` (the point
+    estimate's constant 1)."""
+    if calibration.fixed or (calibration.sigma_tempering is not None and calibration.sigma_tempering.weight == 0.0):
+        return True
+    return bool(table.groupby(table["lp"].astype(str))["sigma"].nunique().le(1).all())
+
+
+def with_rearrangement(calibration: Calibration, table: pd.DataFrame, method: str | None, settings: EvaluationSettings) -> Calibration:
+    """``calibration`` with the grid its answers are rearranged in mu on (``settings.rearrange_in_mu``,
+    :mod:`uamt.uncertainty.rearrangement`): per known LP with ``settings.min_lp_rows`` rows of
+    ``table`` (its calibration rows), the :data:`~uamt.uncertainty.rearrangement.GRID_PERCENTILES`
+    of their raw mu.  Only where σ has no weight (:func:`sigma_has_no_weight`), so that the
+    rearrangement at one σ is the rearrangement of every row, and not for the isotonic
+    distribution (monotone in mu by construction); otherwise, or with the setting off, without one."""
+    if method is not None:
+        table = with_model_sigma(table, method)
+    grids: dict[str, list[float]] = {}
+    if settings.rearrange_in_mu and calibration.isotonic is None and sigma_has_no_weight(calibration, table):
+        known = set(calibration.known_lps)
+        for lp, rows in table.groupby(table["lp"].astype(str)):
+            if lp in known and len(rows) >= settings.min_lp_rows:
+                grids[str(lp)] = grid_of(rows["mu"].to_numpy(dtype=float))
+    return dataclasses.replace(calibration, rearrangement_mu=grids)
 
 
 def is_fixed_variance(method: str) -> bool:
@@ -687,7 +779,7 @@ def refit_served(
     if not template.fixed:
         fitted = fit_candidate(
             template.selected, human, mu_z, sigma_z, arrays.lp, common=common,
-            n_levels=settings.n_levels, ece_bound=settings.ece_bound, order_in_mu=settings.order_in_mu,
+            n_levels=settings.n_levels, ece_bound=settings.ece_bound,
         )
         if anchor is not None:
             anchor.candidate(fitted, part)
@@ -712,7 +804,10 @@ def refit_served(
             calibration, dev_table, None, settings, template.top_atom.value, n_bins=template.top_atom.n_bins,
             anchor=anchor,
         )
-    return with_sigma_tempering(calibration, tempering)
+    calibration = with_sigma_tempering(calibration, tempering)
+    if template.rearrangement_mu and part == "all":  # the grid of these rows, as the template's was of its own
+        calibration = with_rearrangement(calibration, dev_table, None, dataclasses.replace(settings, rearrange_in_mu=True))
+    return calibration
 
 
 def with_sigma_tempering(calibration: Calibration, tempering: SigmaTempering | None) -> Calibration:
@@ -752,7 +847,6 @@ def refit_global_fallback(calibration: Calibration, dev_table: pd.DataFrame, set
         common={"per_lp": False, "min_lp_rows": settings.min_lp_rows},
         n_levels=settings.n_levels,
         ece_bound=settings.ece_bound,
-        order_in_mu=settings.order_in_mu,
     )
     target = calibration.served if calibration.served is not None else calibration.affine
     target.global_params = fresh.global_params

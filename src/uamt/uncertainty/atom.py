@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sklearn.isotonic import isotonic_regression
 
 from uamt.uncertainty.calibrators import GLOBAL, lp_groups
 
@@ -54,8 +53,6 @@ class TopAtom:
     global_params: dict[str, Any] | None = None
     #: pi interpolated in mu between the bins' centres (params ``centres``), else stepwise per bin
     interpolate: bool = True
-    #: rates held non-decreasing in mu (``evaluate.order_in_mu``); how they were fitted, not read when serving
-    ordered: bool = False
 
     @staticmethod
     def _rate(at_top: np.ndarray, clipped: np.ndarray) -> float:
@@ -65,14 +62,8 @@ class TopAtom:
 
     @classmethod
     def _fit_group(
-        cls, at_top: np.ndarray, center: np.ndarray, clipped: np.ndarray, n_bins: int, interpolate: bool = True,
-        ordered: bool = False,
+        cls, at_top: np.ndarray, center: np.ndarray, clipped: np.ndarray, n_bins: int, interpolate: bool = True
     ) -> dict[str, Any]:
-        """One group's ``{"edges", "rates", "n"}`` (and ``"centres"`` interpolated).  ``ordered``: the
-        rates then pooled where they fall with mu (weighted isotonic regression, weights the bins'
-        rows), so P(Q = top) cannot fall as mu rises and, with a distribution below the top ordered
-        in mu too, the risk P(Q <= chi) cannot rise with it; a pooled bin's mean top mass is then
-        its pool's, not its own share."""
         edges = np.quantile(center, np.arange(1, n_bins) / n_bins) if center.size else np.array([])
         bins = np.searchsorted(edges, center)
         overall = cls._rate(at_top, clipped) if at_top.size else 0.0
@@ -83,10 +74,6 @@ class TopAtom:
             if np.all(np.diff(centres) > 0):
                 params["centres"] = [float(c) for c in centres]
                 params["rates"] = cls._interpolated_rates(at_top, center, clipped, bins, centres, np.asarray(rates))
-        if ordered and n_bins > 1:
-            weights = np.bincount(bins, minlength=n_bins).astype(float)
-            pooled = isotonic_regression(np.asarray(params["rates"], dtype=float), sample_weight=np.maximum(weights, 1e-9))
-            params["rates"] = [float(np.clip(r, 0.0, 1.0)) for r in pooled]
         return params
 
     #: Passes of :meth:`_interpolated_rates` (each moves every rate by its bin's remaining gap).
@@ -127,8 +114,7 @@ class TopAtom:
 
     @classmethod
     def fit(
-        cls, human, center, lp, value: float, *, clipped=None, n_bins: int = 5, min_lp_rows: int = 50, interpolate: bool = True,
-        ordered: bool = False,
+        cls, human, center, lp, value: float, *, clipped=None, n_bins: int = 5, min_lp_rows: int = 50, interpolate: bool = True
     ) -> TopAtom:
         """Fit on calibration rows: ``human`` scores, served ``center`` (mu) and ``lp``, each shape [n].
 
@@ -148,14 +134,12 @@ class TopAtom:
         if int(n_bins) < 1:
             raise ValueError(f"n_bins={n_bins!r} must be >= 1")
         at_top = (human >= value).astype(float)
-        atom = cls(value=float(value), n_bins=int(n_bins), interpolate=bool(interpolate), ordered=bool(ordered))
-        atom.global_params = cls._fit_group(at_top, center, clipped, atom.n_bins, atom.interpolate, atom.ordered)
+        atom = cls(value=float(value), n_bins=int(n_bins), interpolate=bool(interpolate))
+        atom.global_params = cls._fit_group(at_top, center, clipped, atom.n_bins, atom.interpolate)
         for name in sorted(set(lp.tolist())):
             rows = lp == name
             if rows.sum() >= min_lp_rows:
-                atom.lp_params[name] = cls._fit_group(
-                    at_top[rows], center[rows], clipped[rows], atom.n_bins, atom.interpolate, atom.ordered
-                )
+                atom.lp_params[name] = cls._fit_group(at_top[rows], center[rows], clipped[rows], atom.n_bins, atom.interpolate)
         return atom
 
     def probability(self, center, lp=None) -> np.ndarray:
@@ -181,7 +165,6 @@ class TopAtom:
             "value": self.value,
             "n_bins": self.n_bins,
             "interpolate": self.interpolate,
-            **({"ordered": True} if self.ordered else {}),
             "global": self.global_params,
             "per_lp": self.lp_params,
         }
@@ -195,7 +178,6 @@ class TopAtom:
             global_params=dict(data["global"]),
             # atoms written before 2026-11-30 have no centres: stepwise whatever this says
             interpolate=bool(data.get("interpolate", False)),
-            ordered=bool(data.get("ordered", False)),
         )
 
     def problem(self) -> str | None:

@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 from scipy.special import ndtr
-from sklearn.isotonic import isotonic_regression
 
 from uamt.uncertainty.calibrators import (
     GLOBAL,
@@ -279,21 +278,18 @@ class MondrianConformalCalibrator(ConformalCalibrator):
 
     def __init__(
         self, *, gammas: Sequence[float] = CONFORMAL_LEVELS, n_bins: int = 5, ece_bound: float = 0.01,
-        n_levels: int = N_CONFIDENCE_LEVELS, interpolate: bool = True, order_in_mu: bool = False, **settings
+        n_levels: int = N_CONFIDENCE_LEVELS, interpolate: bool = True, **settings
     ) -> None:
         super().__init__(gammas=gammas, **settings)
         if int(n_bins) < 1:
             raise ValueError(f"n_bins={n_bins!r} must be >= 1")
         self.n_bins, self.ece_bound, self.n_levels = int(n_bins), float(ece_bound), int(n_levels)
         self.interpolate = bool(interpolate)
-        #: knots held stochastically ordered in mu (:meth:`_order_in_mu`); how the stored knots were
-        #: fitted, not read when serving
-        self.order_in_mu = bool(order_in_mu)
         self.variance: ScoreVarianceCalibrator | None = None
 
     @classmethod
     def _setting_keys(cls):
-        return (*super()._setting_keys(), "n_bins", "ece_bound", "n_levels", "interpolate", "order_in_mu")
+        return (*super()._setting_keys(), "n_bins", "ece_bound", "n_levels", "interpolate")
 
     def _settings(self) -> dict[str, Any]:
         return {
@@ -302,7 +298,6 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             "ece_bound": self.ece_bound,
             "n_levels": self.n_levels,
             "interpolate": self.interpolate,
-            "order_in_mu": self.order_in_mu,
         }
 
     def fit(self, human, mu, sigma, lp=None) -> MondrianConformalCalibrator:
@@ -368,52 +363,14 @@ class MondrianConformalCalibrator(ConformalCalibrator):
 
     def _fit_group(self, human, mu, sigma):
         params = self._binned_params(human, mu, sigma)
-        bins = np.searchsorted([params[f"edge{k}"] for k in range(1, self.n_bins)], mu)
-        if self.order_in_mu:
-            self._order_in_mu(params, "", np.bincount(bins, minlength=self.n_bins), float(np.median(sigma)))
         interpolated = self._interpolated(params, mu)
         if interpolated is None:
             return params
         pit = interp_rows_inverse(self._score(human, mu, sigma), interpolated[1], interpolated[0])
+        bins = np.searchsorted([params[f"edge{k}"] for k in range(1, self.n_bins)], mu)
         for b in range(self.n_bins):
             params.update({f"b{b}:pit:{key}": value for key, value in self._recalibration_params(pit[bins == b]).items()})
-        if self.order_in_mu:
-            self._order_in_mu(params, "pit:", np.bincount(bins, minlength=self.n_bins), None)
         return params
-
-    def _ordered_keys(self) -> tuple[str, ...]:
-        """Knot keys whose quantile :math:`\\hat\\mu + s\\,k` :meth:`_order_in_mu` holds non-decreasing in
-        mu: none here (a symmetric threshold is both quantiles :math:`\\hat\\mu \\pm s\\,q`, which no
-        pooling of q orders at once)."""
-        return ()
-
-    def _order_in_mu(self, params: dict[str, float], part: str, rows: np.ndarray, scale: float | None) -> None:
-        """Hold one group's bin knots (``b<b>:<part><key>``, :meth:`_ordered_keys`) ordered in mu, in place.
-
-        ``part=""``: the scores' knots :math:`k_b`, so that each quantile at a bin's centre,
-        :math:`c_b + s\\,k_b` (``scale`` s: the group's median scale), is non-decreasing across the
-        bins -- weighted isotonic regression (pooled adjacent violators, weights ``rows`` [n_bins],
-        the bins' calibration rows) of :math:`c_b + s\\,k_b`, then :math:`k_b = (\\cdot - c_b)/s`.
-        ``part="pit:"`` (``scale`` None): the recalibration's PIT knots themselves, non-decreasing.
-        Interpolated linearly between the centres (:meth:`_row_knots`), a row's quantile at every
-        level is then non-decreasing in mu at scale s, and so is its recalibrated CDF's inverse: the
-        served distribution is stochastically ordered in mu, so its risk :math:`P(Q \\le \\chi)` cannot
-        rise with mu (docs/quality.md, "the served distribution ordered in mu").  Isotonic
-        regression is monotone in its input, so knots ordered across levels in every bin stay so:
-        each row keeps a proper CDF.  A key with a non-finite knot in some bin, or a group without
-        every bin's centre, is left as is (served stepwise anyway)."""
-        centres = np.array([params.get(f"mid{b}", math.nan) for b in range(self.n_bins)], dtype=float)
-        if self.n_bins < 2 or not np.all(np.isfinite(centres)) or not np.all(rows > 0):
-            return
-        offset = centres if scale is not None else np.zeros(self.n_bins)
-        factor = scale if scale is not None and scale > 0 else 1.0
-        for key in self._ordered_keys():
-            names = [f"b{b}:{part}{key}" for b in range(self.n_bins)]
-            knots = np.array([params[name] for name in names], dtype=float)
-            if not np.all(np.isfinite(knots)):
-                continue
-            ordered = (isotonic_regression(offset + factor * knots, sample_weight=rows.astype(float)) - offset) / factor
-            params.update({name: float(value) for name, value in zip(names, ordered, strict=True)})
 
     def _row_knots(self, mu, sigma, lp):
         """``(rows, probs, knots, scale, recalibration)``: the rows of one LP (or of one of its mu
@@ -529,9 +486,6 @@ class SignedMondrianConformalCalibrator(MondrianConformalCalibrator):
 
     def _first_key(self) -> str:
         return _signed_key("hi", self.gammas[0])
-
-    def _ordered_keys(self) -> tuple[str, ...]:
-        return tuple(_signed_key(side, g) for g in self.gammas for side in ("lo", "hi"))
 
     def _bin_params(self, human, mu, sigma) -> dict[str, float]:
         scores = (human - mu) / sigma
@@ -664,15 +618,9 @@ def check_candidates(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def fit_candidate(
-    name: str, human_z, mu_z, sigma_z, lp, *, common: dict[str, Any], n_levels: int, ece_bound: float, order_in_mu: bool = False
-):
-    """Fit candidate ``name`` on standardised dev arrays (shape [n]); returns the fitted calibrator.
-    ``order_in_mu``: a Mondrian candidate's knots held ordered in mu
-    (:meth:`MondrianConformalCalibrator._order_in_mu`; ``evaluate.order_in_mu``)."""
+def fit_candidate(name: str, human_z, mu_z, sigma_z, lp, *, common: dict[str, Any], n_levels: int, ece_bound: float):
+    """Fit candidate ``name`` on standardised dev arrays (shape [n]); returns the fitted calibrator."""
     calibrator = CANDIDATES[check_candidates([name])[0]](common, n_levels, ece_bound)
-    if isinstance(calibrator, MondrianConformalCalibrator):
-        calibrator.order_in_mu = bool(order_in_mu)
     return calibrator.fit(human_z, mu_z, sigma_z, lp=lp)
 
 
@@ -783,7 +731,6 @@ def cross_fitted_sigmas(
     gamma: float,
     with_bounds: bool = False,
     mu_scaling: str = "spread",
-    order_in_mu: bool = False,
 ):
     """Out-of-fold standardised ``human_z``, ``mu_z`` and calibrated sigma per candidate, each shape [n].
 
@@ -805,8 +752,7 @@ def cross_fitted_sigmas(
         for name in names:
             try:
                 calibrator = fit_candidate(
-                    name, fit_h, fit_mu, fit_sigma, arrays.lp[~held_out], common=common, n_levels=n_levels, ece_bound=ece_bound,
-                    order_in_mu=order_in_mu,
+                    name, fit_h, fit_mu, fit_sigma, arrays.lp[~held_out], common=common, n_levels=n_levels, ece_bound=ece_bound
                 )
             except ValueError:
                 continue

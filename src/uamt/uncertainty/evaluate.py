@@ -142,12 +142,11 @@ class EvaluationSettings:
         its LP's median, λ = 1 the model's own, 0 one σ per LP) the calibrate stage chooses from by
         the served distribution's cross-fitted CRPS
         (:func:`uamt.model_evaluation.choose_sigma_weight`); ``(1.0,)``: the model's σ, no choice.
-    order_in_mu : bool
-        Fit the served distribution stochastically ordered in mu within each LP: the signed Mondrian
-        candidate's quantiles at its bins' centres, its recalibration and the top atom's rates held
-        non-decreasing in mu (:meth:`uamt.uncertainty.candidates.MondrianConformalCalibrator._order_in_mu`,
-        :class:`uamt.uncertainty.atom.TopAtom`), so the served risk P(Q <= chi) cannot rise with mu
-        at a given sigma.  False: each bin's knots as its rows give them.
+    rearrange_in_mu : bool
+        Serve the distribution rearranged in mu within each known LP (:mod:`uamt.uncertainty.rearrangement`:
+        every interval bound non-decreasing and every risk P(Q <= chi) non-increasing in mu), where
+        σ has no weight (:func:`uamt.serving.model_calibration.with_rearrangement`); False: as the
+        calibrators give it.
     """
 
     per_lp: bool = True
@@ -170,7 +169,7 @@ class EvaluationSettings:
     top_atom: bool = False
     distribution: str = "candidate"
     sigma_weights: tuple[float, ...] = (1.0,)
-    order_in_mu: bool = False
+    rearrange_in_mu: bool = False
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.calibration_splits if s not in CALIBRATION_SPLITS]
@@ -687,8 +686,7 @@ def _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings: EvaluationS
             continue
         try:
             fitted[name] = fit_candidate(
-                name, dev_h, dev_mu, dev_sigma, dev.lp, common=common, n_levels=settings.n_levels, ece_bound=settings.ece_bound,
-                order_in_mu=settings.order_in_mu,
+                name, dev_h, dev_mu, dev_sigma, dev.lp, common=common, n_levels=settings.n_levels, ece_bound=settings.ece_bound
             )
         except ValueError:  # e.g. conformal or a proper-score fit with a zero sigma on dev
             continue
@@ -705,7 +703,7 @@ def _select(dev: PredictionArrays, candidates: dict[str, Any], settings: Evaluat
         folds = document_folds(dev.doc, settings.cross_fit_folds)
         human_z, mu_z, sigmas, bounds = cross_fitted_sigmas(
             dev, folds, names, common=common, n_levels=settings.n_levels, ece_bound=settings.ece_bound, gamma=gamma,
-            with_bounds=True, mu_scaling=settings.mu_scaling, order_in_mu=settings.order_in_mu,
+            with_bounds=True, mu_scaling=settings.mu_scaling,
         )
         on = f"dev, {settings.cross_fit_folds}-fold cross-fitted over {n_docs} {dev.doc_unit}"
     else:
