@@ -66,6 +66,10 @@ def served_mu_and_risk(calibration, rows: pd.DataFrame, bounds, chi: float) -> t
 def score_with_pyfunc(model_uri: str, frame: pd.DataFrame, chi: float, reference_free: bool = False) -> pd.DataFrame:
     import mlflow.pyfunc
 
+    from uamt.registry.store import tracking_uri
+
+    # the project's store (mlflow/) as the CLI reads it, not MLflow's own default in the working folder
+    mlflow.set_tracking_uri(tracking_uri())
     model = mlflow.pyfunc.load_model(model_uri)
     columns = ["src", "mt", "lp"] if reference_free else ["src", "mt", "ref", "lp"]
     return model.predict(frame[columns], params={"risk_threshold": chi})

@@ -31,17 +31,15 @@ Reads what the pipeline wrote; changes nothing.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
 
 import numpy as np
-import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from sigma_tempering import scores  # noqa: E402
+from sigma_tempering import scores, served_models  # noqa: E402
 
 
 def rises(risk: np.ndarray, mu: np.ndarray, lp: np.ndarray) -> tuple[float, float]:
@@ -70,26 +68,12 @@ def reading(calibration, rows, table, settings, chi: float) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from uamt.core.config import DEFAULT_PARAMS
-    from uamt.model_evaluation import ask, calibration_rows, cross_fitted_rows
-    from uamt.pipeline_config import CALIBRATION_DIR
-    from uamt.quality import auroc_score, served_setting
-    from uamt.serving.model_calibration import Calibration, refit_served, with_rearrangement
+    from uamt.model_evaluation import ask, cross_fitted_rows
+    from uamt.quality import auroc_score
+    from uamt.serving.model_calibration import refit_served, with_rearrangement
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default=DEFAULT_PARAMS)
-    parser.add_argument("--calibration-dir", default=CALIBRATION_DIR)
-    parser.add_argument("--models", nargs="+", default=["hts", "hts_qe"])
-    parser.add_argument("--chi", type=float, default=-5.0)
-    args = parser.parse_args(argv)
-    pipe, settings, bounds = served_setting(args.params)
-    if args.chi not in settings.risk_thresholds:
-        parser.error(f"--chi {args.chi:g} is not one of params.yaml:evaluate.risk_thresholds {list(settings.risk_thresholds)}")
-    for model in args.models:
-        calibration = Calibration.load(f"{args.calibration_dir}/{model}.json")
-        fitted_on = calibration_rows(pipe, model, calibration.calibrated_on)
-        test = pd.read_parquet(f"{pipe.predictions_dir}/test/{model}.parquet")
-        ood = pd.read_parquet(f"{pipe.predictions_dir}/ood/{model}.parquet")
+    args, settings, bounds, models = served_models(argv, __doc__.splitlines()[0])
+    for model, calibration, fitted_on, test, ood in models:
         weight = None if calibration.sigma_tempering is None else calibration.sigma_tempering.weight
         print(f"\n## {model} (σ weight {weight}): rearranged in μ or not, calibration refitted; χ = {args.chi:g}\n")
         print("| reading | split | CRPS | ECE | width@0.9 | MQM ≤ −5 cov. | worst sd / μ cell | Brier | risk max gap | AUROC | risk rises (share / max) |")

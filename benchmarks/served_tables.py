@@ -6,12 +6,13 @@ reads), and prints:
 
 1. per model and LP: PPS, CRPS, ECE with its document-clustered floor, coverage / width / lower and
    upper misses at 0.9, UPS and ENCE of the served sd next to the model's raw sigma;
-2. per model: the served calibration and σ's weight λ the calibrate stage chose (``dev.json``
-   ``sigma_weight``; none: the model has no σ, or a file from before the choice), what it adds over the
+2. per model: the served calibration, σ's weight λ the calibrate stage chose (``dev.json``
+   ``sigma_weight``; none: the model has no σ, or a file from before the choice) and whether it is
+   rearranged in μ (``calibration/<model>.json`` holds ``rearrangement_mu``), what it adds over the
    point estimate + the same calibration (CRPS, width, worst cells, low-score coverage), the risk
    reliability and the held-out LPs, with the goals met.
 
-    python benchmarks/served_tables.py [--metrics metrics]
+    python benchmarks/served_tables.py [--metrics metrics] [--calibration-dir calibration]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def fmt(value, spec: str = ".3f") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--metrics", type=Path, default=Path("metrics"))
+    parser.add_argument("--calibration-dir", type=Path, default=Path("calibration"))
     args = parser.parse_args(argv)
     test = json.loads((args.metrics / "test.json").read_text())
     conditional = json.loads((args.metrics / "conditional.json").read_text())
@@ -58,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         dev_base = dev.get(base_name, {}).get("avg", {}).get("crps") if base_name else None
         weight = (dev.get(model, {}).get("sigma_weight") or {}).get("chosen")
         served = s["served"] if weight is None else f"{s['served']}, λ = {weight:g}"
+        path = args.calibration_dir / f"{model}.json"
+        if path.is_file() and json.loads(path.read_text()).get("rearrangement_mu"):
+            served += ", rearranged in μ"
         met = sum(g["met"] is True for g in s["goals"])
         judged = sum(g["met"] is not None for g in s["goals"])
         print(

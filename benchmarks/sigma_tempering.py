@@ -54,32 +54,54 @@ def scores(calibration, rows, table, settings, chi: float) -> dict[str, dict[str
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def served_models(argv: list[str] | None, description: str, **defaults):
+    """The arguments both σ benchmarks read (``--params``, ``--calibration-dir``, ``--models``,
+    ``--chi``, plus ``defaults``' options) and, per model, ``(name, calibration, calibration rows,
+    test, ood)`` as the pipeline wrote them: ``(args, settings, bounds, models)``."""
     import pandas as pd
 
     from uamt.core.config import DEFAULT_PARAMS
-    from uamt.model_evaluation import ask, calibration_rows, cross_fitted_rows
+    from uamt.model_evaluation import calibration_rows
     from uamt.pipeline_config import CALIBRATION_DIR
     from uamt.quality import served_setting
-    from uamt.serving.model_calibration import Calibration, refit_served, with_sigma_tempering
-    from uamt.uncertainty.tempering import SigmaTempering
+    from uamt.serving.model_calibration import Calibration
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default=DEFAULT_PARAMS)
     parser.add_argument("--calibration-dir", default=CALIBRATION_DIR)
     parser.add_argument("--models", nargs="+", default=["hts", "hts_qe"])
-    parser.add_argument("--lambdas", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--chi", type=float, default=-5.0)
+    for option, (kind, default) in defaults.items():
+        parser.add_argument(option, nargs="+", type=kind, default=default)
     args = parser.parse_args(argv)
     pipe, settings, bounds = served_setting(args.params)
     if args.chi not in settings.risk_thresholds:
         parser.error(f"--chi {args.chi:g} is not one of params.yaml:evaluate.risk_thresholds {list(settings.risk_thresholds)}")
-    for model in args.models:
-        calibration = Calibration.load(f"{args.calibration_dir}/{model}.json")
-        fitted_on = calibration_rows(pipe, model, calibration.calibrated_on)
-        test = pd.read_parquet(f"{pipe.predictions_dir}/test/{model}.parquet")
+
+    def models():
+        for model in args.models:
+            calibration = Calibration.load(f"{args.calibration_dir}/{model}.json")
+            yield (
+                model,
+                calibration,
+                calibration_rows(pipe, model, calibration.calibrated_on),
+                pd.read_parquet(f"{pipe.predictions_dir}/test/{model}.parquet"),
+                pd.read_parquet(f"{pipe.predictions_dir}/ood/{model}.parquet"),
+            )
+
+    return args, settings, bounds, models()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from uamt.model_evaluation import ask, cross_fitted_rows
+    from uamt.serving.model_calibration import refit_served, with_sigma_tempering
+    from uamt.uncertainty.tempering import SigmaTempering
+
+    args, settings, bounds, models = served_models(
+        argv, __doc__.splitlines()[0], **{"--lambdas": (float, [0.0, 0.25, 0.5, 0.75, 1.0])}
+    )
+    for model, calibration, fitted_on, test, ood in models:
         lps = sorted(fitted_on["lp"].astype(str).unique())
-        ood = pd.read_parquet(f"{pipe.predictions_dir}/ood/{model}.parquet")
         lines = []
         print(f"\n## {model}: σ_λ = m_LP^(1−λ)·σ^λ, calibration refitted; CRPS / Brier / AUROC of P(MQM ≤ {args.chi:g})\n")
         print("| λ | split | " + " | ".join(lps) + " | avg |")
