@@ -17,11 +17,10 @@ keeps a proper distribution; sorting the quantile curves and sorting the CDF cur
 distribution.  Where σ has no weight (:mod:`uamt.uncertainty.tempering`, λ = 0) the served
 distribution within an LP is a function of mu alone, so one grid serves every row: a row's answer
 is the distribution's answers at :data:`GRID_PERCENTILES` of the LP's calibration mu, sorted and
-interpolated at its own mu (:func:`rearranged`).  Measured before serving it, with a prototype that
-ranked the row's own answer among the grid's instead of interpolating
-(``benchmarks/ordered_in_mu.py``, v11 artifacts, cross-fitted / test): QE CRPS 1.9688 -> 1.9670 /
-1.7823 -> 1.7806, worst cells unchanged, en-ru AUROC .536 -> .608; HTS 1.9681 -> 1.9679 /
-1.7374 -> 1.7371, risk's largest decile gap .150 -> .136.
+interpolated at its own mu (:func:`rearranged`).  Measured on the v11 artifacts before serving it
+(``benchmarks/rearrangement.py``, cross-fitted / test): QE CRPS 1.9688 -> 1.9669 / 1.7823 -> 1.7805,
+worst cells unchanged, WMT21 en-ru AUROC .536 -> .608 (= -mu); HTS 1.9681 -> 1.9677 / 1.7374 ->
+1.7372; served since ``uamt-comet`` v12 (docs/quality.md, "Served: the distribution rearranged in mu").
 """
 
 from __future__ import annotations
