@@ -127,6 +127,9 @@ def fit_campaign_calibration(
         tempering = SigmaTempering.fit(keyed["sigma"], keyed["lp"].to_numpy(dtype=object), sigma_weight)
         keyed = tempering.applied(keyed)
     calibration, _ = fit_calibration(keyed, method, settings=settings, source="campaigns")
+    # fitted on the tempered rows, so the tempering is set only afterwards (else σ would be tempered
+    # twice); at λ = 0 those rows hold one σ per key, which is what gets them their grid in μ
+    # (:func:`~uamt.serving.model_calibration.with_rearrangement`)
     calibration = with_sigma_tempering(attach_distribution(calibration, keyed, method, settings, bounds), tempering)
     below = campaigns_below_minimum(rows, calibration)
     if below:  # a request naming one is told why it has no calibration (campaign_route)
