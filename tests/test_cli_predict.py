@@ -1,8 +1,11 @@
-"""``uamt predict --calibrate-on dev``: the calibrate stage's dev fit, applied to the predicted split.
+"""``uamt predict --calibrate-on dev``: the distribution the calibrate stage serves, fitted on dev and
+applied to the predicted split.
 
 Synthetic fixture of tests/test_models.py (fixed per-text "embeddings", a score that depends on them);
 the CLI's features are the fixture's instead of an encoder cache.  The fixed-variance calibration of the
-point model is checked against values computed here by hand from the dev predictions.
+point model is checked against values computed here by hand from the dev predictions; with the
+project's served settings (σ's weight, the point mass at the top of the MQM scale, the rearrangement
+in μ) the file and the columns are the calibrate stage's served distribution.
 """
 
 from __future__ import annotations
@@ -113,7 +116,12 @@ def test_point_model_gets_the_dev_fixed_variance(workspace, tmp_path, capsys):
 
 
 def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace, tmp_path):
-    from uamt.serving.model_calibration import fit_calibration, with_model_sigma
+    from uamt.serving.model_calibration import (
+        fit_calibration,
+        fit_model_unseen_lp_sigma_factor,
+        with_model_sigma,
+        with_unseen_factor,
+    )
     from uamt.uncertainty import EvaluationSettings
 
     out = tmp_path / "hts.csv"
@@ -123,6 +131,10 @@ def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace,
     dev = with_model_sigma(model.predictions_table(workspace["splits"]["dev"], FEATURES), "hts")
     settings = EvaluationSettings(per_lp=True, min_lp_rows=MIN_LP_ROWS)
     expected = fit_calibration(dev, "hts", settings=settings)[0]  # the one fit: global fallback in its own units
+    # ... plus the unseen-LP widening, fitted with the calibration held out (nothing else is served
+    # under these settings: one σ weight, no point mass, no rearrangement)
+    factor, _ = fit_model_unseen_lp_sigma_factor(dev, "hts", expected, settings=settings)
+    expected = with_unseen_factor(expected, factor)
     saved = json.loads(out.with_name("hts.csv.calibration.json").read_text())
     assert saved == json.loads(json.dumps(expected.to_dict()))
     assert not saved["fixed"]
@@ -153,10 +165,74 @@ def test_hts_model_gets_the_affine_calibration_of_the_calibrate_stage(workspace,
     assert (table["sigma_calibrated"] > 0).all()
 
 
+def as_mqm(frame: pd.DataFrame) -> pd.DataFrame:
+    """The fixture's rows on the MQM scale: 0 (no error) for the best third, negative below, within
+    [-25, 0], so that the served point mass at the top of the scale has rows to fit."""
+    score = frame["score"].to_numpy(dtype=float)
+    mqm = np.clip(-4.0 * (np.quantile(score, 0.67) - score), -25.0, 0.0)
+    return frame.assign(score=np.round(mqm, 1))
+
+
+def test_served_settings_give_the_calibrate_stages_distribution(workspace, tmp_path):
+    """With the project's served settings the calibration is the calibrate stage's
+    (:func:`fit_served_distribution`: σ's weight chosen, the point mass at the top, the grid in μ, the
+    unseen-LP widening), and every column is its answer, clipped to the scale as ``uamt score`` clips."""
+    from uamt.model_evaluation import fit_served_distribution
+    from uamt.serving.calibrated_predictor import clip_to_scale
+    from uamt.serving.model_calibration import fit_model_unseen_lp_sigma_factor, with_unseen_factor
+    from uamt.uncertainty import EvaluationSettings
+
+    as_mqm(workspace["splits"]["dev"]).to_parquet(workspace["prepared"] / "dev_mqm.parquet", index=False)
+    evaluate = {
+        "per_lp": True, "min_lp_rows": MIN_LP_ROWS, "top_atom": True, "sigma_weights": [0.0, 1.0],
+        "rearrange_in_mu": True, "cross_fit_folds": 2,
+    }
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"pipeline": {"datasets": ["wmt21_mqm"]}, "evaluate": evaluate}), encoding="utf-8")
+    out = tmp_path / "hts.parquet"
+    argv = ["predict", "--model", str(workspace["models"]["hts"]), "--split", "test", "--params", str(params)]
+    assert main([*argv, "--out", str(out), "--calibrate-on", "dev_mqm"]) == 0
+    saved = Calibration.load(out.with_name("hts.parquet.calibration.json"))
+    # what the old `--calibrate-on` left out: the served distribution on top of the fit
+    assert saved.top_atom is not None and saved.sigma_tempering is not None
+    assert saved.sigma_tempering.weight in (0.0, 1.0)
+    assert set(saved.rearrangement_mu) == (set(DEV_LPS) if saved.sigma_tempering.weight == 0.0 else set())
+    assert saved.unseen_lp_sigma_factor >= 1.0
+    # the calibrate stage's function on the same rows gives the same file
+    model = load(workspace["models"]["hts"])
+    dev = model.predictions_table(as_mqm(workspace["splits"]["dev"]), FEATURES)
+    settings = EvaluationSettings(**{**evaluate, "sigma_weights": (0.0, 1.0)})
+    stage, _ = fit_served_distribution(dev, "hts", settings, (-25.0, 0.0), splits=("dev_mqm",))
+    factor, _ = fit_model_unseen_lp_sigma_factor(dev, "hts", stage, settings=settings, bounds=(-25.0, 0.0))
+    assert saved.to_dict() == json.loads(json.dumps(with_unseen_factor(stage, factor).to_dict()))
+    # every column is that distribution's answer at the scale's default threshold (-5), clipped
+    table = pd.read_parquet(out)
+    raw = (table["mu"].to_numpy(), table["sigma"].to_numpy())
+    lp = table["lp"].to_numpy(dtype=object)
+    lower, upper = saved.interval(*raw, 0.9, lp=lp)
+    answers = pd.DataFrame({
+        "mu": saved.apply(*raw, lp=lp)[0], "sigma": saved.apply(*raw, lp=lp)[1], "lower": lower, "upper": upper,
+        "risk": saved.risk(*raw, -5.0, lp=lp),
+    })
+    want = clip_to_scale(answers, (-25.0, 0.0), -5.0)
+    for column, served in (("mu_calibrated", "mu"), ("sigma_calibrated", "sigma"), ("lower", "lower"),
+                           ("upper", "upper"), ("risk", "risk"), ("clipped", "clipped")):
+        np.testing.assert_allclose(table[column].to_numpy(dtype=float), want[served].to_numpy(dtype=float), rtol=1e-9)
+    assert (table["upper"] <= 0.0).all() and (table["lower"] >= -25.0).all()
+    assert ((table["risk"] >= 0.0) & (table["risk"] <= 1.0)).all()
+
+
+def test_refuses_a_risk_threshold_that_is_not_a_number(workspace, tmp_path, capsys):
+    out = tmp_path / "p.parquet"
+    assert predict(workspace, "hts", out, "--calibrate-on", "dev", "--risk-threshold", "nan") == 2
+    assert "--risk-threshold must be a finite number, got nan" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_without_calibrate_on_the_output_is_raw(workspace, tmp_path):
     out = tmp_path / "raw.parquet"
     assert predict(workspace, "hts", out) == 0
-    assert not {"mu_calibrated", "sigma_calibrated", "lower", "upper"} & set(pd.read_parquet(out).columns)
+    assert not {"mu_calibrated", "sigma_calibrated", "lower", "upper", "risk"} & set(pd.read_parquet(out).columns)
     assert not out.with_name("raw.parquet.calibration.json").exists()
 
 

@@ -184,6 +184,37 @@ def test_single_reference_is_the_models_own_prediction(models, method):
         np.testing.assert_allclose(sigma, pred["sigma"], rtol=1e-5, atol=1e-7)
 
 
+class ShiftingBlend:
+    """A stand-in paragraph blend (:class:`uamt.paragraphs.ParagraphBlend`'s interface) that moves the
+    μ of every row by +0.5, as a fitted blend moves a paragraph's."""
+
+    def blended_rows(self, frame: pd.DataFrame) -> np.ndarray:
+        return np.ones(len(frame), dtype=bool)
+
+    def apply(self, predict, frame: pd.DataFrame) -> pd.DataFrame:
+        out = predict(frame)
+        return out.assign(mu=out["mu"] + 0.5)
+
+
+@pytest.mark.parametrize("method", ["mcd_head", "ensemble"])
+def test_aligned_samples_follow_the_paragraph_blend(models, method, monkeypatch):
+    # The network's samples read a row whole; the served μ is the blend's. Combined, one reference
+    # gives what the model serves: the blended μ, the network's spread.
+    model = models[method]
+    monkeypatch.setattr(model, "paragraphs", ShiftingBlend())
+    frame = make_frame(4, 11)
+    table = R.reference_table(frame, NAMES)
+    rows = frame.loc[table.index]
+    scores = R.score_references(model, rows, table, FEATURES)
+    for j, name in enumerate(NAMES):
+        scored = rows.assign(ref=table[name].to_numpy())
+        pred, whole = model.predict(scored, FEATURES), model.predict_whole(scored, FEATURES)
+        np.testing.assert_allclose(pred["mu"] - whole["mu"], 0.5, rtol=1e-6)
+        mu, sigma = R.combine_references(scores, np.full((len(rows), 1), j))
+        np.testing.assert_allclose(mu, pred["mu"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(sigma, pred["sigma"], rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("method", ["mcd_head", "hts_mcd"])
 def test_mc_dropout_passes_are_aligned_across_references(models, method):
     # Two copies of the same reference must give identical samples pass by pass (same masks), so their

@@ -257,6 +257,42 @@ def choose_sigma_weight(
     return with_sigma_tempering(calibration, tempering), {"weights": {str(w): c for w, c in crps.items()}, "chosen": chosen}
 
 
+def fit_served_distribution(
+    table: pd.DataFrame,
+    method: str | None,
+    settings: EvaluationSettings,
+    bounds,
+    *,
+    splits: tuple[str, ...],
+    reference_factors=None,
+) -> tuple[Calibration, dict[str, Any]]:
+    """The distribution a model is served, fitted on its calibration rows ``table`` (the predictions
+    of ``splits``): :func:`fit_calibration` (the dev rule's candidate), σ's weight
+    (:func:`choose_sigma_weight`), the reference factors and the served distribution on top
+    (:func:`~uamt.serving.model_calibration.attach_distribution`: the point mass at the top of the
+    scale ``bounds``, the rearrangement in μ, or the isotonic fit) -- everything but the unseen-LP
+    widening, which the caller fits with the model held out where it can.  The calibrate stage and
+    ``uamt predict --calibrate-on`` both call it, so the two serve the same distribution.
+
+    ``reference_factors``: the fitted calibration -> its reference factors
+    (:func:`~uamt.serving.multi_reference.fit_reference_factors`); None: none.  Returns the
+    calibration and :func:`choose_sigma_weight`'s record of the weights it tried.
+    """
+    source = f"{'+'.join(splits)}/{method}"
+    calibration, _ = fit_calibration(table, method, settings=settings, source=source)
+    calibration.calibrated_on = tuple(splits)
+    started = time.perf_counter()
+    calibration, sigma_weight = choose_sigma_weight(table, method, calibration, settings, bounds, source=source)
+    if sigma_weight:
+        log.info(
+            "%s: sigma weight %g (cross-fitted CRPS %s; %.1f s)", method, sigma_weight["chosen"],
+            ", ".join(f"{w}: {c:.4f}" for w, c in sigma_weight["weights"].items()), time.perf_counter() - started,
+        )
+    if reference_factors is not None:
+        calibration.reference_factors = reference_factors(calibration)
+    return attach_distribution(calibration, table, method, settings, bounds), sigma_weight
+
+
 def _scale_bounds(pipe: PipelineConfig):
     """The scale's (low, high) that served mu, intervals and risk are clipped to (as ``uamt score``)."""
     from uamt.data.datasets import scale_bounds
@@ -324,22 +360,14 @@ def calibrate_model(
         for split in splits
     }
     table = pd.concat([tables[s] for s in splits], ignore_index=True)
-    source = f"{'+'.join(splits)}/{method}"
-    calibration, _ = fit_calibration(table, method, settings=settings, source=source)
-    calibration.calibrated_on = splits
-    started = time.perf_counter()
-    calibration, sigma_weight = choose_sigma_weight(table, method, calibration, settings, bounds, source=source)
-    if sigma_weight:
-        log.info(
-            "%s: sigma weight %g (cross-fitted CRPS %s; %.1f s)", method, sigma_weight["chosen"],
-            ", ".join(f"{w}: {c:.4f}" for w, c in sigma_weight["weights"].items()), time.perf_counter() - started,
-        )
     # The reference factors need rows with several references: dev's (the multi-reference
     # rows of the other splits are not encoded).
-    calibration.reference_factors = fit_reference_factors(
-        pipe.model_dir(method), dev_df, features, calibration, settings.min_lp_rows
+    calibration, sigma_weight = fit_served_distribution(
+        table, method, settings, bounds, splits=splits,
+        reference_factors=lambda fitted: fit_reference_factors(
+            pipe.model_dir(method), dev_df, features, fitted, settings.min_lp_rows
+        ),
     )
-    calibration = attach_distribution(calibration, table, method, settings, bounds)
     # The widening is fitted for the distribution that is served (its point masses included).
     started = time.perf_counter()
     factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings, bounds=bounds)

@@ -3,7 +3,10 @@
 Data come from ``<encode.prepared_dir>/<split>.parquet`` and the embeddings from the cache of
 ``encode.encoder`` under ``encode.cache_dir`` (texts missing from the cache are encoded and stored).
 ``uamt predict`` writes the raw predictions (training score scale); with ``--calibrate-on dev`` it also
-fits the dev calibration of the calibrate stage and adds calibrated columns on the human scale.
+fits on dev the distribution the calibrate stage serves (:func:`uamt.model_evaluation.fit_served_distribution`:
+σ's weight, the point mass at the top, the rearrangement in μ, the reference factors, and the unseen-LP
+widening with the calibration held out) and adds its answers on the human scale, clipped to the scale
+as ``uamt score`` clips them.
 """
 
 from __future__ import annotations
@@ -72,15 +75,44 @@ def _evaluation_settings(params: Path):
     return load_section(EvaluationSettings, "evaluate", params)
 
 
-def with_calibration(table, calibration, confidence: float):
-    """``table`` plus ``mu_calibrated``, ``sigma_calibrated`` (a std) and the central interval
-    ``lower``, ``upper`` at ``confidence``, all on the human scale of the calibration split."""
-    lp = table["lp"].astype(str).to_numpy()
-    mu = table["mu"].to_numpy(dtype=float)
-    sigma = table["sigma"].to_numpy(dtype=float)
-    mu_cal, sigma_cal = calibration.apply(mu, sigma, lp=lp)
-    lower, upper = calibration.interval(mu, sigma, confidence, lp=lp)
-    return table.assign(mu_calibrated=mu_cal, sigma_calibrated=sigma_cal, lower=lower, upper=upper)
+def _served_scale(params: Path):
+    """The score scale of the ``pipeline:`` section's datasets in ``params`` (its bounds, which the
+    calibrate stage clips to and puts a point mass at the top of, and its default risk threshold, as
+    ``uamt score`` has them); None without that section."""
+    from uamt.core.config import read_params
+    from uamt.pipeline_config import SECTION, load_pipeline
+    from uamt.serving.calibrated_predictor import scale_for
+
+    if SECTION not in read_params(params):
+        return None
+    return scale_for(load_pipeline(params).datasets)
+
+
+def with_calibration(table, calibration, confidence: float, risk_threshold: float, bounds=None):
+    """``table`` plus the served answers on the human scale of the calibration split, as ``uamt score``
+    gives them: ``mu_calibrated``, ``sigma_calibrated`` (the served distribution's standard
+    deviation), the central interval ``lower``, ``upper`` at ``confidence`` and ``risk``
+    :math:`P(Q \\le` ``risk_threshold``:math:`)`, clipped to the scale's ``bounds`` (``clipped``
+    says where; none without bounds)."""
+    import numpy as np
+    import pandas as pd
+
+    from uamt.serving.calibrated_predictor import clip_to_scale
+
+    lp = table["lp"].astype(str).to_numpy(dtype=object)
+    raw = (table["mu"].to_numpy(dtype=float), table["sigma"].to_numpy(dtype=float))
+    mu_cal, sigma_cal = calibration.apply(*raw, lp=lp)
+    lower, upper = calibration.interval(*raw, confidence, lp=lp)
+    served = pd.DataFrame({
+        "mu": mu_cal, "sigma": sigma_cal, "lower": lower, "upper": upper,
+        "risk": calibration.risk(*raw, risk_threshold, lp=lp),
+    })
+    served = clip_to_scale(served, bounds, risk_threshold)
+    return table.assign(
+        mu_calibrated=served["mu"].to_numpy(), sigma_calibrated=served["sigma"].to_numpy(),
+        lower=served["lower"].to_numpy(), upper=served["upper"].to_numpy(), risk=served["risk"].to_numpy(),
+        clipped=served["clipped"].to_numpy() if "clipped" in served else np.zeros(len(table), dtype=bool),
+    )
 
 
 def _write_table(table, out: Path) -> None:
@@ -95,9 +127,10 @@ def _write_table(table, out: Path) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    import math
+
     from uamt.core.errors import UamtError
     from uamt.models import load
-    from uamt.serving.model_calibration import fit_calibration
 
     if args.calibrate_on == HELD_OUT_SPLIT:
         raise UamtError(
@@ -107,6 +140,18 @@ def _predict(args: argparse.Namespace) -> int:
     from uamt.serving.scorer import check_confidence
 
     check_confidence(args.confidence, "--confidence")
+    if args.calibrate_on:  # what the calibration needs is checked before anything is predicted
+        settings = _evaluation_settings(args.params)
+        scale = _served_scale(args.params)
+        risk_threshold = args.risk_threshold
+        if risk_threshold is None:
+            risk_threshold = settings.low_score_threshold if scale is None else scale.default_risk_threshold
+        if risk_threshold is None:
+            raise UamtError(
+                f"{args.params}: no pipeline datasets and evaluate.low_score_threshold is null; give --risk-threshold"
+            )
+        if not math.isfinite(risk_threshold):
+            raise UamtError(f"--risk-threshold must be a finite number, got {risk_threshold}")
     encode_cfg, features = _features(args.params)
     df = _read_split(encode_cfg.prepared_dir, args.split)
     model = load(args.model)
@@ -114,10 +159,23 @@ def _predict(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.model) / f"predictions_{args.split}.parquet")
     note = ""
     if args.calibrate_on:
+        from uamt.model_evaluation import fit_served_distribution
+        from uamt.serving.model_calibration import fit_model_unseen_lp_sigma_factor, with_unseen_factor
+        from uamt.serving.multi_reference import fit_reference_factors
+
+        bounds = None if scale is None else scale.bounds
         dev_df = _read_split(encode_cfg.prepared_dir, args.calibrate_on)
         dev_table = model.predictions_table(dev_df, features, n_samples=args.n_samples)
-        calibration, _ = fit_calibration(dev_table, model.method, settings=_evaluation_settings(args.params))
-        table = with_calibration(table, calibration, args.confidence)
+        calibration, _ = fit_served_distribution(
+            dev_table, model.method, settings, bounds, splits=(args.calibrate_on,),
+            reference_factors=lambda fitted: fit_reference_factors(
+                Path(args.model), dev_df, features, fitted, settings.min_lp_rows
+            ),
+        )
+        # No leave-one-LP-out models here: the widening is fitted with the calibration held out.
+        factor, _ = fit_model_unseen_lp_sigma_factor(dev_table, model.method, calibration, settings=settings, bounds=bounds)
+        calibration = with_unseen_factor(calibration, factor)
+        table = with_calibration(table, calibration, args.confidence, risk_threshold, bounds)
         calibration_path = out.with_name(f"{out.name}.calibration.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         calibration.save(calibration_path)
@@ -154,10 +212,15 @@ def register(subparsers) -> None:
     q.add_argument(
         "--calibrate-on",
         metavar="SPLIT",
-        help="also predict SPLIT (e.g. dev), fit the calibration there as the calibrate stage does, add "
-        "mu_calibrated, sigma_calibrated, lower, upper and write OUT.calibration.json (never test)",
+        help="also predict SPLIT (e.g. dev), fit there the distribution the calibrate stage serves, add "
+        "mu_calibrated, sigma_calibrated, lower, upper, risk, clipped and write OUT.calibration.json (never test)",
     )
     q.add_argument(
         "--confidence", type=float, default=0.9, help="level of the lower/upper interval (default 0.9)"
+    )
+    q.add_argument(
+        "--risk-threshold", type=float,
+        help="chi of the risk column P(score <= chi) (default: the scale's, as uamt score; else "
+        "evaluate.low_score_threshold)",
     )
     q.set_defaults(handler=_predict)

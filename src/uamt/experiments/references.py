@@ -13,7 +13,8 @@ the §3.4 combination needs:
   ``mcd_scope='head'``, ``ensemble``; drawn by ``TrainedModel.sample_outputs``): the K
   aligned stochastic outputs per reference -- the same K dropout masks for every reference (the
   passes are seeded from the model's seed and the batches have the same shape for every reference)
-  or the same K ensemble members;
+  or the same K ensemble members -- each row's shifted by what the model's paragraph blend moves
+  its μ (:func:`blend_shift`), so that their mean is the μ the model serves;
 * the others (``point``, ``hts``, ``kl``, ``dup``, full-network MC dropout, whose encoder masks cannot
   be aligned across references of different lengths): the per-reference mean and standard deviation.
 
@@ -287,7 +288,7 @@ def score_references(
             continue
         samples = model.sample_outputs(model.encode(scored, features, where), n_samples)
         std, mean = model.scaler.std, model.scaler.mean
-        q = samples[0] * std + mean
+        q = samples[0] * std + mean + blend_shift(model, scored, features, n_samples)[:, None]
         mu_samples.append(q)
         combined = _fit_samples(
             q[:, None, :], None if samples[1] is None else samples[1][:, None, :] * std**2
@@ -303,6 +304,19 @@ def score_references(
         np.stack(mu_samples, axis=1) if mu_samples else None,
         np.stack(var_samples, axis=1) if var_samples else None,
     )
+
+
+def blend_shift(model, frame: pd.DataFrame, features, n_samples: int | None = None) -> np.ndarray:
+    """Per row of ``frame``, shape [n] (score scale): how far the model's paragraph blend moves its μ
+    (:meth:`~uamt.models.api.TrainedModel.predict` minus ``predict_whole``; 0 on the rows it does not
+    blend and for a model without a blend).  The network's aligned samples read every row whole; the
+    blend moves μ only and leaves the spread the network's (:mod:`uamt.paragraphs`), so shifting a
+    row's samples by it gives the samples of what the model serves."""
+    blend = getattr(model, "paragraphs", None)
+    if blend is None or not blend.blended_rows(frame).any():
+        return np.zeros(len(frame))
+    served = model.predict(frame, features, n_samples)["mu"].to_numpy(dtype=float)
+    return served - model.predict_whole(frame, features, n_samples)["mu"].to_numpy(dtype=float)
 
 
 # --------------------------------------------------------------------------- combining references
