@@ -86,28 +86,29 @@ def main(argv: list[str] | None = None) -> int:
         unseen = ood[~ood["lp"].astype(str).isin(known)]
         served_weight = calibration.sigma_tempering.weight if calibration.sigma_tempering is not None else 1.0
         print(f"\n## {model} (served λ = {served_weight:g}; held out: {', '.join(sorted(lolo))})\n")
-        print("| λ | widening | held out: CRPS / cov@.9 / width | " + " | ".join(
+        print("| λ | widening | held out: CRPS / cov@.9 / width | worst held-out LP: cov@.9 | " + " | ".join(
             f"{d} unseen ({g['lp'].nunique()} LPs, {len(g)} rows): CRPS / cov@.9 / width" for d, g in unseen.groupby("dataset")
         ) + " |")
-        print("|---|---|---|" + "---|" * unseen["dataset"].nunique())
+        print("|---|---|---|---|" + "---|" * unseen["dataset"].nunique())
         for lam in args.lambdas:
             tempering = SigmaTempering.fit(fitted_on["sigma"], fitted_on["lp"].astype(str).to_numpy(dtype=object), lam)
             template = with_rearrangement(with_sigma_tempering(calibration, tempering), fitted_on, model, settings)
             refitted = refit_served(fitted_on, model, template, settings)
             fit = fit_held_out_model_unseen_lp_sigma_factor(lolo, model, refitted, settings=settings, bounds=bounds)
-            held = [
-                summary(fit.calibrations[lp], table[table["lp"].astype(str) == lp], settings, bounds)
+            held = {
+                lp: summary(fit.calibrations[lp], table[table["lp"].astype(str) == lp], settings, bounds)
                 for lp, table in sorted(lolo.items()) if lp in fit.calibrations
-            ]
+            }
+            worst = max(held, key=lambda lp: abs(held[lp]["coverage"] - settings.coverage_gamma))
             served = with_unseen_factor(refitted, fit.factor)
             cells = [
                 "{crps:.4f} / {coverage:.3f} / {width:.2f}".format(**summary(served, rows, settings, bounds))
                 for _, rows in unseen.groupby("dataset")
             ]
-            mean = {key: float(np.mean([h[key] for h in held])) for key in ("crps", "coverage", "width")}
+            mean = {key: float(np.mean([h[key] for h in held.values()])) for key in ("crps", "coverage", "width")}
             print(
                 f"| {lam:g} | {fit.factor:.3f} | {mean['crps']:.4f} / {mean['coverage']:.3f} / {mean['width']:.2f} | "
-                + " | ".join(cells) + " |"
+                f"{worst} {held[worst]['coverage']:.3f} | " + " | ".join(cells) + " |"
             )
     return 0
 
