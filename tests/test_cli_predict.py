@@ -210,9 +210,9 @@ def test_served_settings_give_the_calibrate_stages_distribution(workspace, tmp_p
     raw = (table["mu"].to_numpy(), table["sigma"].to_numpy())
     lp = table["lp"].to_numpy(dtype=object)
     lower, upper = saved.interval(*raw, 0.9, lp=lp)
+    mu_served, sd_served = saved.apply(*raw, lp=lp)
     answers = pd.DataFrame({
-        "mu": saved.apply(*raw, lp=lp)[0], "sigma": saved.apply(*raw, lp=lp)[1], "lower": lower, "upper": upper,
-        "risk": saved.risk(*raw, -5.0, lp=lp),
+        "mu": mu_served, "sigma": sd_served, "lower": lower, "upper": upper, "risk": saved.risk(*raw, -5.0, lp=lp),
     })
     want = clip_to_scale(answers, (-25.0, 0.0), -5.0)
     for column, served in (("mu_calibrated", "mu"), ("sigma_calibrated", "sigma"), ("lower", "lower"),

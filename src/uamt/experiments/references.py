@@ -315,8 +315,14 @@ def blend_shift(model, frame: pd.DataFrame, features, n_samples: int | None = No
     blend = getattr(model, "paragraphs", None)
     if blend is None or not blend.blended_rows(frame).any():
         return np.zeros(len(frame))
-    served = model.predict(frame, features, n_samples)["mu"].to_numpy(dtype=float)
-    return served - model.predict_whole(frame, features, n_samples)["mu"].to_numpy(dtype=float)
+    whole = model.predict_whole(frame, features, n_samples)
+
+    def predict_whole(rows: pd.DataFrame) -> pd.DataFrame:
+        # the blend reads the whole rows of ``frame`` first: those are already predicted
+        return whole if rows is frame else model.predict_whole(rows, features, n_samples)
+
+    served = blend.apply(predict_whole, frame)["mu"].to_numpy(dtype=float)
+    return served - whole["mu"].to_numpy(dtype=float)
 
 
 # --------------------------------------------------------------------------- combining references
