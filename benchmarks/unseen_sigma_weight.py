@@ -8,16 +8,20 @@ docs/quality.md ("the served σ costs HTS's distribution") found the QE model's 
 paying on the biomedical pairs only, and left this open: would the λ that the held-out LPs choose
 (the train_lolo stage's models, each trained without one LP) transfer to the biomedical pairs?
 
-For each λ, the model's calibration is refitted on σ_λ (:func:`refit_served`, as
-:func:`uamt.model_evaluation.choose_sigma_weight` refits it; rearranged in μ only where λ = 0 leaves σ
-no weight) and its unseen-LP widening fitted as the calibrate stage fits it, with the model held out
-(:func:`fit_held_out_model_unseen_lp_sigma_factor` on the leave-one-LP-out predictions).  Then:
+The calibrate stage now chooses that weight itself (``evaluate.unseen_sigma_margin``,
+:func:`uamt.model_evaluation.choose_unseen_sigma_weight`).  This benchmark reads, for each λ, what the
+stage weighs and what it cannot read: the served calibration with unseen rows tempered at λ
+(:func:`with_unseen_sigma_weight`: the in-domain distribution untouched, the global fallback refitted
+on σ tempered as an unseen row's) and its unseen-LP widening fitted as the stage fits it, with the
+model held out (:func:`fit_held_out_model_unseen_lp_sigma_factor` on the leave-one-LP-out
+predictions).  Then:
 
-* **held out** (what a choice of λ for unseen pairs would read): each news LP's calibration rows,
-  predicted by the model trained without it and served the global fallback of the calibration
-  refitted on the other LPs, widened -- CRPS, coverage at 0.9 and width, mean over the LPs;
+* **held out** (what the stage's choice reads): each news LP's calibration rows, predicted by the
+  model trained without it and served the global fallback of the calibration refitted on the other
+  LPs, widened -- CRPS, coverage at 0.9 and width, mean over the LPs;
 * **ood unseen**: the out-of-domain rows (``predictions/ood``) of the pairs the calibration never saw
-  (served the global fallback, widened), per dataset, LP average -- what it would give users.
+  (served the global fallback, widened), per dataset, LP average -- what it would give users, a
+  check the stage never reads.
 
     python benchmarks/unseen_sigma_weight.py [--models hts_qe hts] [--lambdas 0 0.5 1]
 
@@ -62,12 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     from uamt.quality import served_setting
     from uamt.serving.model_calibration import (
         fit_held_out_model_unseen_lp_sigma_factor,
-        refit_served,
-        with_rearrangement,
-        with_sigma_tempering,
         with_unseen_factor,
+        with_unseen_sigma_weight,
     )
-    from uamt.uncertainty.tempering import SigmaTempering
 
     args, settings, bounds, models = served_models(
         argv, __doc__.splitlines()[0], **{"--lambdas": (float, [0.0, 0.5, 1.0])}
@@ -84,23 +85,24 @@ def main(argv: list[str] | None = None) -> int:
         lolo = {lp: lolo_predictions(folder, frames, calibration.calibrated_on, features) for lp, folder in folders.items()}
         known = set(calibration.known_lps)
         unseen = ood[~ood["lp"].astype(str).isin(known)]
-        served_weight = calibration.sigma_tempering.weight if calibration.sigma_tempering is not None else 1.0
-        print(f"\n## {model} (served λ = {served_weight:g}; held out: {', '.join(sorted(lolo))})\n")
+        tempering = calibration.sigma_tempering
+        if tempering is None:
+            print(f"\n## {model}: no σ weight (sigma_tempering) in its calibration; skipped")
+            continue
+        print(f"\n## {model} (served λ = {tempering.weight:g} in domain, {tempering.unseen:g} unseen; held out: {', '.join(sorted(lolo))})\n")
         print("| λ | widening | held out: CRPS / cov@.9 / width | worst held-out LP: cov@.9 | " + " | ".join(
             f"{d} unseen ({g['lp'].nunique()} LPs, {len(g)} rows): CRPS / cov@.9 / width" for d, g in unseen.groupby("dataset")
         ) + " |")
         print("|---|---|---|---|" + "---|" * unseen["dataset"].nunique())
         for lam in args.lambdas:
-            tempering = SigmaTempering.fit(fitted_on["sigma"], fitted_on["lp"].astype(str).to_numpy(dtype=object), lam)
-            template = with_rearrangement(with_sigma_tempering(calibration, tempering), fitted_on, model, settings)
-            refitted = refit_served(fitted_on, model, template, settings)
-            fit = fit_held_out_model_unseen_lp_sigma_factor(lolo, model, refitted, settings=settings, bounds=bounds)
+            candidate = with_unseen_sigma_weight(calibration, lam, fitted_on, model, settings)
+            fit = fit_held_out_model_unseen_lp_sigma_factor(lolo, model, candidate, settings=settings, bounds=bounds)
             held = {
                 lp: summary(fit.calibrations[lp], table[table["lp"].astype(str) == lp], settings, bounds)
                 for lp, table in sorted(lolo.items()) if lp in fit.calibrations
             }
             worst = max(held, key=lambda lp: abs(held[lp]["coverage"] - settings.coverage_gamma))
-            served = with_unseen_factor(refitted, fit.factor)
+            served = with_unseen_factor(candidate, fit.factor)
             cells = [
                 "{crps:.4f} / {coverage:.3f} / {width:.2f}".format(**summary(served, rows, settings, bounds))
                 for _, rows in unseen.groupby("dataset")

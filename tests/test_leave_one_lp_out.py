@@ -153,7 +153,10 @@ def test_stage_models_calibrate_and_evaluate_with_the_model_held_out(tmp_path, m
     manifest = json.loads((tmp_path / "lolo" / "manifest.json").read_text())
     assert manifest["trained"]["hts"]["en-ru"]["n_train"] == 240  # d_q without en-ru's 120 rows
 
-    settings = EvaluationSettings(calibration_splits=("dev", "d_e"), min_lp_rows=20, cross_fit_folds=3)
+    settings = EvaluationSettings(
+        calibration_splits=("dev", "d_e"), min_lp_rows=20, cross_fit_folds=3, sigma_weights=(0.0, 1.0),
+        unseen_sigma_margin=0.0,
+    )
     model_evaluation.calibrate_models(pipe, settings, EncodeConfig(), tmp_path / "calibration", lolo.out_dir)
     model_evaluation.evaluate_models(pipe, settings, EncodeConfig(), tmp_path / "calibration", lolo.out_dir)
 
@@ -164,9 +167,15 @@ def test_stage_models_calibrate_and_evaluate_with_the_model_held_out(tmp_path, m
     assert dev["point"]["unseen_lp"]["fitted_with"] == "calibration held out"
     served = Calibration.load(tmp_path / "calibration" / "hts.json")
     assert served.unseen_lp_sigma_factor == pytest.approx(unseen["sigma_factor"])
+    # the σ weight of unseen rows chosen by the held-out models, served and in the held-out fits alike
+    chosen = unseen["sigma_weight"]["chosen"]
+    assert set(unseen["sigma_weight"]["weights"]) == {"0.0", "1.0"}
+    assert unseen["sigma_weight"]["in_domain"] == dev["hts"]["sigma_weight"]["chosen"]
+    assert served.sigma_tempering.unseen == chosen
     for lp in LPS:
         held = Calibration.load(tmp_path / "calibration" / "lolo" / "hts" / f"{lp}.json")
         assert lp not in held.known_lps and held.unseen_lp_sigma_factor == pytest.approx(unseen["sigma_factor"])
+        assert held.sigma_tempering.unseen == chosen
     conditional = json.loads((tmp_path / "metrics" / "conditional.json").read_text())
     measured = conditional["hts"]["unseen_lp_held_out_models"]
     assert set(measured) == {*LPS, "avg"} and "unseen_lp_held_out_models" not in conditional["point"]

@@ -13,10 +13,12 @@ import pytest
 from tests.test_top_atom import BOUNDS
 from tests.test_top_atom import SIGNED as ATOM_SETTINGS
 from uamt.core.errors import UamtError
-from uamt.model_evaluation import choose_sigma_weight
+from uamt.model_evaluation import choose_sigma_weight, choose_unseen_sigma_weight
 from uamt.serving.model_calibration import (
     Calibration,
+    attach_distribution,
     fit_calibration,
+    refit_global_fallback,
     refit_served,
     with_sigma_tempering,
     with_top_atom,
@@ -108,3 +110,67 @@ def test_the_cross_fitted_choice_drops_a_sigma_that_is_noise_and_keeps_one_that_
     assert choose_sigma_weight(dev, "hts", calibration, dataclasses.replace(SIGNED, sigma_weights=(1.0,)), BOUNDS) == (calibration, {})
     point, _ = fit_calibration(dev, "point", settings=SIGNED)
     assert choose_sigma_weight(dev, "point", point, SIGNED, BOUNDS) == (point, {})
+
+
+def test_an_unseen_weight_tempers_only_rows_of_pairs_without_a_median():
+    tempering = SigmaTempering.fit([1.0, 4.0, 9.0, 16.0], ["a", "a", "b", "b"], 0.0, unseen_weight=1.0)
+    assert tempering.unseen == 1.0 and not tempering.is_identity
+    lp = np.array(["a", "b", "new", GLOBAL], dtype=object)
+    # a, b: their medians (weight 0); a new pair and GLOBAL: the model's sigma (weight 1)
+    assert tempering.apply([4.0, 9.0, 3.0, 7.0], lp).tolist() == [2.5, 12.5, 3.0, 7.0]
+    assert tempering.apply([3.0], None).tolist() == [3.0]
+    half = tempering.with_unseen_weight(0.5)
+    np.testing.assert_allclose(half.apply([4.0, 4.0], np.array(["a", "new"], dtype=object)), [2.5, np.sqrt(6.5 * 4.0)])
+    assert tempering.with_unseen_weight(None).apply([3.0], None).tolist() == [6.5]
+    assert SigmaTempering.from_dict(json.loads(json.dumps(tempering.to_dict()))) == tempering
+    assert "unseen_weight" not in SigmaTempering.fit([1.0], ["a"], 0.5).to_dict()  # files before it read the same
+    with pytest.raises(ValueError, match=r"unseen_weight = 2.0 must be in \[0, 1\]"):
+        tempering.with_unseen_weight(2.0)
+    with pytest.raises(ValueError, match=r"unseen_sigma_margin=1.5 must be in \[0, 1\)"):
+        EvaluationSettings(unseen_sigma_margin=1.5)
+
+
+def served_at_weight_zero(dev: pd.DataFrame, settings: EvaluationSettings) -> Calibration:
+    """``dev``'s calibration serving σ weight 0 in domain (as the calibrate stage serves HTS), its
+    global fallback fitted as an unseen row is tempered."""
+    lp = dev["lp"].to_numpy(dtype=object)
+    tempering = SigmaTempering.fit(dev["sigma"], lp, 0.0)
+    fitted, _ = fit_calibration(tempering.applied(dev), None, settings=settings)
+    calibration = with_sigma_tempering(fitted, tempering)
+    refit_global_fallback(calibration, dev, settings)
+    return attach_distribution(calibration, dev, None, settings, BOUNDS)
+
+
+@pytest.mark.parametrize("informative", [True, False])
+def test_unseen_pairs_take_their_own_sigma_weight_where_held_out_pairs_pay_for_it(informative):
+    """In domain σ has weight 0; on LPs held out of the fit, a σ that carries the error scale wins
+    the held-out CRPS by far and is served to unseen rows only, a σ that is noise does not win by
+    the margin and unseen rows keep weight 0.  A held-out LP is tempered as unseen although the
+    tempering kept its median."""
+    settings = dataclasses.replace(SIGNED, unseen_sigma_margin=0.01)
+    dev = mqm_like(3, 2000, informative)
+    calibration = served_at_weight_zero(dev, settings)
+    tables = {lp: mqm_like(4 + k, 1500, informative) for k, lp in enumerate(("en-ru", "zh-en"))}
+    served, fit, record = choose_unseen_sigma_weight(tables, None, calibration, dev, settings, BOUNDS)
+    weights = record["weights"]
+    assert record["in_domain"] == 0.0 and record["margin"] == 0.01 and set(record["per_lp"]["1.0"]) == {"en-ru", "zh-en"}
+    probe = mqm_like(9, 600, informative)
+    mu, sigma, lp = probe["mu"].to_numpy(), probe["sigma"].to_numpy(), probe["lp"].to_numpy(dtype=object)
+    new = np.full(len(probe), "new-pair", dtype=object)
+    # what a known LP is served never moves
+    np.testing.assert_array_equal(served.interval(mu, sigma, 0.9, lp), calibration.interval(mu, sigma, 0.9, lp))
+    if informative:
+        assert record["chosen"] == 1.0 and weights["1.0"] < 0.97 * weights["0.0"]
+        assert served.sigma_tempering.unseen_weight == 1.0 and served.below_top.sigma_tempering.unseen_weight == 1.0
+        assert not np.allclose(served.interval(mu, sigma, 0.9, new)[1], calibration.interval(mu, sigma, 0.9, new)[1])
+        strict = dataclasses.replace(settings, unseen_sigma_margin=0.9)
+        assert choose_unseen_sigma_weight(tables, None, calibration, dev, strict, BOUNDS)[2]["chosen"] == 0.0
+    else:
+        assert record["chosen"] == 0.0 and served is calibration
+    held = fit.calibrations["en-ru"]
+    assert "en-ru" not in held.known_lps and "en-ru" in held.sigma_tempering.medians
+    rows = probe["lp"].to_numpy(dtype=object) == "en-ru"
+    np.testing.assert_array_equal(
+        held.interval(mu[rows], sigma[rows], 0.9, lp[rows]), held.interval(mu[rows], sigma[rows], 0.9, new[rows])
+    )
+    assert choose_unseen_sigma_weight(tables, None, calibration, dev, dataclasses.replace(settings, unseen_sigma_margin=None), BOUNDS)[2] == {}

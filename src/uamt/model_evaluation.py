@@ -56,16 +56,19 @@ from uamt.pipeline_config import (
 from uamt.plots import pyplot, save_figure
 from uamt.serving.model_calibration import (
     Calibration,
+    HeldOutModelFit,
     attach_distribution,
     fit_calibration,
     fit_held_out_model_unseen_lp_sigma_factor,
     fit_model_unseen_lp_sigma_factor,
     is_fixed_variance,
+    refit_global_fallback,
     refit_served,
     with_model_sigma,
     with_rearrangement,
     with_sigma_tempering,
     with_unseen_factor,
+    with_unseen_sigma_weight,
 )
 from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
@@ -254,7 +257,77 @@ def choose_sigma_weight(
             tempering.applied(table), None, settings=pinned(settings, calibration.selected), source=source
         )
         calibration = dataclasses.replace(refitted, fixed=calibration.fixed, calibrated_on=calibration.calibrated_on)
-    return with_sigma_tempering(calibration, tempering), {"weights": {str(w): c for w, c in crps.items()}, "chosen": chosen}
+    calibration = with_sigma_tempering(calibration, tempering)
+    refit_global_fallback(calibration, table, settings)  # on σ as an unseen row's is tempered, not its LP's
+    return calibration, {"weights": {str(w): c for w, c in crps.items()}, "chosen": chosen}
+
+
+def held_out_crps(fit: HeldOutModelFit, tables_by_lp: dict[str, pd.DataFrame], settings: EvaluationSettings, bounds) -> dict[str, float]:
+    """``{L: CRPS}`` of each held-out LP's rows of ``tables_by_lp[L]`` served ``fit.calibrations[L]``
+    (the global fallback of the calibration refitted without ``L``, widened), and ``"avg"``, the
+    LP average."""
+    out = {}
+    for lp, calibration in sorted(fit.calibrations.items()):
+        rows = tables_by_lp[lp][tables_by_lp[lp]["lp"].astype(str) == lp]
+        out[lp] = float(measure(calibration, ask(calibration, rows, settings, bounds), rows, settings)["avg"]["crps"])
+    out["avg"] = float(np.mean(list(out.values())))
+    return out
+
+
+def choose_unseen_sigma_weight(
+    tables_by_lp: dict[str, pd.DataFrame],
+    method: str | None,
+    calibration: Calibration,
+    table: pd.DataFrame,
+    settings: EvaluationSettings,
+    bounds,
+) -> tuple[Calibration, HeldOutModelFit, dict[str, Any]]:
+    """σ's weight for rows of pairs the calibration never saw, and the unseen-LP widening fitted for it.
+
+    For each λ of ``settings.sigma_weights``, ``calibration`` (the served distribution, fitted on
+    ``table``, with its in-domain σ weight) serves unseen rows σ tempered with λ
+    (:func:`~uamt.serving.model_calibration.with_unseen_sigma_weight`), and the widening is fitted
+    with the model held out (:func:`fit_held_out_model_unseen_lp_sigma_factor` on ``tables_by_lp``,
+    the leave-one-LP-out models' predictions of the calibration rows).  The λ whose widened
+    held-out LPs get the lowest CRPS (:func:`held_out_crps`, LP average; a tie goes to the larger)
+    is served where it beats the in-domain weight's by at least ``settings.unseen_sigma_margin``
+    (relative): four held-out LPs are a small sample, and a choice that barely wins on them need
+    not carry over to new pairs (measured: the QE model's -0.4 % did not hold on the biomedical
+    pairs, HTS's -3.3 % did; docs/quality.md).  A margin of None, a calibration without a σ weight
+    (or the isotonic one, which reads μ alone) or a single weight: the in-domain weight, no choice.
+
+    Returns the calibration served (not yet widened), the held-out fit of its widening, and
+    ``{"weights": {λ: held-out CRPS}, "per_lp": {λ: {L: CRPS}}, "chosen": λ, "in_domain": λ,
+    "margin": m}`` (empty where nothing was chosen).
+    """
+    tempering = None if calibration.fixed else calibration.sigma_tempering
+    served_fit = fit_held_out_model_unseen_lp_sigma_factor(tables_by_lp, method, calibration, settings=settings, bounds=bounds)
+    margin = settings.unseen_sigma_margin
+    if margin is None or tempering is None or calibration.isotonic is not None or len(settings.sigma_weights) < 2 or not served_fit.needed:
+        return calibration, served_fit, {}
+    if method is not None:
+        tables_by_lp = {lp: with_model_sigma(rows, method) for lp, rows in tables_by_lp.items()}
+    candidates, crps = {}, {}
+    for weight in sorted(float(w) for w in settings.sigma_weights):
+        if weight == tempering.unseen:
+            candidate, fit = calibration, served_fit
+        else:
+            candidate = with_unseen_sigma_weight(calibration, weight, table, method, settings)
+            fit = fit_held_out_model_unseen_lp_sigma_factor(tables_by_lp, None, candidate, settings=settings, bounds=bounds)
+        candidates[weight], crps[weight] = (candidate, fit), held_out_crps(fit, tables_by_lp, settings, bounds)
+    in_domain = tempering.unseen
+    if in_domain not in crps:  # a weight outside the grid: judged by the grid alone
+        in_domain = min(crps, key=lambda w: abs(w - in_domain))
+    best = min(crps, key=lambda w: (crps[w]["avg"], -w))
+    chosen = best if crps[best]["avg"] < (1.0 - margin) * crps[in_domain]["avg"] else in_domain
+    record = {
+        "weights": {str(w): c["avg"] for w, c in crps.items()},
+        "per_lp": {str(w): {lp: v for lp, v in c.items() if lp != "avg"} for w, c in crps.items()},
+        "chosen": chosen,
+        "in_domain": tempering.weight,
+        "margin": margin,
+    }
+    return (*candidates[chosen], record)
 
 
 def fit_served_distribution(
@@ -368,17 +441,24 @@ def calibrate_model(
             pipe.model_dir(method), dev_df, features, fitted, settings.min_lp_rows
         ),
     )
-    # The widening is fitted for the distribution that is served (its point masses included).
+    # The widening is fitted for the distribution that is served (its point masses included), with
+    # the σ weight of unseen rows chosen where the model can be held out.
     started = time.perf_counter()
+    models = held_out_models(lolo_dir, method) if lolo_dir is not None else {}
+    fit, unseen_weight = None, {}
+    if len(models) >= 2:
+        calibration, fit, unseen_weight = choose_unseen_sigma_weight(
+            {lp: lolo_predictions(folder, frames, splits, features) for lp, folder in models.items()},
+            method, calibration, table, settings, bounds,
+        )
+        if unseen_weight:
+            log.info(
+                "%s: sigma weight %g for unseen pairs (in domain %g; held-out-model CRPS %s)", method,
+                unseen_weight["chosen"], unseen_weight["in_domain"],
+                ", ".join(f"{w}: {c:.4f}" for w, c in unseen_weight["weights"].items()),
+            )
     factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings, bounds=bounds)
     unseen = {"sigma_factor": factor, "fitted_with": "calibration held out", "held_out": held_out}
-    models = held_out_models(lolo_dir, method) if lolo_dir is not None else {}
-    fit = None
-    if len(models) >= 2:
-        fit = fit_held_out_model_unseen_lp_sigma_factor(
-            {lp: lolo_predictions(folder, frames, splits, features) for lp, folder in models.items()},
-            method, calibration, settings=settings, bounds=bounds,
-        )
     if models:  # what an earlier fit left goes first
         save_held_out_calibrations(fit.calibrations if fit is not None else {}, Path(calibration_dir) / LOLO_DIR / method)
     if fit is not None and fit.needed:  # else fewer than two held-out LPs with rows: calibration-only
@@ -389,6 +469,7 @@ def calibrate_model(
             "held_out_models": fit.needed,
             "held_out_models_coverage": fit.coverage,
             "calibration_only": {"sigma_factor": unseen["sigma_factor"], "held_out": held_out},
+            **({"sigma_weight": unseen_weight} if unseen_weight else {}),
         }
     calibration = with_unseen_factor(calibration, factor)
     log.info(

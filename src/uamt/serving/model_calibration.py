@@ -16,6 +16,7 @@ the largest fitted k <= n (1 where none was fitted, e.g. an LP whose dev set has
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -318,12 +319,24 @@ class Calibration:
                     scale[i] = math.sqrt(factor)
         return scale
 
+    def _seen_or_global(self, lp):
+        """``lp`` (None, a string or shape [n]) with every LP the calibration has no parameters of
+        its own for replaced by :data:`GLOBAL`: such a row is tempered as an unseen row is, even
+        where the tempering kept a median of its LP (refitted on rows without it)."""
+        if lp is None:
+            return None
+        known = set(self.known_lps)
+        if isinstance(lp, str):
+            return lp if lp in known else GLOBAL
+        names = np.asarray(lp, dtype=object)
+        return np.where(pd.Series(names.ravel(), dtype=object).astype(str).isin(known).to_numpy().reshape(names.shape), names, GLOBAL)
+
     def _z(self, mu, sigma, lp):
         mu = np.asarray(mu, dtype=float)
         if self.fixed:
             sigma = np.ones_like(mu)
         elif self.sigma_tempering is not None:
-            sigma = self.sigma_tempering.apply(np.broadcast_to(np.asarray(sigma, dtype=float), mu.shape), lp)
+            sigma = self.sigma_tempering.apply(np.broadcast_to(np.asarray(sigma, dtype=float), mu.shape), self._seen_or_global(lp))
         mu_z, sigma_z = self.standardizer.transform_predictions(mu, np.asarray(sigma, dtype=float), lp)
         return mu_z, sigma_z
 
@@ -762,6 +775,7 @@ def refit_served(
     if method is not None:
         dev_table = with_model_sigma(dev_table, method)
     tempering = None if template.fixed else template.sigma_tempering
+    raw_table = dev_table  # the global fallback and the served distribution read the model's own σ
     if tempering is not None:
         dev_table = tempering.applied(dev_table)
     arrays = prediction_arrays(dev_table, "dev")
@@ -795,18 +809,19 @@ def refit_served(
         fixed=template.fixed,
         selected=template.selected,
         served=served,
+        sigma_tempering=tempering,
     )
-    refit_global_fallback(calibration, dev_table, settings)
+    refit_global_fallback(calibration, raw_table, settings)
     if template.isotonic is not None:
-        calibration = with_isotonic(calibration, dev_table, None, settings)
+        calibration = with_isotonic(calibration, raw_table, None, settings)
     elif template.top_atom is not None:
         calibration = with_top_atom(
-            calibration, dev_table, None, settings, template.top_atom.value, n_bins=template.top_atom.n_bins,
+            calibration, raw_table, None, settings, template.top_atom.value, n_bins=template.top_atom.n_bins,
             anchor=anchor,
         )
     calibration = with_sigma_tempering(calibration, tempering)
     if template.rearrangement_mu and part == "all":  # the grid of these rows, as the template's was of its own
-        calibration = with_rearrangement(calibration, dev_table, None, dataclasses.replace(settings, rearrange_in_mu=True))
+        calibration = with_rearrangement(calibration, raw_table, None, dataclasses.replace(settings, rearrange_in_mu=True))
     return calibration
 
 
@@ -821,6 +836,27 @@ def with_sigma_tempering(calibration: Calibration, tempering: SigmaTempering | N
     return out
 
 
+def with_unseen_sigma_weight(
+    calibration: Calibration, weight: float, table: pd.DataFrame, method: str | None, settings: EvaluationSettings
+) -> Calibration:
+    """A copy of ``calibration`` (with a σ weight) whose rows of unseen pairs are tempered with
+    ``weight`` (:attr:`~uamt.uncertainty.tempering.SigmaTempering.unseen_weight`; the in-domain
+    weight: none of its own), its global fallback -- and the one below a point mass at the top --
+    refitted on ``table``'s rows (its calibration rows, the model's own σ) tempered as an unseen
+    row's.  Everything a known LP is served stays as it is."""
+    if calibration.sigma_tempering is None or calibration.fixed:
+        raise ValueError("an unseen-pair sigma weight needs a calibration with a sigma weight (sigma_tempering)")
+    if method is not None:
+        table = with_model_sigma(table, method)
+    tempering = calibration.sigma_tempering
+    tempering = tempering.with_unseen_weight(None if float(weight) == tempering.weight else float(weight))
+    out = with_sigma_tempering(copy.deepcopy(calibration), tempering)
+    refit_global_fallback(out, table, settings)
+    if out.below_top is not None:
+        refit_global_fallback(out.below_top, table[table["human"].to_numpy(dtype=float) < out.top_atom.value], settings)
+    return out
+
+
 def refit_global_fallback(calibration: Calibration, dev_table: pd.DataFrame, settings: EvaluationSettings) -> None:
     """Refit the served calibrator's global fallback in the units it is applied in.
 
@@ -829,8 +865,10 @@ def refit_global_fallback(calibration: Calibration, dev_table: pd.DataFrame, set
     weigh in) and then calibrated with the candidate's global parameters.  Those are fitted on the
     pooled rows standardised *per LP*, another unit.  This refits them (the candidate fitted with
     ``per_lp=False``) on every dev row standardised the way an unseen LP's rows are, so the fallback
-    covers in the units it serves.  The per-LP parameters are untouched; a fixed-variance
-    calibration (the point estimate's) has no candidate and is left as is.
+    covers in the units it serves.  ``dev_table``'s ``sigma`` is the model's own: a calibration with
+    a σ weight tempers it as an unseen row's (the global median, the unseen weight), not as its LP's.
+    The per-LP parameters are untouched; a fixed-variance calibration (the point estimate's) has no
+    candidate and is left as is.
     """
     from uamt.uncertainty.candidates import fit_candidate
 

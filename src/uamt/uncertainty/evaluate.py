@@ -142,6 +142,13 @@ class EvaluationSettings:
         its LP's median, λ = 1 the model's own, 0 one σ per LP) the calibrate stage chooses from by
         the served distribution's cross-fitted CRPS
         (:func:`uamt.model_evaluation.choose_sigma_weight`); ``(1.0,)``: the model's σ, no choice.
+    unseen_sigma_margin : float or None
+        Let rows of a pair the calibration never saw take a σ weight of their own
+        (:attr:`uamt.uncertainty.tempering.SigmaTempering.unseen_weight`) from ``sigma_weights``,
+        chosen by the served CRPS of LPs held out of model and calibration
+        (:func:`uamt.model_evaluation.choose_unseen_sigma_weight`; only for models with
+        leave-one-LP-out models), where it beats the in-domain weight's by at least this share
+        (0.01: 1 %); None: unseen rows take the in-domain weight.
     rearrange_in_mu : bool
         Serve the distribution rearranged in mu within each known LP (:mod:`uamt.uncertainty.rearrangement`:
         every interval bound non-decreasing and every risk P(Q <= chi) non-increasing in mu), where
@@ -169,6 +176,7 @@ class EvaluationSettings:
     top_atom: bool = False
     distribution: str = "candidate"
     sigma_weights: tuple[float, ...] = (1.0,)
+    unseen_sigma_margin: float | None = None
     rearrange_in_mu: bool = False
 
     def __post_init__(self) -> None:
@@ -195,6 +203,9 @@ class EvaluationSettings:
         weights = list(self.sigma_weights)
         if not weights or len(set(weights)) != len(weights) or not all(0.0 <= w <= 1.0 for w in weights):
             raise ValueError(f"sigma_weights={weights!r} not supported; choose distinct weights in [0, 1] (1: the model's sigma)")
+        margin = self.unseen_sigma_margin
+        if margin is not None and not (math.isfinite(margin) and 0.0 <= margin < 1.0):
+            raise ValueError(f"unseen_sigma_margin={margin!r} must be in [0, 1) (or null: no weight of their own for unseen pairs)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,13 @@ is the median σ of the LP's calibration rows, and a row of an LP they lack take
 row (:data:`~uamt.uncertainty.calibrators.GLOBAL`).  A per-LP constant is absorbed by the per-LP
 calibration; the medians matter only where LPs are pooled (the global fallback).
 
+A row of a pair the calibration never saw may take a weight of its own, ``unseen_weight`` (None: the
+same λ): within a known LP the calibration has rows to learn the width from, for a new pair it has
+only the global fallback, and there the model's σ may say what μ cannot.  Measured on v12
+(``benchmarks/unseen_sigma_weight.py``, docs/quality.md): HTS's served λ = 0 in domain, but its held-out
+LPs (the model trained without them) prefer λ = 1 (CRPS -3.3 %, 90 % width -15 %); the calibrate stage
+chooses it by the held-out-model CRPS (:func:`uamt.model_evaluation.choose_unseen_sigma_weight`).
+
 Why: measured on v9 (``benchmarks/sigma_tempering.py``, docs/quality.md), every σ-method's served
 CRPS is better with no σ than with its own, cross-fitted on the calibration rows and on test; only the
 ensemble's and the QE model's σ paid on the unseen biomedical LPs.  The calibrate stage now picks λ
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from uamt.uncertainty.calibrators import GLOBAL
 
@@ -35,11 +43,13 @@ class SigmaTempering:
 
     weight: float
     medians: dict[str, float] = field(default_factory=dict)
+    unseen_weight: float | None = None
 
     @classmethod
-    def fit(cls, sigma, lp, weight: float) -> SigmaTempering:
+    def fit(cls, sigma, lp, weight: float, unseen_weight: float | None = None) -> SigmaTempering:
         """Medians of ``sigma`` (shape [n], standard deviations) per LP of ``lp`` (shape [n]) and
-        over every row; a group without a positive σ gets 1 (any constant serves: see the module)."""
+        over every row; a group without a positive σ gets 1 (any constant serves: see the module).
+        ``unseen_weight``: λ for rows of an LP without a median (None: ``weight``)."""
         sigma = np.asarray(sigma, dtype=float)
         lps = np.asarray(lp, dtype=object).astype(str)
 
@@ -49,30 +59,47 @@ class SigmaTempering:
 
         medians = {str(name): median(sigma[lps == name]) for name in sorted(set(lps.tolist()))}
         medians[GLOBAL] = median(sigma)
-        out = cls(float(weight), medians)
+        out = cls(float(weight), medians, None if unseen_weight is None else float(unseen_weight))
         problem = out.problem()
         if problem:
             raise ValueError(problem)
         return out
 
     @property
+    def unseen(self) -> float:
+        """λ of a row of an LP without a median of its own."""
+        return self.weight if self.unseen_weight is None else self.unseen_weight
+
+    @property
     def is_identity(self) -> bool:
-        """λ = 1: σ as the model gave it."""
-        return self.weight == 1.0
+        """λ = 1 for every row: σ as the model gave it."""
+        return self.weight == 1.0 and self.unseen == 1.0
+
+    def with_unseen_weight(self, weight: float | None, global_median: float | None = None) -> SigmaTempering:
+        """This tempering with ``unseen_weight`` = ``weight`` (and the global median replaced where given)."""
+        medians = dict(self.medians) if global_median is None else {**self.medians, GLOBAL: float(global_median)}
+        out = SigmaTempering(self.weight, medians, None if weight is None else float(weight))
+        problem = out.problem()
+        if problem:
+            raise ValueError(problem)
+        return out
 
     def apply(self, sigma, lp) -> np.ndarray:
         """σ_λ, shape [n], for ``sigma`` (shape [n]) of the rows of ``lp`` (None: every row unseen,
-        a string, or shape [n])."""
+        a string, or shape [n]); a row of an LP without a median (or of :data:`GLOBAL`) is unseen:
+        the global median, weight :attr:`unseen`."""
         sigma = np.asarray(sigma, dtype=float)
         if self.is_identity:
             return sigma
         if lp is None or isinstance(lp, str):
-            median = np.full(sigma.shape, self.medians.get(GLOBAL if lp is None else lp, self.medians[GLOBAL]))
+            names = np.full(sigma.shape, GLOBAL if lp is None else lp, dtype=object)
         else:
-            names = np.asarray(lp, dtype=object)
-            median = np.array([self.medians.get(str(name), self.medians[GLOBAL]) for name in names.tolist()], dtype=float)
-            median = median.reshape(sigma.shape)
-        return median ** (1.0 - self.weight) * sigma**self.weight
+            names = np.asarray(lp, dtype=object).reshape(sigma.shape)
+        own = pd.Series(names.ravel(), dtype=object).astype(str).map(self.medians).to_numpy(dtype=float)
+        seen = (np.isfinite(own) & (names.ravel() != GLOBAL)).reshape(sigma.shape)
+        median = np.where(seen, own.reshape(sigma.shape), self.medians[GLOBAL])
+        weight = np.where(seen, self.weight, self.unseen)
+        return median ** (1.0 - weight) * sigma**weight
 
     def applied(self, table):
         """A predictions ``table`` (columns ``lp``, ``sigma``) with its ``sigma`` tempered."""
@@ -80,12 +107,21 @@ class SigmaTempering:
         return table.assign(sigma=self.apply(table["sigma"].to_numpy(dtype=float), lp))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"weight": self.weight, "medians": dict(self.medians)}
+        return {
+            "weight": self.weight,
+            "medians": dict(self.medians),
+            **({"unseen_weight": self.unseen_weight} if self.unseen_weight is not None else {}),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SigmaTempering:
         try:
-            return cls(float(data["weight"]), {str(k): float(v) for k, v in data["medians"].items()})
+            unseen = data.get("unseen_weight")
+            return cls(
+                float(data["weight"]),
+                {str(k): float(v) for k, v in data["medians"].items()},
+                None if unseen is None else float(unseen),
+            )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"sigma_tempering: malformed ({type(exc).__name__}: {exc})") from exc
 
@@ -93,6 +129,8 @@ class SigmaTempering:
         """What makes it unusable (λ outside [0, 1], a median not > 0, no global median), or None."""
         if not (math.isfinite(self.weight) and 0.0 <= self.weight <= 1.0):
             return f"sigma_tempering.weight = {self.weight!r} must be in [0, 1]"
+        if self.unseen_weight is not None and not (math.isfinite(self.unseen_weight) and 0.0 <= self.unseen_weight <= 1.0):
+            return f"sigma_tempering.unseen_weight = {self.unseen_weight!r} must be in [0, 1]"
         if GLOBAL not in self.medians:
             return f"sigma_tempering.medians has no {GLOBAL!r} entry (the median for unseen LPs)"
         for name, value in self.medians.items():
