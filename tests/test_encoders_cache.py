@@ -70,6 +70,32 @@ def test_get_encodes_only_new_distinct_texts(tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600
 
 
+def test_the_experiment_stages_overlay_reads_the_encode_cache_and_writes_only_its_own(tmp_path):
+    """Texts of the encode stage's cache come from it, new ones are encoded into the overlay, and the
+    encode stage's files never change (DVC hashes them: a change re-ran ``encode``)."""
+    from uamt.encoders import EncodeConfig
+    from uamt.experiments.common import OverlayEmbeddingCache, experiment_cache_dir
+
+    encoder = CountingEncoder()
+    base = EmbeddingCache(tmp_path / "base", encoder)
+    base.get(["a", "b"])
+
+    def files():
+        return {p.name: p.read_bytes() for p in (tmp_path / "base").rglob("*") if p.is_file() and p.name != ".lock"}
+
+    before = files()
+    overlay = OverlayEmbeddingCache(base, EmbeddingCache(tmp_path / "overlay", encoder))
+    np.testing.assert_array_equal(overlay.get(["b", "new", "a", "new", "other"]), expected(["b", "new", "a", "new", "other"]))
+    assert encoder.calls[-1] == ["new", "other"] and encoder.n_encoded == 4
+    assert files() == before and len(base) == 2 and "new" not in base
+    reopened = OverlayEmbeddingCache(EmbeddingCache(tmp_path / "base", encoder), EmbeddingCache(tmp_path / "overlay", encoder))
+    np.testing.assert_array_equal(reopened.get(["new", "a"]), expected(["new", "a"]))
+    assert encoder.n_encoded == 4  # nothing encoded twice
+    with pytest.raises(ValueError, match="overlay of encoder 'fake-000000000002' over a cache of 'fake-000000000001'"):
+        OverlayEmbeddingCache(base, EmbeddingCache(tmp_path / "other", CountingEncoder("fake-000000000002")))
+    assert experiment_cache_dir(EncodeConfig(cache_dir="cache/embeddings")) == Path("cache/embeddings_experiments")
+
+
 def test_reopened_cache_reads_from_disk(tmp_path):
     EmbeddingCache(tmp_path, CountingEncoder()).get(["x", "y"])
     fresh = CountingEncoder()

@@ -624,10 +624,11 @@ def usable(frame: pd.DataFrame) -> pd.DataFrame:
 def write_findings(settings: AnnotationSettings, pipeline, encode) -> dict[str, Path]:
     """The stage ``exp_annotation``: simulate (``d_e`` pool, then the new domains of ``settings.domain``),
     write ``annotation.json``, the learning curves and the new-domain curves."""
-    from uamt.pipeline_config import open_features, read_split
+    from uamt.experiments.common import open_experiment_features
+    from uamt.pipeline_config import read_split
 
     started = time.perf_counter()
-    features = open_features(encode)
+    features = open_experiment_features(encode)
     pool = read_split(pipeline.prepared_dir, "d_e", tuple(settings.datasets))
     test = read_split(pipeline.prepared_dir, "test", tuple(settings.datasets))
     pool, test = usable(pool), usable(test)

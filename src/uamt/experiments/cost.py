@@ -464,7 +464,8 @@ def write_findings(
     """The stage ``exp_cost``: sample the rows of ``pipeline.datasets``, train and time every method in
     a temporary folder, write ``cost.json`` and ``cost.png``; returns their paths."""
     from uamt.encoders import get_encoder
-    from uamt.pipeline_config import open_features, read_split
+    from uamt.experiments.common import open_experiment_features
+    from uamt.pipeline_config import read_split
 
     splits = {
         "train": (train_cfg.train_split, settings.rows),
@@ -481,7 +482,7 @@ def write_findings(
         )
         for name, (split, n) in splits.items()
     }
-    features = open_features(encode)
+    features = open_experiment_features(encode)
     encoder = getattr(features, "encoder", None) or get_encoder(encode.encoder)
     # MC dropout through the encoder needs the torch module: an ONNX export has no dropout.
     mc_encoder = (

@@ -637,7 +637,8 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_critical``: rank the dev and test rows of ``settings.dataset`` with the
     pipeline's models, write ``critical.json`` and the recall / precision figures; returns their paths."""
-    from uamt.pipeline_config import load_models, open_features, read_split
+    from uamt.experiments.common import open_experiment_features
+    from uamt.pipeline_config import load_models, read_split
     from uamt.serving.model_calibration import load_calibrations
 
     models = load_models(pipeline, (settings.point_method, *settings.uncertainty_methods))
@@ -646,7 +647,7 @@ def write_findings(
         read_split(pipeline.prepared_dir, "dev", (settings.dataset,)),
         read_split(pipeline.prepared_dir, "test", (settings.dataset,)),
         models,
-        open_features(encode),
+        open_experiment_features(encode),
         point_method=settings.point_method,
         uncertainty_methods=settings.uncertainty_methods,
         reference_calibrations=calibrations,

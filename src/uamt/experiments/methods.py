@@ -805,13 +805,13 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_methods``: :func:`run_analysis` on the embedding cache of ``encode``, then
     ``methods.json`` and the figures; returns ``{"metrics": json path, <figure stem>: path, ...}``."""
-    from uamt.pipeline_config import open_features
+    from uamt.experiments.common import open_experiment_features
 
     result = run_analysis(
         settings,
         base_cfg,
         dup_cfg,
-        open_features(encode),
+        open_experiment_features(encode),
         prepared_dir=prepared_dir,
         eval_settings=eval_settings,
     )

@@ -388,7 +388,8 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_noisy_refs``: score the held-out rows of ``settings.dataset`` x ``lp`` with the
     pipeline's models, write ``noisy_refs.json`` and ``noisy_refs.png``; returns their paths."""
-    from uamt.pipeline_config import load_models, open_features
+    from uamt.experiments.common import open_experiment_features
+    from uamt.pipeline_config import load_models
     from uamt.serving.model_calibration import load_calibrations
 
     frame = pd.concat(
@@ -403,7 +404,7 @@ def write_findings(
     result = run_noisy_refs(
         models,
         frame,
-        open_features(encode),
+        open_experiment_features(encode),
         calibrations=calibrations,
         names=settings.references,
         thresholds=settings.thresholds,

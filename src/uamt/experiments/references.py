@@ -259,7 +259,7 @@ def score_references(
     references : DataFrame
         One column of reference texts per name (:func:`reference_table`).
     features : callable
-        The model's embedding source (``uamt.pipeline_config.open_features``).
+        The model's embedding source (``uamt.pipeline_config.open_experiment_features``).
     n_samples : int, optional
         MC-dropout passes (default: the model's ``mc_samples``).
 
@@ -612,7 +612,8 @@ def write_findings(
 ) -> dict[str, Path]:
     """The stage ``exp_references``: score the test and dev rows of ``settings.dataset`` x ``lp`` per
     reference with the pipeline's models, write ``references.json`` and its figure; returns their paths."""
-    from uamt.pipeline_config import load_models, open_features
+    from uamt.experiments.common import open_experiment_features
+    from uamt.pipeline_config import load_models
 
     models = load_models(pipeline, settings.methods)
     timings: dict[str, float] = {}
@@ -620,7 +621,7 @@ def write_findings(
         models,
         read_rows(pipeline.prepared_dir, settings.test_split, settings.dataset, settings.lp),
         read_rows(pipeline.prepared_dir, settings.dev_split, settings.dataset, settings.lp),
-        open_features(encode),
+        open_experiment_features(encode),
         names=settings.references,
         seed=settings.seed,
         draws=settings.draws,

@@ -338,7 +338,8 @@ def mbr_columns(rows: pd.DataFrame, model_dir: Path, features, settings: RerankE
 def write_findings(settings: RerankExperimentSettings, pipeline, encode) -> dict[str, Path]:
     """The stage ``exp_rerank``: write ``rerank.json`` and the selective-prediction figure."""
     from uamt.data.datasets import scale_bounds
-    from uamt.pipeline_config import open_features, read_split
+    from uamt.experiments.common import open_experiment_features
+    from uamt.pipeline_config import read_split
 
     started = time.perf_counter()
     rows = candidate_rows(read_split(pipeline.prepared_dir, "test", tuple(settings.datasets)), settings.datasets)
@@ -346,7 +347,7 @@ def write_findings(settings: RerankExperimentSettings, pipeline, encode) -> dict
     served = {settings.method: served_for(rows, settings.method, settings, bounds)}
     seconds = {}
     tick = time.perf_counter()
-    mbr = mbr_columns(rows, pipeline.model_dir(settings.method), open_features(encode), settings, bounds)
+    mbr = mbr_columns(rows, pipeline.model_dir(settings.method), open_experiment_features(encode), settings, bounds)
     seconds["mbr_scoring"] = time.perf_counter() - tick
     served[settings.method] = pd.concat([served[settings.method], mbr], axis=1)
     if settings.qe_method:
