@@ -292,8 +292,8 @@ def choose_unseen_sigma_weight(
     held-out LPs get the lowest CRPS (:func:`held_out_crps`, LP average; a tie goes to the larger)
     is served where it beats the in-domain weight's by at least ``settings.unseen_sigma_margin``
     (relative): four held-out LPs are a small sample, and a choice that barely wins on them need
-    not carry over to new pairs (measured: the QE model's -0.4 % did not hold on the biomedical
-    pairs, HTS's -3.3 % did; docs/quality.md).  A margin of None, a calibration without a σ weight
+    not carry over to new pairs (measured before the fallback was fitted in its own units: the QE
+    model's -0.4 % did not hold on the biomedical pairs, HTS's -3.3 % did; docs/quality.md).  A margin of None, a calibration without a σ weight
     (or the isotonic one, which reads μ alone) or a single weight: the in-domain weight, no choice.
 
     Returns the calibration served (not yet widened), the held-out fit of its widening, and

@@ -38,7 +38,9 @@ class OverlayEmbeddingCache:
     the same encoder).  Why: the encode stage's cache is a persisted DVC output, hashed; texts the
     experiment stages alone score (perturbed and pseudo-references, rerank candidates...) written
     into it changed that hash, and the next ``dvc repro`` re-ran ``encode``.  The vectors are the
-    same either way (one encoder, one text, one vector)."""
+    same either way (one encoder, one text, one vector).  It lives here, built on the cache's public
+    ``in`` and ``get``, because only the experiment stages read it: in :mod:`uamt.encoders` it
+    would be a code dependency of every stage (dvc.yaml), and each would re-run for it."""
 
     def __init__(self, base, overlay) -> None:
         if base.encoder_id != overlay.encoder_id:

@@ -12,10 +12,11 @@ calibration; the medians matter only where LPs are pooled (the global fallback).
 
 A row of a pair the calibration never saw may take a weight of its own, ``unseen_weight`` (None: the
 same λ): within a known LP the calibration has rows to learn the width from, for a new pair it has
-only the global fallback, and there the model's σ may say what μ cannot.  Measured on v12
-(``benchmarks/unseen_sigma_weight.py``, docs/quality.md): HTS's served λ = 0 in domain, but its held-out
-LPs (the model trained without them) prefer λ = 1 (CRPS -3.3 %, 90 % width -15 %); the calibrate stage
+only the global fallback, and there the model's σ may say what μ cannot.  The calibrate stage
 chooses it by the held-out-model CRPS (:func:`uamt.model_evaluation.choose_unseen_sigma_weight`).
+Measured 2026-12-01 (docs/quality.md): with the fallback fitted in its own units, σ no longer pays
+for unseen pairs (HTS held-out CRPS 2.1505 / 2.1418 / 2.1505 at λ = 0 / ½ / 1), so both served
+models keep λ = 0 for them; before that fix λ = 1 had won 3.3 %, standing in for the fallback.
 
 Why: measured on v9 (``benchmarks/sigma_tempering.py``, docs/quality.md), every σ-method's served
 CRPS is better with no σ than with its own, cross-fitted on the calibration rows and on test; only the
@@ -75,10 +76,9 @@ class SigmaTempering:
         """λ = 1 for every row: σ as the model gave it."""
         return self.weight == 1.0 and self.unseen == 1.0
 
-    def with_unseen_weight(self, weight: float | None, global_median: float | None = None) -> SigmaTempering:
-        """This tempering with ``unseen_weight`` = ``weight`` (and the global median replaced where given)."""
-        medians = dict(self.medians) if global_median is None else {**self.medians, GLOBAL: float(global_median)}
-        out = SigmaTempering(self.weight, medians, None if weight is None else float(weight))
+    def with_unseen_weight(self, weight: float | None) -> SigmaTempering:
+        """This tempering with ``unseen_weight`` = ``weight`` (None: the in-domain λ)."""
+        out = SigmaTempering(self.weight, dict(self.medians), None if weight is None else float(weight))
         problem = out.problem()
         if problem:
             raise ValueError(problem)
