@@ -70,11 +70,12 @@ def test_get_encodes_only_new_distinct_texts(tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600
 
 
-def test_the_experiment_stages_overlay_reads_the_encode_cache_and_writes_only_its_own(tmp_path):
+def test_the_overlay_reads_the_encode_cache_and_writes_only_its_own(tmp_path):
     """Texts of the encode stage's cache come from it, new ones are encoded into the overlay, and the
     encode stage's files never change (DVC hashes them: a change re-ran ``encode``)."""
     from uamt.encoders import EncodeConfig
-    from uamt.experiments.common import OverlayEmbeddingCache, experiment_cache_dir
+    from uamt.experiments.common import experiment_cache_dir
+    from uamt.pipeline_config import OverlayEmbeddingCache, overlay_cache_dir
 
     encoder = CountingEncoder()
     base = EmbeddingCache(tmp_path / "base", encoder)
@@ -94,6 +95,7 @@ def test_the_experiment_stages_overlay_reads_the_encode_cache_and_writes_only_it
     with pytest.raises(ValueError, match="overlay of encoder 'fake-000000000002' over a cache of 'fake-000000000001'"):
         OverlayEmbeddingCache(base, EmbeddingCache(tmp_path / "other", CountingEncoder("fake-000000000002")))
     assert experiment_cache_dir(EncodeConfig(cache_dir="cache/embeddings")) == Path("cache/embeddings_experiments")
+    assert overlay_cache_dir(EncodeConfig(cache_dir="cache/embeddings"), "on_demand") == Path("cache/embeddings_on_demand")
 
 
 def test_reopened_cache_reads_from_disk(tmp_path):

@@ -151,6 +151,16 @@ def test_raw_and_served_uncertainty_are_reported_side_by_side(data, mondrian):
     assert full["en-de"]["ups"] is not None and full["en-de"]["ence_raw"] is not None
 
 
+def test_a_constant_sigma_has_no_raw_ups_or_ence(data, mondrian):
+    """A point model's sigma is one constant; on the human scale only rounding noise would vary."""
+    _, test = data
+    point = test.assign(sigma=1.0)
+    full = measure(mondrian, ask(mondrian, point, MONDRIAN, BOUNDS), point, MONDRIAN)
+    for lp in ("en-de", "zh-en", "avg"):
+        assert full[lp]["ups_raw"] is None and full[lp]["ence_raw"] is None
+    assert full["en-de"]["ence"] is not None
+
+
 def test_perturbing_the_calibration_file_changes_the_measured_metrics(data, mondrian, tmp_path):
     """evaluate loads the artifact: a change to calibration/<model>.json changes metrics/test.json."""
     _, test = data

@@ -165,14 +165,65 @@ def paragraph_rows(pipe: PipelineConfig, train_cfg, dev_df: pd.DataFrame, traine
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def open_features(encode_cfg):
-    """The cached-feature source of the ``encode:`` section (encoder + on-disk cache)."""
+#: Suffix of the cache every model stage keeps the texts the encode stage did not encode in
+#: (:func:`open_features`): ``cache/embeddings`` -> ``cache/embeddings_on_demand``.
+ON_DEMAND_OVERLAY = "on_demand"
+
+
+def overlay_cache_dir(encode_cfg, overlay: str) -> Path:
+    """``<cache_dir>_<overlay>``: a cache of texts read beside the encode stage's, never in it."""
+    cache_dir = Path(encode_cfg.cache_dir)
+    return cache_dir.with_name(f"{cache_dir.name}_{overlay}")
+
+
+class OverlayEmbeddingCache:
+    """Embeddings read from ``base`` (the encode stage's :class:`~uamt.encoders.EmbeddingCache`,
+    never written) where it holds the text, else from -- or encoded into -- ``overlay`` (a cache of
+    the same encoder).  Why: the encode stage's cache is a persisted DVC output, hashed; texts a
+    later stage alone reads (the synthetic failure rows of training, an experiment's perturbed
+    translations...) written into it changed that hash, and the next ``dvc repro`` re-ran
+    ``encode``.  The vectors are the same either way (one encoder, one text, one vector).  It lives
+    here, built on the cache's public ``in`` and ``get``, and not in :mod:`uamt.encoders`: the encode
+    stage does not use it, and a code dependency of that stage re-runs every stage after it."""
+
+    def __init__(self, base, overlay) -> None:
+        if base.encoder_id != overlay.encoder_id:
+            raise ValueError(
+                f"{overlay.path}: an overlay of encoder {overlay.encoder_id!r} over a cache of "
+                f"{base.encoder_id!r}: embeddings of different encoders must never be mixed"
+            )
+        self.base, self.overlay = base, overlay
+        self.encoder = overlay.encoder
+
+    def get(self, texts):
+        """Pooled per-layer embeddings of ``texts`` (float32, shape [n, num_layers, dim]), as
+        :meth:`~uamt.encoders.EmbeddingCache.get`; only texts in neither cache are encoded."""
+        import numpy as np
+
+        from uamt.encoders.cache import check_texts
+
+        texts = check_texts(texts)
+        in_base = np.array([text in self.base for text in texts], dtype=bool)
+        out = np.empty((len(texts), self.overlay.num_layers, self.overlay.dim), dtype=np.float32)
+        if in_base.any():
+            out[in_base] = self.base.get([text for text, b in zip(texts, in_base, strict=True) if b])
+        if not in_base.all():
+            out[~in_base] = self.overlay.get([text for text, b in zip(texts, in_base, strict=True) if not b])
+        return out
+
+
+def open_features(encode_cfg, overlay: str = ON_DEMAND_OVERLAY):
+    """The cached-feature source of the ``encode:`` section: the encode stage's cache, read only, and
+    the texts it lacks encoded into :func:`overlay_cache_dir` (``overlay``: ``on_demand`` for the
+    model stages, ``experiments`` for the analyses), so ``dvc repro`` never finds ``encode``'s
+    output changed by a later stage."""
     from uamt.encoders import EmbeddingCache, get_encoder
     from uamt.models.data import features_from_cache
 
     encoder = get_encoder(encode_cfg.encoder)
-    cache = EmbeddingCache(encode_cfg.cache_dir, encoder, dtype=encode_cfg.dtype)
-    return features_from_cache(cache)
+    base = EmbeddingCache(encode_cfg.cache_dir, encoder, dtype=encode_cfg.dtype)
+    on_demand = EmbeddingCache(overlay_cache_dir(encode_cfg, overlay), encoder, dtype=base.dtype)
+    return features_from_cache(OverlayEmbeddingCache(base, on_demand))
 
 
 def predict_split(model_dir: Path, frame: pd.DataFrame, features, out_path: Path) -> pd.DataFrame:

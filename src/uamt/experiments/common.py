@@ -18,6 +18,8 @@ from uamt.plots import pyplot, save_figure  # noqa: F401 - re-exported for the a
 #: Where each analysis writes ``<name>.json`` (DVC metrics) and its figures (DVC plots).
 METRICS_DIR = "metrics/experiments"
 FIGURES_DIR = "reports/figures"
+#: Suffix of the experiment stages' own embedding cache (:func:`experiment_cache_dir`).
+EXPERIMENTS_OVERLAY = "experiments"
 REPORT_PATH = "reports/experiments.md"
 
 #: The indicators of the papers' tables, in their order (lower is better except PPS/UPS).
@@ -28,55 +30,18 @@ HIGHER_IS_BETTER = {"pps", "ups"}
 def experiment_cache_dir(encode) -> Path:
     """Where the experiment stages store the embeddings of the texts only they score: beside the
     encode stage's cache (``cache/embeddings`` -> ``cache/embeddings_experiments``)."""
-    cache_dir = Path(encode.cache_dir)
-    return cache_dir.with_name(f"{cache_dir.name}_experiments")
+    from uamt.pipeline_config import overlay_cache_dir
 
-
-class OverlayEmbeddingCache:
-    """Embeddings read from ``base`` (the encode stage's :class:`~uamt.encoders.EmbeddingCache`,
-    never written) where it holds the text, else from -- or encoded into -- ``overlay`` (a cache of
-    the same encoder).  Why: the encode stage's cache is a persisted DVC output, hashed; texts the
-    experiment stages alone score (perturbed and pseudo-references, rerank candidates...) written
-    into it changed that hash, and the next ``dvc repro`` re-ran ``encode``.  The vectors are the
-    same either way (one encoder, one text, one vector).  It lives here, built on the cache's public
-    ``in`` and ``get``, because only the experiment stages read it: in :mod:`uamt.encoders` it
-    would be a code dependency of every stage (dvc.yaml), and each would re-run for it."""
-
-    def __init__(self, base, overlay) -> None:
-        if base.encoder_id != overlay.encoder_id:
-            raise ValueError(
-                f"{overlay.path}: an overlay of encoder {overlay.encoder_id!r} over a cache of "
-                f"{base.encoder_id!r}: embeddings of different encoders must never be mixed"
-            )
-        self.base, self.overlay = base, overlay
-        self.encoder = overlay.encoder
-
-    def get(self, texts: Sequence[str]):
-        """Pooled per-layer embeddings of ``texts`` (float32, shape [n, num_layers, dim]), as
-        :meth:`~uamt.encoders.EmbeddingCache.get`; only texts in neither cache are encoded."""
-        import numpy as np
-
-        from uamt.encoders.cache import check_texts
-
-        texts = check_texts(texts)
-        in_base = np.array([text in self.base for text in texts], dtype=bool)
-        out = np.empty((len(texts), self.overlay.num_layers, self.overlay.dim), dtype=np.float32)
-        if in_base.any():
-            out[in_base] = self.base.get([text for text, b in zip(texts, in_base, strict=True) if b])
-        if not in_base.all():
-            out[~in_base] = self.overlay.get([text for text, b in zip(texts, in_base, strict=True) if not b])
-        return out
+    return overlay_cache_dir(encode, EXPERIMENTS_OVERLAY)
 
 
 def open_experiment_features(encode):
     """The experiment stages' :func:`uamt.pipeline_config.open_features`: the encode stage's cache
-    read through an :class:`OverlayEmbeddingCache` in :func:`experiment_cache_dir`."""
-    from uamt.encoders import EmbeddingCache, get_encoder
-    from uamt.models.data import features_from_cache
+    read, the texts only they score (perturbed and pseudo-references, rerank candidates...) kept in
+    :func:`experiment_cache_dir`."""
+    from uamt.pipeline_config import open_features
 
-    encoder = get_encoder(encode.encoder)
-    base = EmbeddingCache(encode.cache_dir, encoder, dtype=encode.dtype)
-    return features_from_cache(OverlayEmbeddingCache(base, EmbeddingCache(experiment_cache_dir(encode), encoder, dtype=base.dtype)))
+    return open_features(encode, overlay=EXPERIMENTS_OVERLAY)
 
 
 def result_path(name: str, metrics_dir: str | Path = METRICS_DIR) -> Path:

@@ -538,9 +538,11 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
         else None
     )
     raw = rows.raw_sigma_human
+    # A point model's own sigma is one constant: mapped to the human scale it only picks up rounding
+    # noise, and an ENCE binned by that noise is a number about nothing (ups_raw is None there too).
     out["ence_raw"] = (
         expected_normalized_calibration_error(human, center, raw, 5)
-        if human.size >= 5 and np.all(raw > 0) and np.std(raw) > 0
+        if human.size >= 5 and np.all(raw > 0) and np.std(rows.raw_sigma) > 0
         else None
     )
     low10 = float(np.quantile(sd[finite], 0.1)) if finite.sum() >= 10 else 0.0
