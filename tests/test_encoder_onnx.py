@@ -75,7 +75,7 @@ def onnx_cache(tmp_path_factory, torch_encoder) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("UAMT_ONNX_CACHE", str(cache))
         get_encoder(EncoderConfig(runtime="onnx"))
-    export_onnx(torch_encoder, cache / f"{torch_encoder.encoder_id}-onnx-int8", quantize=True)
+    export_onnx(torch_encoder, cache / f"{torch_encoder.encoder_id}-onnx-int8w7", quantize=True)
     return cache
 
 
@@ -86,7 +86,7 @@ def onnx_float(onnx_cache, torch_encoder) -> OnnxPooledEncoder:
 
 @pytest.fixture(scope="module")
 def onnx_int8(onnx_cache, torch_encoder) -> OnnxPooledEncoder:
-    return load_onnx_encoder(onnx_cache / f"{torch_encoder.encoder_id}-onnx-int8")
+    return load_onnx_encoder(onnx_cache / f"{torch_encoder.encoder_id}-onnx-int8w7")
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_negative_threads_refused():
 def test_weights_id_strips_the_runtime_suffix():
     assert runtime_encoder_id("minilm-1ffd763853fa", "torch") == "minilm-1ffd763853fa"
     assert runtime_encoder_id("minilm-1ffd763853fa", "onnx") == "minilm-1ffd763853fa+ort"
-    assert runtime_encoder_id("minilm-1ffd763853fa", "onnx-int8") == "minilm-1ffd763853fa+ort-int8-per-text"
+    assert runtime_encoder_id("minilm-1ffd763853fa", "onnx-int8") == "minilm-1ffd763853fa+ort-int8w7-per-text"
     for runtime in RUNTIMES:
         assert weights_id(runtime_encoder_id("hf-xlm-roberta-large-0123456789ab", runtime)) == (
             "hf-xlm-roberta-large-0123456789ab"
@@ -137,7 +137,7 @@ def test_weights_id_strips_the_runtime_suffix():
 
 def test_encoder_ids_name_the_runtime(torch_encoder, onnx_float, onnx_int8):
     assert onnx_float.encoder_id == torch_encoder.encoder_id + "+ort"
-    assert onnx_int8.encoder_id == torch_encoder.encoder_id + "+ort-int8-per-text"
+    assert onnx_int8.encoder_id == torch_encoder.encoder_id + "+ort-int8w7-per-text"
     assert weights_id(onnx_float.encoder_id) == weights_id(onnx_int8.encoder_id) == torch_encoder.encoder_id
     assert (
         (onnx_float.num_layers, onnx_float.dim) == (torch_encoder.num_layers, torch_encoder.dim) == (7, 384)
@@ -146,6 +146,35 @@ def test_encoder_ids_name_the_runtime(torch_encoder, onnx_float, onnx_int8):
     meta = json.loads((onnx_int8.folder / META_FILE).read_text())
     assert meta["runtime"] == "onnx-int8" and meta["source_encoder_id"] == torch_encoder.encoder_id
     assert meta["uses_token_type_ids"] is True and meta["max_length"] == torch_encoder.max_length == 256
+    assert meta["int8_weight_bits"] == 7 and "int8_weight_bits" not in json.loads((onnx_float.folder / META_FILE).read_text())
+
+
+def test_int8_weights_are_7_bit_so_no_kernel_saturates(onnx_int8):
+    """uint8 activations x int8 weights: kernels without VNNI add pairs of products in 16 bits.
+    With every |weight| <= 64 (symmetric 7-bit scales) a pair stays within 255 x 64 x 2 = 32640 <= 32767, so every x86
+    kernel computes the exact sums (benchmarks/int8_saturation.py shows the 8-bit export saturating)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(onnx_int8.folder / MODEL_FILE)).graph
+    weights = {node.input[1] for node in graph.node if node.op_type == "MatMulInteger"}
+    arrays = [numpy_helper.to_array(t) for t in graph.initializer if t.name in weights]
+    assert len(arrays) == len(weights) >= 6 * 6  # 6 quantised MatMuls per layer, 6 layers
+    assert all(a.dtype == np.int8 for a in arrays)
+    largest = max(int(np.abs(a.astype(np.int16)).max()) for a in arrays)
+    assert 60 <= largest <= 64  # the 7-bit range, used
+    assert 255 * largest * 2 <= np.iinfo(np.int16).max
+
+
+def test_int8_exports_with_8_bit_weights_keep_their_id(onnx_int8, tmp_path):
+    """An int8 folder exported before the 7-bit weights (shipped with a registered model) has no
+    int8_weight_bits: it loads under the id its model was trained with, never the 7-bit one."""
+    folder = tmp_path / "8-bit"
+    shutil.copytree(onnx_int8.folder, folder)
+    meta = json.loads((folder / META_FILE).read_text())
+    del meta["int8_weight_bits"]
+    (folder / META_FILE).write_text(json.dumps(meta))
+    assert load_onnx_encoder(folder).encoder_id == weights_id(onnx_int8.encoder_id) + "+ort-int8-per-text"
 
 
 def test_get_encoder_finds_the_cached_export(onnx_cache, onnx_float, monkeypatch):
@@ -154,7 +183,7 @@ def test_get_encoder_finds_the_cached_export(onnx_cache, onnx_float, monkeypatch
     monkeypatch.setattr("uamt.encoders.onnx_runtime.ENCODERS", {})
     found = get_encoder(EncoderConfig(runtime="onnx-int8", threads=1))
     assert isinstance(found, OnnxPooledEncoder)
-    assert found.encoder_id.endswith("+ort-int8-per-text")
+    assert found.encoder_id.endswith("+ort-int8w7-per-text")
     assert found.session.get_session_options().intra_op_num_threads == 1
 
 
@@ -324,7 +353,7 @@ def test_damaged_folders_are_refused_naming_the_file(onnx_int8, tmp_path):
 
 
 def test_corrupt_cached_export_is_refused(onnx_int8, tmp_path, monkeypatch, torch_encoder):
-    folder = tmp_path / f"{torch_encoder.encoder_id}-onnx-int8"
+    folder = tmp_path / f"{torch_encoder.encoder_id}-onnx-int8w7"
     shutil.copytree(onnx_int8.folder, folder)
     (folder / MODEL_FILE).write_bytes(b"truncated")
     monkeypatch.setenv("UAMT_ONNX_CACHE", str(tmp_path))

@@ -109,10 +109,14 @@ class EncoderConfig:
 
 
 #: runtime -> suffix of the encoder id (the cache key says which runtime produced an embedding).
-#: onnx-int8 encodes one text per call (:class:`uamt.encoders.onnx_runtime.OnnxPooledEncoder`): its
-#: suffix names that, so embeddings of the batched int8 encoder (``+ort-int8``, which depended on
-#: the texts sharing a batch) are never mixed with them in a cache.
-RUNTIMES: dict[str, str] = {"torch": "", "onnx": "+ort", "onnx-int8": "+ort-int8-per-text"}
+#: onnx-int8 encodes one text per call (:class:`uamt.encoders.onnx_runtime.OnnxPooledEncoder`) with
+#: 7-bit weights: its suffix names both, so embeddings of the batched int8 encoder (``+ort-int8``,
+#: which depended on the texts sharing a batch) and of the 8-bit-weight export
+#: (``+ort-int8-per-text``, whose sums saturate on CPUs without VNNI) are never mixed with them.
+RUNTIMES: dict[str, str] = {"torch": "", "onnx": "+ort", "onnx-int8": "+ort-int8w7-per-text"}
+#: The suffix of int8 exports written before the 7-bit weights (their onnx_meta.json has no
+#: ``int8_weight_bits``): a model registered with one keeps the id it was trained under.
+INT8_W8_SUFFIX = "+ort-int8-per-text"
 
 
 def check_runtime(runtime: str) -> str:

