@@ -57,6 +57,20 @@ def cpu_flags() -> str:
     return f"{model}; " + " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in wanted)
 
 
+def quantise_as_exported(float_path: Path, int8_path: Path, reduce_range: bool, external_data: bool = False) -> None:
+    """``quantize_dynamic`` with the encoder's settings (QInt8 per-channel weights, MatMul only)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.disable(logging.WARNING)  # the quantiser's advice to pre-process
+    try:
+        quantize_dynamic(
+            float_path, int8_path, weight_type=QuantType.QInt8, per_channel=True,
+            op_types_to_quantize=["MatMul"], reduce_range=reduce_range, use_external_data_format=external_data,
+        )
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def exact_dynamic_int8(x: np.ndarray, weight_q: np.ndarray, weight_scale: np.ndarray) -> np.ndarray:
     """What the quantised graph specifies: ``x`` [n, K] quantised to uint8 with one scale and zero
     point over its range (which includes 0), times int8 ``weight_q`` [K, N], in int64, times the
@@ -72,7 +86,6 @@ def measure(reduce_range: bool, outlier: float, seed: int, size: int = 384, rows
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     rng = np.random.default_rng(seed)
     weight = rng.normal(0.0, 0.05, (size, size)).astype(np.float32)
@@ -88,14 +101,7 @@ def measure(reduce_range: bool, outlier: float, seed: int, size: int = 384, rows
     with tempfile.TemporaryDirectory() as tmp:
         float_path, int8_path = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, float_path)
-        logging.disable(logging.WARNING)  # the quantiser's advice to pre-process
-        try:
-            quantize_dynamic(
-                float_path, int8_path, weight_type=QuantType.QInt8, per_channel=True,
-                op_types_to_quantize=["MatMul"], reduce_range=reduce_range,
-            )
-        finally:
-            logging.disable(logging.NOTSET)
+        quantise_as_exported(float_path, int8_path, reduce_range)
         quantised = onnx.load(int8_path)
         arrays = {i.name: numpy_helper.to_array(i) for i in quantised.graph.initializer}
         weight_q = next(v for v in arrays.values() if v.dtype == np.int8 and v.shape == (size, size))
@@ -175,20 +181,13 @@ def relative_distance_per_layer(got: np.ndarray, reference: np.ndarray) -> np.nd
     return (np.linalg.norm(got - reference, axis=2) / np.linalg.norm(reference, axis=2)).max(axis=0)
 
 
-def eight_bit_exports(float_model: Path, folder: Path) -> tuple[Path, Path]:
-    """``float_model`` quantised as the encoder was before 2026-12-06 (8-bit per-channel weights),
-    and the same graph computed exactly (:func:`with_exact_integer_matmuls`)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    kernel_path, exact_path = folder / "kernel8.onnx", folder / "exact8.onnx"
-    logging.disable(logging.WARNING)
-    try:
-        quantize_dynamic(
-            float_model, kernel_path, weight_type=QuantType.QInt8, per_channel=True,
-            op_types_to_quantize=["MatMul"], use_external_data_format=True,
-        )
-    finally:
-        logging.disable(logging.NOTSET)
+def kernel_and_exact(float_model: Path, folder: Path, reduce_range: bool) -> tuple[Path, Path]:
+    """``float_model`` quantised as the encoder is exported (7-bit weights with ``reduce_range``,
+    else 8-bit as before 2026-12-06), and the same graph computed exactly
+    (:func:`with_exact_integer_matmuls`), written into ``folder``."""
+    bits = 7 if reduce_range else 8
+    kernel_path, exact_path = folder / f"kernel{bits}.onnx", folder / f"exact{bits}.onnx"
+    quantise_as_exported(float_model, kernel_path, reduce_range, external_data=True)
     with_exact_integer_matmuls(kernel_path, exact_path)
     return kernel_path, exact_path
 
@@ -212,7 +211,8 @@ def model_under_both(name: str, model_dir: Path, table: Path, n_rows: int, seed:
     model = load(model_dir)
     out: dict = {"rows": len(rows), "pps": {}, "mu": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, path in zip(("this CPU", "exact"), eight_bit_exports(float_encoder.folder / MODEL_FILE, Path(tmp)), strict=True):
+        exports = kernel_and_exact(float_encoder.folder / MODEL_FILE, Path(tmp), reduce_range=False)
+        for label, path in zip(("this CPU", "exact"), exports, strict=True):
             session, known = one_thread_session(path), {}
 
             def lookup(batch: list[str], session=session, known=known) -> np.ndarray:
@@ -232,7 +232,6 @@ def model_under_both(name: str, model_dir: Path, table: Path, n_rows: int, seed:
 
 def measure_encoder(name: str, n_texts: int) -> dict[str, dict]:
     """The real encoder's int8 exports (8-bit and 7-bit weights): kernel vs exact, exact vs float32."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from benchmarks.encoder_runtimes import mirror_texts
     from uamt.encoders import EncoderConfig, get_encoder
@@ -244,17 +243,7 @@ def measure_encoder(name: str, n_texts: int) -> dict[str, dict]:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, reduce_range in (("8-bit weights", False), ("7-bit weights", True)):
-            kernel_path, exact_path = Path(tmp) / "kernel.onnx", Path(tmp) / "exact.onnx"
-            logging.disable(logging.WARNING)
-            try:
-                quantize_dynamic(
-                    float_encoder.folder / MODEL_FILE, kernel_path, weight_type=QuantType.QInt8,
-                    per_channel=True, reduce_range=reduce_range, op_types_to_quantize=["MatMul"],
-                    use_external_data_format=True,
-                )
-            finally:
-                logging.disable(logging.NOTSET)
-            with_exact_integer_matmuls(kernel_path, exact_path)
+            kernel_path, exact_path = kernel_and_exact(float_encoder.folder / MODEL_FILE, Path(tmp), reduce_range)
             kernel, speed = pooled_per_text(kernel_path, ids, float_encoder.pad_token_id)
             exact, _ = pooled_per_text(exact_path, ids, float_encoder.pad_token_id)
             results[label] = {

