@@ -31,10 +31,13 @@ import pandas as pd
 RUNTIME_NAMES = ("torch", "onnx", "onnx-int8")
 
 
-def test_rows(table: Path, n_rows: int, seed: int) -> pd.DataFrame:
-    """``n_rows`` rows of ``table`` that have a reference, about as many from every (dataset, lp)."""
+def test_rows(table: Path, n_rows: int, seed: int, keep=None) -> pd.DataFrame:
+    """``n_rows`` rows of ``table`` that have a reference, about as many from every (dataset, lp);
+    ``keep`` (optional) maps the table to a boolean mask of the rows to draw from."""
     df = pd.read_parquet(table)
     df = df[df["ref"].notna() & (df["ref"].astype(str).str.strip() != "")]
+    if keep is not None:
+        df = df[keep(df)]
     groups = list(df.groupby(["dataset", "lp"], sort=True))
     per_group = max(1, -(-n_rows // len(groups)))
     parts = [part.sample(min(len(part), per_group), random_state=seed) for _, part in groups]

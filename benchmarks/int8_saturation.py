@@ -1,7 +1,8 @@
 """Does ONNX Runtime's dynamic-int8 MatMul compute exactly on this CPU, or does it saturate?
 
-The default encoder runs an int8 graph: ``quantize_dynamic`` with ``QInt8`` per-channel weights and
-``uint8`` activations quantised per call (:func:`uamt.encoders.onnx_runtime._quantize`). The integer
+The default encoder runs an int8 graph: ``quantize_dynamic`` with ``QInt8`` per-channel weights (7-bit
+since 2026-12-06, ``reduce_range=True``; 8-bit before) and ``uint8`` activations quantised per call
+(:func:`uamt.encoders.onnx_runtime._quantize`). The integer
 product of a ``uint8`` activation and an ``int8`` weight needs 16 bits. Where the CPU has no VNNI
 (AVX2 alone), the kernel adds *pairs* of such products in 16 bits, which can saturate. With VNNI
 or AMX the sums are exact int32. ``reduce_range=True`` (7-bit weights) keeps every pair inside 16
@@ -82,30 +83,44 @@ def exact_dynamic_int8(x: np.ndarray, weight_q: np.ndarray, weight_scale: np.nda
     return ((x_q - zero_point) @ weight_q.astype(np.int64)) * float(scale) * weight_scale[None, :].astype(np.float64)
 
 
-def measure(reduce_range: bool, outlier: float, seed: int, size: int = 384, rows: int = 64) -> dict[str, float]:
+def save_one_matmul(weight: np.ndarray, path: Path) -> None:
+    """A float32 graph ``y = x @ weight`` (``weight`` [K, N]; ``x`` [n, K]) saved at ``path``."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(seed)
-    weight = rng.normal(0.0, 0.05, (size, size)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["y"])],
         "one_matmul",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, size])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, weight.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, weight.shape[1]])],
         [numpy_helper.from_array(weight, "W")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
+    onnx.save(model, path)
+
+
+def int8_weight_and_scales(model_path: Path, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 weight of shape ``shape`` and its per-output-channel scales, read from a quantised graph."""
+    import onnx
+    from onnx import numpy_helper
+
+    arrays = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(model_path)).graph.initializer}
+    weight_q = next(v for v in arrays.values() if v.dtype == np.int8 and v.shape == shape)
+    weight_scale = next(v for k, v in arrays.items() if "scale" in k and v.size == shape[1])
+    return weight_q, weight_scale
+
+
+def measure(reduce_range: bool, outlier: float, seed: int, size: int = 384, rows: int = 64) -> dict[str, float]:
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(seed)
+    weight = rng.normal(0.0, 0.05, (size, size)).astype(np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         float_path, int8_path = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
-        onnx.save(model, float_path)
+        save_one_matmul(weight, float_path)
         quantise_as_exported(float_path, int8_path, reduce_range)
-        quantised = onnx.load(int8_path)
-        arrays = {i.name: numpy_helper.to_array(i) for i in quantised.graph.initializer}
-        weight_q = next(v for v in arrays.values() if v.dtype == np.int8 and v.shape == (size, size))
-        weight_scale = next(v for k, v in arrays.items() if "scale" in k and v.size == size)
+        weight_q, weight_scale = int8_weight_and_scales(int8_path, (size, size))
         session = ort.InferenceSession(str(int8_path), providers=["CPUExecutionProvider"])
         x = rng.normal(0.0, 1.0, (rows, size)).astype(np.float32)
         x[:, :8] *= outlier
@@ -195,18 +210,13 @@ def kernel_and_exact(float_model: Path, folder: Path, reduce_range: bool) -> tup
 def model_under_both(name: str, model_dir: Path, table: Path, n_rows: int, seed: int = 0) -> dict:
     """PPS per dataset/LP and the move of mu when a model reads this CPU's 8-bit embeddings or
     the exact ones."""
-    import pandas as pd
-
-    from benchmarks.encoder_runtimes import pps_by_lp
+    from benchmarks.encoder_runtimes import pps_by_lp, test_rows
     from uamt.encoders import EncoderConfig, get_encoder
     from uamt.encoders.onnx_runtime import MODEL_FILE
     from uamt.models import FeatureSource, load
 
-    frame = pd.read_parquet(table)
-    frame = frame[frame["dataset"].str.endswith("_mqm") & frame["ref"].notna()]  # one unit: MQM points
-    groups = [part for _, part in frame.groupby(["dataset", "lp"], sort=True)]
-    per_group = -(-n_rows // len(groups))
-    rows = pd.concat([part.sample(min(len(part), per_group), random_state=seed) for part in groups]).reset_index(drop=True)
+    # MQM datasets only, so that mu's moves are in one unit (MQM points)
+    rows = test_rows(table, n_rows, seed, keep=lambda frame: frame["dataset"].str.endswith("_mqm"))
     float_encoder = get_encoder(EncoderConfig(name=name, runtime="onnx"))
     model = load(model_dir)
     out: dict = {"rows": len(rows), "pps": {}, "mu": {}}
@@ -271,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {cpu_flags()}; onnxruntime {onnxruntime.__version__}")
     for reduce_range in (False, True):
         got = measure(reduce_range, args.outlier, args.seed)
-        label = "reduce_range=True (7-bit weights)" if reduce_range else "default export (the encoder's)"
+        label = "reduce_range=True (7-bit weights, the encoder's)" if reduce_range else "8-bit weights (until 2026-12-06)"
         print(f"{label}: max |ort - exact| / max |exact| = {got['vs_exact']:.1e}; vs float32 {got['vs_float32']:.1e}")
     if args.encoder:
         print(f"\n{args.encoder}, {args.texts} mirror sentences, one per call; per pooled layer (embeddings first), "

@@ -17,32 +17,23 @@ def test_the_exact_rewrite_computes_the_integer_arithmetic_the_graph_specifies(t
     import numpy as np
     import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
     from benchmarks.int8_saturation import (
         exact_dynamic_int8,
+        int8_weight_and_scales,
         quantise_as_exported,
+        save_one_matmul,
         with_exact_integer_matmuls,
     )
 
     rng = np.random.default_rng(1)
     weight = rng.normal(0.0, 0.05, (64, 32)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])], "one_matmul",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 32])],
-        [numpy_helper.from_array(weight, "W")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "float.onnx")
+    save_one_matmul(weight, tmp_path / "float.onnx")
     quantise_as_exported(tmp_path / "float.onnx", tmp_path / "int8.onnx", reduce_range=False)
     with_exact_integer_matmuls(tmp_path / "int8.onnx", tmp_path / "exact.onnx")
     exact_graph = onnx.load(tmp_path / "exact.onnx")
     assert "MatMulInteger" not in {node.op_type for node in exact_graph.graph.node}
-    arrays = {i.name: numpy_helper.to_array(i) for i in exact_graph.graph.initializer}
-    weight_q = next(v for v in arrays.values() if v.dtype == np.int8 and v.shape == (64, 32))
-    weight_scale = next(v for k, v in arrays.items() if "scale" in k and v.size == 32)
+    weight_q, weight_scale = int8_weight_and_scales(tmp_path / "exact.onnx", (64, 32))
     x = rng.normal(0.0, 1.0, (8, 64)).astype(np.float32)
     x[:, :4] *= 20.0
     got = ort.InferenceSession(str(tmp_path / "exact.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
