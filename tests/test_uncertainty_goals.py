@@ -139,6 +139,44 @@ def test_goal_rows_judge_each_goal():
     assert [row["key"] for row in goal_rows(_summary())] == [key for key, _, _ in GOALS]
 
 
+def test_goal_rows_give_each_value_its_sampling_band_and_say_when_the_bound_lies_inside_it():
+    summary = _summary()
+    for m, n_eff in zip(summary["per_lp"].values(), (100.0, 400.0), strict=True):
+        m["n_eff"] = n_eff  # n = 500 rows: design effects 5 (en-de) and 1.25 (zh-en)
+    summary["per_lp"]["zh-en"]["risk"]["-5"]["bins"] = [
+        {"predicted": 0.10, "observed": 0.12, "se": 0.01},
+        {"predicted": 0.30, "observed": 0.38, "se": 0.02},  # the widest gap (0.08): its se is the band's
+    ]
+    summary["held_out"]["n_eff_by_lp"] = {"xx-yy": 50.0}
+    rows = {row["key"]: row for row in goal_rows(summary)}
+    band = {key: row["band"] for key, row in rows.items()}
+    within = {key: row["within_band"] for key, row in rows.items()}
+    assert band["worst_sd_cell_gap"] == pytest.approx(1.96 * 0.01)
+    assert within["worst_sd_cell_gap"] is False  # |0.07 - 0.05| > 0.0196
+    # the worst LP is en-de (|0.92 - 0.9|): binomial at 0.9 over its 100 effective rows
+    assert band["lp_coverage_error"] == pytest.approx(1.96 * (0.9 * 0.1 / 100) ** 0.5)  # 0.0588
+    assert within["lp_coverage_error"] is True  # |0.02 - 0.03| <= 0.0588: met, but not decided
+    assert rows["lp_coverage_error"]["note"] == "en-de 0.920"
+    # en-de's misses (0.07 / 0.01) are the worst: binomial at 0.05 over its 100 effective rows
+    assert band["miss_balance_error"] == pytest.approx(1.96 * (0.05 * 0.95 / 100) ** 0.5)  # 0.0427
+    assert within["miss_balance_error"] is True  # |0.04 - 0.015| = 0.025 <= 0.0427
+    # pooled bad-segment coverage: each LP's share squared x p(1-p) over its low rows at its design effect
+    var = (0.6**2) * 0.8 * 0.2 / (60 / 5) + (0.4**2) * 0.9 * 0.1 / (40 / 1.25)
+    assert band["low_score_coverage"] == pytest.approx(1.96 * var**0.5)
+    assert within["low_score_coverage"] is True  # |0.84 - 0.85| <= 0.23
+    assert band["risk_max_gap"] == pytest.approx(1.96 * 0.02)
+    assert within["risk_max_gap"] is True  # |0.08 - 0.05| = 0.03 <= 0.0392
+    assert band["unseen_coverage_error"] == pytest.approx(1.96 * (0.9 * 0.1 / 50) ** 0.5)  # 0.0832
+    assert within["unseen_coverage_error"] is True  # |0.1 - 0.05| <= 0.0832
+    assert rows["unseen_coverage_error"]["note"] == "LPs xx-yy; largest xx-yy 0.800"
+    for key in ("ece_max_where_floor_allows", "crps_vs_baseline"):  # the floor; a paired difference
+        assert band[key] is None and within[key] is None, key
+    # without effective sizes (a summary from before they were kept) no band is claimed
+    bare = {row["key"]: row for row in goal_rows(_summary())}
+    for key in ("lp_coverage_error", "low_score_coverage", "miss_balance_error", "unseen_coverage_error"):
+        assert bare[key]["band"] is None and bare[key]["within_band"] is None, key
+
+
 def test_goal_rows_leave_unmeasurable_goals_unjudged():
     summary = _summary(held_out=None, baseline=None, worst_cells={"sd": None, "mu": None})
     for m in summary["per_lp"].values():
@@ -156,6 +194,12 @@ def test_headline_metrics_are_flat_and_count_goals_met():
     summary["goals"] = goal_rows(summary)
     flat = headline_metrics({"hts": summary})
     assert flat["conditional.hts.goals_met"] == 4.0
+    assert flat["conditional.hts.goals_missed_within_band"] == 0.0  # no effective sizes, no bands
+    for m in summary["per_lp"].values():
+        m["n_eff"] = 100.0
+    summary["goals"] = goal_rows(summary)
+    # missed within their bands: bad-segment coverage 0.84 (band 0.12) and the miss balance 0.04 (0.043)
+    assert headline_metrics({"hts": summary})["conditional.hts.goals_missed_within_band"] == 2.0
     assert flat["conditional.hts.lp_coverage_error"] == pytest.approx(0.02)
     assert flat["conditional.hts.papers_cross_fitted_ece"] == 0.03
 

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+from scipy.special import erf
 
 from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
@@ -450,15 +451,16 @@ def _ece_columns(abs_err: np.ndarray, var: np.ndarray, n_levels: int) -> np.ndar
     at most :math:`b/(M-1)`, i.e. iff :math:`\\lceil c_j (M-1) \\rceil \\le b`; one bincount per
     candidate replaces a sort.  (Reported ECEs use :func:`expected_calibration_error`.)
 
-    The erf is torch's: 3.5x scipy's on 2 cores (the grid search spends most of its time here) and
-    equal to it within one ulp, so a level index differs only if :math:`c_j (M-1)` lies within
-    one ulp of an integer.
+    The erf is scipy's, on the calling thread.  torch's (used until 2026-12-06) ran on torch's
+    thread pool, whose threads wait for each other on every call when the cores are busy: one
+    ``fit_affine_variance`` per dev LP (720-3,082 rows) took 0.19-0.67 s with torch's erf and
+    0.13-0.55 s with scipy's on 2 cores beside another job, 0.63-2.15 s and 0.36-1.49 s with two more
+    busy processes, the same fits (``python benchmarks/ece_grid_search.py``).  The two erfs agree
+    within one ulp, so a level index differs only if :math:`c_j (M-1)` lies within one ulp of an integer.
     """
-    import torch  # lazily: the serving path imports this module but never searches a grid
-
     n, n_candidates = var.shape
     z = abs_err[:, None] / np.sqrt(var)
-    levels = torch.special.erf(torch.from_numpy(z / math.sqrt(2.0))).numpy()
+    levels = erf(z / math.sqrt(2.0))
     level_index = np.ceil(levels * (n_levels - 1)).astype(np.int64)
     np.clip(level_index, 0, n_levels - 1, out=level_index)
     flat = (level_index + np.arange(n_candidates)[None, :] * n_levels).ravel()

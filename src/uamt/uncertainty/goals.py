@@ -11,6 +11,7 @@ their own (held out); the candidates analysis.  :func:`goal_rows` judges that bl
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 #: The goals: (key, text, target).  ``key`` names the measured value in :func:`goal_rows`.
@@ -27,6 +28,9 @@ GOALS: tuple[tuple[str, str, str], ...] = (
 )
 LP_TOLERANCE, CELL_TOLERANCE, LOW_SCORE_COVERAGE, MISS_TOLERANCE = 0.03, 0.05, 0.85, 0.015
 RISK_TOLERANCE, ECE_GOAL, UNSEEN_TOLERANCE = 0.05, 0.02, 0.05
+#: Each goal's bound, in :data:`GOALS`' order: a row is ``within_band`` when its value lies within its
+#: sampling band (``band``: 1.96 document-clustered standard errors) of this bound.
+BOUNDS = (CELL_TOLERANCE, CELL_TOLERANCE, LP_TOLERANCE, LOW_SCORE_COVERAGE, MISS_TOLERANCE, RISK_TOLERANCE, ECE_GOAL, 0.0, UNSEEN_TOLERANCE)
 
 
 def _per_lp(full: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -139,6 +143,7 @@ def served_summary(
             "lps": sorted(unseen),
             "coverage_by_lp": {lp: m.get(f"coverage@{tag}") for lp, m in unseen.items()},
             "width_by_lp": {lp: m.get(f"width@{tag}") for lp, m in unseen.items()},
+            "n_eff_by_lp": {lp: m.get("n_eff") for lp, m in unseen.items()},
             "in_domain_width": avg.get(f"width@{tag}"),
         }
     summary["goals"] = goal_rows(summary)
@@ -181,6 +186,36 @@ def _at_least(value, target) -> bool | None:
     return None if value is None else bool(value >= target)
 
 
+def _band(rate: float, n_eff) -> float | None:
+    """1.96 standard errors of a rate measured on ``n_eff`` document-clustered rows
+    (binomial at ``rate``); None without an effective size."""
+    if n_eff is None or n_eff <= 0:
+        return None
+    return 1.96 * math.sqrt(rate * (1.0 - rate) / n_eff)
+
+
+def _pooled_low_band(per_lp: dict[str, dict[str, Any]]) -> float | None:
+    """1.96 standard errors of :func:`_pooled_low`: each LP's low-score rows weighted by their
+    share, at the LP's design effect (``n_eff / n``: its rows cluster by document as all its rows
+    do); None where an LP lacks ``n_eff``."""
+    rows = [m for m in per_lp.values() if m.get("low_score_coverage") is not None and m.get("low_score_n")]
+    total = sum(m["low_score_n"] for m in rows)
+    if not total or any(not m.get("n_eff") or not m.get("n") for m in rows):
+        return None
+    var = 0.0
+    for m in rows:
+        p, n_low = m["low_score_coverage"], m["low_score_n"]
+        n_eff_low = max(1.0, n_low * m["n_eff"] / m["n"])
+        var += (n_low / total) ** 2 * p * (1.0 - p) / n_eff_low
+    return 1.96 * math.sqrt(var)
+
+
+def _within(value, bound: float, band) -> bool | None:
+    """Whether ``value`` lies within its sampling ``band`` of the goal's ``bound`` (so one sample does
+    not decide the verdict); None where either is unknown."""
+    return None if value is None or band is None else bool(abs(value - bound) <= band)
+
+
 def _risk_band_note(per_lp: dict[str, Any]) -> str:
     """``"; k/N deciles beyond ±0.05 + 1.96 se"``: the risk bins (every LP and chi) whose gap exceeds
     the tolerance by more than their document-clustered sampling band (empty without bands)."""
@@ -192,8 +227,15 @@ def _risk_band_note(per_lp: dict[str, Any]) -> str:
 
 
 def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per :data:`GOALS` entry: ``key, goal, target, value, met`` (None = not measurable) and
-    ``note`` (where the worst value is, the floors, the baseline)."""
+    """One row per :data:`GOALS` entry: ``key, goal, target, value, met`` (None = not measurable),
+    ``note`` (where the worst value is, the floors, the baseline), ``band`` and ``within_band``.
+
+    ``band`` is 1.96 document-clustered standard errors of ``value`` where the summary allows it: a
+    cell's ``se``; a coverage or miss rate's binomial se at its target rate over the LP's ``n_eff``
+    (the pooled bad-segment coverage at each LP's design effect); the worst risk decile's ``se``.
+    ECE has its floor instead and the CRPS difference is paired (both None).  ``within_band`` says
+    whether ``|value - bound| <= band`` (:data:`BOUNDS`): met or not, one test sample does not decide
+    such a goal."""
     gamma = summary["coverage_gamma"]
     per_lp = summary["per_lp"]
     worst = summary.get("worst_cells") or {}
@@ -223,53 +265,86 @@ def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     def cell(kind: str):
         c = worst.get(kind) or {}
         gap = c.get("gap")
-        note = None if gap is None else f"{c['lp']} {c['cell']}: {c['coverage']:.3f} ± {1.96 * c['se']:.3f} ({c['cells_outside']}/{c['cells']} cells outside)"
-        return (None if gap is None else abs(gap), _at_most(None if gap is None else abs(gap), CELL_TOLERANCE), note)
+        if gap is None:
+            return None, None, None, None
+        note = f"{c['lp']} {c['cell']}: {c['coverage']:.3f} ± {1.96 * c['se']:.3f} ({c['cells_outside']}/{c['cells']} cells outside)"
+        return abs(gap), _at_most(abs(gap), CELL_TOLERANCE), note, 1.96 * c["se"]
+
+    lp_worst = max(lp_gaps, key=lp_gaps.get) if lp_gaps else None
+    risk_band = None
+    if risk_worst is not None:
+        bins = per_lp[risk_worst[1]]["risk"][risk_worst[2]].get("bins") or []
+        widest = max(bins, key=lambda b: abs(b["observed"] - b["predicted"]), default=None)
+        risk_band = None if widest is None or "se" not in widest else 1.96 * widest["se"]
+    held_n_eff = held.get("n_eff_by_lp") or {}
+    unseen_lp = max(held.get("coverage_by_lp") or {}, key=lambda lp: abs(held["coverage_by_lp"][lp] - gamma), default=None)
+    miss_value = None if miss_lp is None else miss[miss_lp]
 
     values = {
         "worst_sd_cell_gap": cell("sd"),
         "worst_mu_cell_gap": cell("mu"),
-        "lp_coverage_error": (lp_error, _at_most(lp_error, LP_TOLERANCE), None),
+        "lp_coverage_error": (
+            lp_error,
+            _at_most(lp_error, LP_TOLERANCE),
+            None if lp_worst is None else f"{lp_worst} {per_lp[lp_worst]['coverage']:.3f}",
+            None if lp_worst is None else _band(gamma, per_lp[lp_worst].get("n_eff")),
+        ),
         "low_score_coverage": (
             low,
             _at_least(low, LOW_SCORE_COVERAGE),
             "per LP " + ", ".join(f"{lp} {m['low_score_coverage']:.3f}" for lp, m in per_lp.items() if m["low_score_coverage"] is not None),
+            _pooled_low_band(per_lp),
         ),
         "miss_balance_error": (
-            None if miss_lp is None else miss[miss_lp],
-            _at_most(None if miss_lp is None else miss[miss_lp], MISS_TOLERANCE),
+            miss_value,
+            _at_most(miss_value, MISS_TOLERANCE),
             None if miss_lp is None else f"{miss_lp}: below {per_lp[miss_lp]['miss_below']:.3f}, above {per_lp[miss_lp]['miss_above']:.3f}",
+            None if miss_lp is None else _band(half, per_lp[miss_lp].get("n_eff")),
         ),
         "risk_max_gap": (
             None if risk_worst is None else risk_worst[0],
             _at_most(None if risk_worst is None else risk_worst[0], RISK_TOLERANCE),
             None if risk_worst is None else f"{risk_worst[1]} at chi={risk_worst[2]}" + _risk_band_note(per_lp),
+            risk_band,
         ),
         "ece_max_where_floor_allows": (
             ece_max,
             _at_most(ece_max, ECE_GOAL),
             "floor " + ", ".join(f"{lp} {m['ece_floor']:.3f}" for lp, m in per_lp.items() if m["ece_floor"] is not None),
+            None,  # the floor is its sampling noise, and the goal applies only where it is below the bound
         ),
         "crps_vs_baseline": (
             delta,
             None if delta is None else bool(delta < 0),
             None if not baseline else f"{baseline['name']} {baseline['crps']:.3f}",
+            None,  # a paired difference: its band needs the rows, not this summary
         ),
         "unseen_coverage_error": (
             unseen_error,
             _at_most(unseen_error, UNSEEN_TOLERANCE),
-            "LPs " + (", ".join(held.get("lps") or []) or "none"),
+            "LPs " + (", ".join(held.get("lps") or []) or "none")
+            + ("" if unseen_lp is None else f"; largest {unseen_lp} {held['coverage_by_lp'][unseen_lp]:.3f}"),
+            None if unseen_lp is None else _band(gamma, held_n_eff.get(unseen_lp)),
         ),
     }
-    return [
-        {"key": key, "goal": text, "target": target, "value": values[key][0], "met": values[key][1], "note": values[key][2]}
-        for key, text, target in GOALS
-    ]
+    bounds = dict(zip((key for key, _, _ in GOALS), BOUNDS, strict=True))
+    rows = []
+    for key, text, target in GOALS:
+        value, met, note, band = values[key]
+        rows.append(
+            {
+                "key": key, "goal": text, "target": target, "value": value, "met": met, "note": note,
+                "band": band, "within_band": _within(value, bounds[key], band),
+            }
+        )
+    return rows
 
 
 def headline_metrics(summaries: dict[str, dict[str, Any]], prefix: str = "conditional") -> dict[str, float]:
     """Flat MLflow metrics ``<prefix>.<method>.<goal key>`` (measured values) and
-    ``<prefix>.<method>.goals_met`` (how many goals are met), skipping unmeasurable ones."""
+    ``<prefix>.<method>.goals_met`` (how many goals are met) and
+    ``<prefix>.<method>.goals_missed_within_band`` (how many of the missed ones lie within their
+    sampling band of the bound), skipping unmeasurable ones."""
     out = {}
     for method, summary in summaries.items():
         rows = summary.get("goals") or []
@@ -279,4 +354,7 @@ def headline_metrics(summaries: dict[str, dict[str, Any]], prefix: str = "condit
         if (summary.get("ece") or {}).get("papers_cross_fitted") is not None:
             out[f"{prefix}.{method}.papers_cross_fitted_ece"] = float(summary["ece"]["papers_cross_fitted"])
         out[f"{prefix}.{method}.goals_met"] = float(sum(row["met"] is True for row in rows))
+        out[f"{prefix}.{method}.goals_missed_within_band"] = float(
+            sum(row["met"] is False and row.get("within_band") is True for row in rows)
+        )
     return out
