@@ -1,4 +1,5 @@
-"""Shared fixtures: where the offline data mirror is, and an isolated working folder."""
+"""Shared fixtures: where the offline data mirror is, an isolated working folder, the MLflow stores
+of the scoring tests, and the smoke profile's ``make run`` (:func:`smoke`, built once per session)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,58 @@ def _offline_env(monkeypatch, _uamt_cache_dir):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.setenv("UAMT_CACHE_DIR", str(_uamt_cache_dir))
+
+
+# ----------------------------------------------------------------------------- the smoke clone
+
+#: Marks a test that changes the clone of :func:`smoke` (a second ``make run`` in it): it runs after
+#: every other test that uses the fixture, whatever order the files were given in.
+SMOKE_MUTATES = "smoke_mutates"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"{SMOKE_MUTATES}: changes the shared smoke clone; runs after the tests that read it"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Move the :data:`SMOKE_MUTATES` tests right after the last other test using :func:`smoke`
+    (collected in order -- tests/test_pipeline_e2e.py, then tests/test_smoke_make_run.py -- they are
+    there already; ``pytest tests/test_smoke_make_run.py tests/test_pipeline_e2e.py`` would otherwise
+    read the clone after its second ``make run``)."""
+    mutating = [item for item in items if item.get_closest_marker(SMOKE_MUTATES)]
+    if not mutating:
+        return
+    rest = [item for item in items if not item.get_closest_marker(SMOKE_MUTATES)]
+    readers = [n for n, item in enumerate(rest) if "smoke" in getattr(item, "fixturenames", ())]
+    at = readers[-1] + 1 if readers else len(rest)
+    items[:] = [*rest[:at], *mutating, *rest[at:]]
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory, mirror_root):
+    """A fresh ``git clone`` of the committed tree after its first ``make run`` on the smoke profile
+    (tests/smoke/harness.py): ``(clone, environment, output of make run)``.
+
+    Built once per session and shared: tests/test_smoke_make_run.py checks the run itself (stages,
+    champions, ``uamt score``, a second ``make run``), tests/test_pipeline_e2e.py the outputs it left
+    (metrics, registered models).  The tests that change the clone are marked :data:`SMOKE_MUTATES`.
+    """
+    import shutil
+
+    from tests.smoke import harness
+    from uamt.registry.store import SUMMARY_PATH
+
+    root = tmp_path_factory.mktemp("smoke")
+    clone = root / "clone"
+    env = harness.prepare_clone(clone, mirror_root)
+    assert not (clone / "mlflow" / "mlflow.db").exists() and not (clone / SUMMARY_PATH).exists()
+    code, seconds, log = harness.make_run(clone, env, root / "make-run-1.log")
+    print(f"smoke make run: {seconds:.0f} s")
+    assert code == 0, f"make run failed (exit {code}) after {seconds:.0f} s; its output ends:\n{log[-6000:]}"
+    yield clone, env, log
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,18 @@ encode), offline, reusing the test environment (tests/smoke/harness.py).  A seco
 the same tree must register nothing again.  No metric value is checked: the models are tiny; the
 numbers are the pipeline's business (other tests).
 
+The clone is the session fixture ``smoke`` of tests/conftest.py, built once and shared with
+tests/test_pipeline_e2e.py, which checks the outputs it left (the metrics of every model and LP, the
+registered models loaded in-process); the second ``make run`` (marked ``smoke_mutates``) runs after
+every test reading the clone, whatever order the files are given in.
+
 Measured (2026-11-25) on a 2-core machine shared with other pipelines and test runs: this module
 10.5 min at a load average of 4-6 (the first ``make run`` 586 s: prepare 47 s, encode 87 s at
 35 texts/s, calibrate 107 s, evaluate 134 s, ...); by hand (tests/smoke/harness.py) at a load
 average of 11-18, 40 min (calibrate 732 s, evaluate 776 s, encode 279 s at 11 texts/s) and 57 s for
 the second ``make run``.  On 2 idle cores (ONNX MiniLM ~140 texts/s) it should take less.
+With tests/test_pipeline_e2e.py (2026-12-06, load average 3-4): both modules 1,047 s, the shared
+first ``make run`` 973 s, the second 33 s.
 """
 
 from __future__ import annotations
@@ -20,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 
 import pytest
 import yaml
@@ -31,20 +37,6 @@ from uamt.registry.store import SUMMARY_PATH
 pytestmark = pytest.mark.slow
 
 MODELS = ("uamt-comet", "uamt-comet-qe")
-
-
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory, mirror_root):
-    """A fresh clone after its first ``make run``: (clone, environment, output of make run)."""
-    root = tmp_path_factory.mktemp("smoke")
-    clone = root / "clone"
-    env = harness.prepare_clone(clone, mirror_root)
-    assert not (clone / "mlflow" / "mlflow.db").exists() and not (clone / SUMMARY_PATH).exists()
-    code, seconds, log = harness.make_run(clone, env, root / "make-run-1.log")
-    print(f"smoke make run: {seconds:.0f} s")
-    assert code == 0, f"make run failed (exit {code}) after {seconds:.0f} s; its output ends:\n{log[-6000:]}"
-    yield clone, env, log
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def champion_rows(clone, env, name: str) -> list[list[str]]:
@@ -94,6 +86,7 @@ def test_uamt_score_answers_with_the_champion(smoke, with_refs, model):
         assert row["sigma"] > 0 and row["lower"] <= row["mu"] <= row["upper"] and 0 <= row["risk"] <= 1, row
 
 
+@pytest.mark.smoke_mutates  # after every reader of the shared clone (tests/conftest.py)
 def test_second_make_run_registers_nothing_again(smoke, tmp_path):
     clone, env, _ = smoke
     code, _, log = harness.make_run(clone, env, tmp_path / "make-run-2.log")

@@ -8,7 +8,9 @@ profile's files (:func:`keep_files`) and returns the environment a fresh user wo
 the Python environment running this code as the Makefile's ``VENV`` (``make -o`` keeps ``make`` from
 reinstalling it: nothing is downloaded and no environment is created per run).
 
-Used by ``tests/test_smoke_make_run.py``; by hand (the before/after of a fix, timings)::
+Used by the session fixture ``smoke`` of ``tests/conftest.py`` (one clone, one ``make run``, read by
+``tests/test_smoke_make_run.py`` and ``tests/test_pipeline_e2e.py``) and by
+``tests/test_smoke_finetune.py``; by hand (the before/after of a fix, timings)::
 
     python -m tests.smoke.harness /tmp/smoke [--commit REV] [--runs 2] [--overlay more-params.yaml]
 """
