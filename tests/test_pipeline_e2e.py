@@ -126,6 +126,18 @@ def assert_valid_intervals(out) -> None:
     assert (out["lower"][free] < out["mu"][free]).all() and (out["mu"][free] < out["upper"][free]).all()
 
 
+def use_clone_store(monkeypatch, run) -> None:
+    """Point MLflow at the clone's store (its registry too), as its ``make run`` did.
+
+    ``mlflow.set_tracking_uri`` / ``set_registry_uri`` also export ``MLFLOW_TRACKING_URI`` /
+    ``MLFLOW_REGISTRY_URI`` to this process's environment, so earlier tests of the session leave
+    theirs behind, and :func:`uamt.serving.predictor.load_predictor` resolves an alias in the
+    registry named there (found by CI on 2026-12-06: both tests below failed after the rest of the
+    suite, and passed alone)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", run.tracking_uri)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", run.tracking_uri)
+
+
 def test_registered_champion_scores_new_text(run, monkeypatch):
     from uamt.core.errors import DataError
     from uamt.registry.store import tracking_uri
@@ -133,7 +145,7 @@ def test_registered_champion_scores_new_text(run, monkeypatch):
 
     summary = read_json(run.root / SUMMARY_PATH)
     assert summary["version"] == "1" and summary["promoted"], summary
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", run.tracking_uri)  # the clone's registry, as `make run` used
+    use_clone_store(monkeypatch, run)
     assert tracking_uri().endswith("mlflow.db")
     predictor = load_predictor("models:/uamt-comet@champion")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")  # scoring reads the loaded model only
@@ -188,7 +200,7 @@ def test_reference_free_model_is_registered_and_scores_without_references(run, m
     assert summary["qe"]["promoted"], summary["qe"]
     manifest = read_json(run.root / run.pipeline["models_dir"] / run.register_qe / "model.json")
     assert manifest["config"]["reference_free"] is True
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", run.tracking_uri)
+    use_clone_store(monkeypatch, run)
     params_path = run.root / "params.yaml"  # the model names the clone's register stage used
     predictor, uri = load_scoring_predictor(None, has_references=False, params_path=params_path)
     assert uri == "models:/uamt-comet-qe@champion" and not predictor.uses_references
