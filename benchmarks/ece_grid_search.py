@@ -8,6 +8,16 @@ flow's in-process stages) its threads wait for each other on every call.  This b
 LP of a dev predictions table (or synthetic rows) with both erfs and prints the seconds per fit and
 whether the two fits agree (alpha, beta and the dev ECE).
 
+Which erf is faster depends on the load, and the switch to scipy's is not a clear win.  Measured on
+2026-12-06 on a 2-core AMD EPYC VM, HTS's dev predictions, seconds per LP fit (720-3,082 rows):
+
+- beside another job's tests (load ~3.5), best of 5: scipy 0.13-0.55, torch 0.19-0.67;
+- the same, ``--busy 2``: scipy 0.36-1.49, torch 0.63-2.15;
+- idle (load 0.2), best of 3: scipy 0.13-0.50, **torch 0.05-0.18**;
+- idle, ``--busy 1``: scipy 0.13-0.49, torch 0.13-0.74; ``--busy 2``: scipy 0.18-0.80, torch 0.17-0.52.
+
+The fits were the same in every run.
+
     python benchmarks/ece_grid_search.py [--predictions predictions/dev/hts.parquet] [--busy 2]
         [--repeats 3] [--torch-threads 2]
 
@@ -27,21 +37,13 @@ import numpy as np
 import pandas as pd
 
 import uamt.uncertainty.calibrators as calibrators
-from uamt.uncertainty.metrics import confidence_levels
 
 
-def torch_ece_columns(abs_err: np.ndarray, var: np.ndarray, n_levels: int) -> np.ndarray:
-    """The ECE fast path with torch's erf on torch's thread pool (the implementation until 2026-12-06)."""
+def torch_erf(x: np.ndarray) -> np.ndarray:
+    """torch's erf on torch's intra-op thread pool (what ``_ece_columns`` called until 2026-12-06)."""
     import torch
 
-    n, n_candidates = var.shape
-    z = abs_err[:, None] / np.sqrt(var)
-    levels = torch.special.erf(torch.from_numpy(z / math.sqrt(2.0))).numpy()
-    level_index = np.clip(np.ceil(levels * (n_levels - 1)).astype(np.int64), 0, n_levels - 1)
-    flat = (level_index + np.arange(n_candidates)[None, :] * n_levels).ravel()
-    counts = np.bincount(flat, minlength=n_candidates * n_levels).reshape(n_candidates, n_levels)
-    observed = np.cumsum(counts, axis=1) / n
-    return np.mean(np.abs(observed - confidence_levels(n_levels)[None, :]), axis=1)
+    return torch.special.erf(torch.from_numpy(x)).numpy()
 
 
 def synthetic_rows(seed: int = 0) -> pd.DataFrame:
@@ -56,14 +58,15 @@ def synthetic_rows(seed: int = 0) -> pd.DataFrame:
 
 
 def _spin() -> None:
+    """Keep one core busy until terminated (``--busy``: the load of another job)."""
     while True:
         pass
 
 
-def time_fits(rows: pd.DataFrame, ece_columns, repeats: int) -> dict[str, tuple[float, dict]]:
-    """Per LP: the fastest of ``repeats`` fits (seconds) and the fit, with ``ece_columns`` in place."""
-    served = calibrators._ece_columns
-    calibrators._ece_columns = ece_columns
+def time_fits(rows: pd.DataFrame, erf, repeats: int) -> dict[str, tuple[float, dict]]:
+    """Per LP: the fastest of ``repeats`` fits (seconds) and the fit, with ``erf`` in the grid search."""
+    served = calibrators.erf
+    calibrators.erf = erf  # the name _ece_columns calls
     try:
         out = {}
         for lp, group in rows.groupby("lp", sort=True):
@@ -75,7 +78,7 @@ def time_fits(rows: pd.DataFrame, ece_columns, repeats: int) -> dict[str, tuple[
             out[str(lp)] = (best, fit)
         return out
     finally:
-        calibrators._ece_columns = served
+        calibrators.erf = served
 
 
 def main(argv=None) -> int:
@@ -93,8 +96,8 @@ def main(argv=None) -> int:
     for p in spinners:
         p.start()
     try:
-        scipy_fits = time_fits(rows, calibrators._ece_columns, args.repeats)
-        torch_fits = time_fits(rows, torch_ece_columns, args.repeats)
+        scipy_fits = time_fits(rows, calibrators.erf, args.repeats)
+        torch_fits = time_fits(rows, torch_erf, args.repeats)
     finally:
         for p in spinners:
             p.terminate()
