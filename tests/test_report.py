@@ -218,15 +218,20 @@ def test_report_lists_the_interval_goals_per_model(workspace):
     summary["baseline"].update(coverage=0.9, width=9.0)
     for m in summary["per_lp"].values():
         m.update(pps=0.3, crps=1.5, ups=0.3, ups_raw=0.2, ence=0.1, ence_raw=0.5, sigma_p90_p10=1.8, n_eff=100.0)
+    # 20 risk deciles, the worst 0.06 beyond the bound: beyond its band (0.039), within the family's (0.060)
+    bins = [{"predicted": 0.2, "observed": 0.2, "se": 0.02} for _ in range(19)] + [{"predicted": 0.2, "observed": 0.31, "se": 0.02}]
+    summary["per_lp"]["zh-en"]["risk"]["-5"].update(max_gap=0.11, bins=bins)
+    summary["per_lp"]["en-de"]["risk"]["-5"]["bins"] = []
     summary["goals"] = goal_rows(summary)
     Path("metrics/conditional.json").write_text(json.dumps({"hts": summary}))
     text = report.build_report(metrics, figures)
     assert "### hts (served: mondrian_conformal, rule min_goal_ratio)" in text
     assert "CRPS 1.480 (baseline point+mondrian_conformal: 1.500, coverage 0.900, width 9.00)" in text
     # met, but 0.02 lies within 1.96 x sqrt(0.9 x 0.1 / 100) = 0.059 of the bound 0.03
-    assert "| coverage@0.9 within ±3 points in every LP | max |cov - 0.9| <= 0.03 | 0.020 | 0.059 | yes (within band) | en-de 0.920 |" in text
-    assert "| 0.070 | 0.020 | no | zh-en q1: 0.830 ± 0.020 (1/10 cells outside) |" in text  # missed, beyond its band
-    assert "| < 0 | -0.020 | – | yes | point+mondrian_conformal 1.500 |" in text  # no band claimed
+    assert "| coverage@0.9 within ±3 points in every LP | max |cov - 0.9| <= 0.03 | 0.020 | 0.059 | 2 | yes (within band) | en-de 0.920 |" in text
+    assert "| 0.070 | 0.020 | – | no | zh-en q1: 0.830 ± 0.020 (1/10 cells outside) |" in text  # missed, beyond its band
+    assert "| 0.110 | 0.039 | 20 | no (within chance of the worst of 20) | zh-en at chi=-5; 1/20 deciles" in text
+    assert "| < 0 | -0.020 | – | 1 | yes | point+mondrian_conformal 1.500 |" in text  # no band claimed
     assert "| en-de | 500 | 0.920 | 8.00 | 0.070 / 0.010 | 0.800 |" in text
     assert "| affine_ece | no | 0.880 |" in text
     assert "Unseen language pairs with the model held out" not in text  # no train_lolo models measured

@@ -177,6 +177,66 @@ def test_goal_rows_give_each_value_its_sampling_band_and_say_when_the_bound_lies
         assert bare[key]["band"] is None and bare[key]["within_band"] is None, key
 
 
+def test_a_worst_of_k_miss_is_beyond_chance_only_beyond_the_familys_band():
+    from uamt.uncertainty.goals import family_z
+
+    assert family_z(1) == pytest.approx(1.959964, abs=1e-6)
+    assert family_z(20) == pytest.approx(3.023341, abs=1e-6)  # Phi^-1(1 - 0.05 / 40)
+    with pytest.raises(ValueError, match="members=0"):
+        family_z(0)
+    summary = _summary()
+    # 20 risk deciles, the worst 0.05 + 0.06 with se 0.02: beyond 1.96 se (0.039), within 3.18 se
+    bins = [{"predicted": 0.2, "observed": 0.2, "se": 0.02} for _ in range(19)]
+    bins.append({"predicted": 0.2, "observed": 0.31, "se": 0.02})
+    summary["per_lp"]["zh-en"]["risk"]["-5"].update(max_gap=0.11, bins=bins)
+    summary["per_lp"]["en-de"]["risk"]["-5"]["bins"] = []
+    row = {r["key"]: r for r in goal_rows(summary)}["risk_max_gap"]
+    assert row["family"] == 20 and row["within_band"] is False
+    assert row["beyond_chance"] is False  # 0.06 <= 3.02 x 0.02 = 0.0605
+    bins[-1]["observed"] = 0.32  # 0.07 > 0.0605
+    summary["per_lp"]["zh-en"]["risk"]["-5"]["max_gap"] = 0.12
+    assert {r["key"]: r for r in goal_rows(summary)}["risk_max_gap"]["beyond_chance"] is True
+    # another member with a small se decides it even though the worst one does not
+    bins[-1]["observed"] = 0.31
+    bins[0].update(observed=0.29, se=0.01)  # 0.04 over the bound, 4 se
+    assert {r["key"]: r for r in goal_rows(summary)}["risk_max_gap"]["beyond_chance"] is True
+    # the cells: every LP x quintile cell is a member, each with its own se
+    cells = {f"q{i}": {"gap": 0.0, "se": 0.02} for i in range(1, 6)}
+    for m in summary["per_lp"].values():
+        m["cells"] = {"sd": {q: dict(c) for q, c in cells.items()}, "mu": {q: dict(c) for q, c in cells.items()}}
+    summary["per_lp"]["zh-en"]["cells"]["sd"]["q1"]["gap"] = -0.07  # the worst cell of _summary (0.83)
+    rows = {r["key"]: r for r in goal_rows(summary)}
+    assert rows["worst_sd_cell_gap"]["family"] == 10
+    assert rows["worst_sd_cell_gap"]["beyond_chance"] is False  # 0.02 <= 2.81 x 0.02
+    assert rows["worst_mu_cell_gap"]["beyond_chance"] is False  # met
+    # the LPs: each LP's coverage at its own n_eff; misses per LP and side (2 x 2 members)
+    for m, n_eff in zip(summary["per_lp"].values(), (100.0, 400.0), strict=True):
+        m["n_eff"] = n_eff
+    rows = {r["key"]: r for r in goal_rows(summary)}
+    assert rows["lp_coverage_error"]["family"] == 2 and rows["lp_coverage_error"]["beyond_chance"] is False
+    assert rows["miss_balance_error"]["family"] == 4
+    # en-de below 0.07: 0.005 over the tolerance, se 0.0218: not decided
+    assert rows["miss_balance_error"]["beyond_chance"] is False
+    summary["per_lp"]["en-de"]["miss_below"] = 0.15  # 0.085 over, > 2.50 x 0.0218
+    assert {r["key"]: r for r in goal_rows(summary)}["miss_balance_error"]["beyond_chance"] is True
+    # a pooled value is a family of one: beyond chance exactly when beyond its band
+    low = {r["key"]: r for r in goal_rows(summary)}["low_score_coverage"]
+    assert low["family"] == 1 and low["beyond_chance"] is (low["within_band"] is False)
+
+
+def test_the_crps_difference_gets_its_paired_band():
+    summary = _summary()
+    summary["baseline"].update(crps_delta=0.01, crps_delta_se=0.004)
+    row = {r["key"]: r for r in goal_rows(summary)}["crps_vs_baseline"]
+    assert row["met"] is False and row["band"] == pytest.approx(1.96 * 0.004)
+    assert row["within_band"] is False and row["beyond_chance"] is True  # 0.01 > 0.00784
+    summary["baseline"]["crps_delta_se"] = 0.006
+    row = {r["key"]: r for r in goal_rows(summary)}["crps_vs_baseline"]
+    assert row["within_band"] is True and row["beyond_chance"] is False
+    summary["baseline"]["crps_delta"] = -0.02
+    assert {r["key"]: r for r in goal_rows(summary)}["crps_vs_baseline"]["beyond_chance"] is False  # met
+
+
 def test_goal_rows_leave_unmeasurable_goals_unjudged():
     summary = _summary(held_out=None, baseline=None, worst_cells={"sd": None, "mu": None})
     for m in summary["per_lp"].values():
@@ -200,6 +260,11 @@ def test_headline_metrics_are_flat_and_count_goals_met():
     summary["goals"] = goal_rows(summary)
     # missed within their bands: bad-segment coverage 0.84 (band 0.12) and the miss balance 0.04 (0.043)
     assert headline_metrics({"hts": summary})["conditional.hts.goals_missed_within_band"] == 2.0
+    # beyond chance: the held-out LP (0.80, no n_eff: unknown) no; the LPs' misses no; none decided
+    assert headline_metrics({"hts": summary})["conditional.hts.goals_missed_beyond_chance"] == 0.0
+    summary["held_out"]["n_eff_by_lp"] = {"xx-yy": 400.0}  # |0.8 - 0.9| - 0.05 = 0.05 > 1.96 x 0.015
+    summary["goals"] = goal_rows(summary)
+    assert headline_metrics({"hts": summary})["conditional.hts.goals_missed_beyond_chance"] == 1.0
     assert flat["conditional.hts.lp_coverage_error"] == pytest.approx(0.02)
     assert flat["conditional.hts.papers_cross_fitted_ece"] == 0.03
 
@@ -224,6 +289,34 @@ def test_served_summary_from_measured_metrics(tables):
     assert summary["baseline"]["crps_delta"] == 0.0
     assert [g["key"] for g in summary["goals"]] == [key for key, _, _ in GOALS]
     json.dumps(summary, allow_nan=False)
+
+
+def test_the_crps_difference_is_paired_over_the_same_test_rows(tables):
+    """evaluate's band of the CRPS goal: per-row CRPS of the model and its baseline on the same rows."""
+    from uamt.model_evaluation import ask, measure, paired_crps_se, row_documents
+    from uamt.serving.model_calibration import fit_calibration
+    from uamt.uncertainty.metrics import macro_mean_se
+    from uamt.uncertainty.served import row_crps
+
+    dev, test, _ = tables
+    settings = EvaluationSettings(min_lp_rows=20, calibration="mondrian_conformal", calibration_candidates=("mondrian_conformal",))
+    model = fit_calibration(dev, "hts", settings=settings)[0]
+    point = dev.assign(sigma=1.0)
+    baseline = fit_calibration(point, None, settings=settings)[0]
+    rows = {"model": ask(model, test, settings, None), "baseline": ask(baseline, test.assign(sigma=1.0), settings, None)}
+    crps = {name: row_crps(r, test["human"]) for name, r in rows.items()}
+    for name, calibration in (("model", model), ("baseline", baseline)):
+        full = measure(calibration, rows[name], test, settings)
+        for lp in ("en-de", "zh-en"):  # the served metrics' CRPS is the mean of the rows'
+            assert full[lp]["crps"] == pytest.approx(np.nanmean(crps[name][test["lp"] == lp]))
+    se = paired_crps_se(crps["model"], crps["baseline"], test)
+    diff = crps["model"] - crps["baseline"]
+    assert se == pytest.approx(macro_mean_se(diff, test["lp"].to_numpy(), row_documents(test)))
+    assert 0 < se < np.std(diff)  # a mean of hundreds of rows
+    # the pairing is the point: unpaired, the two CRPS spreads would add up
+    assert se < np.hypot(*(macro_mean_se(c, test["lp"].to_numpy(), row_documents(test)) for c in crps.values()))
+    assert paired_crps_se(crps["model"], None, test) is None
+    assert paired_crps_se(crps["model"], crps["baseline"][:-1], test) is None  # not the same rows
 
 
 def test_predictions_table_carries_doc_and_domain():

@@ -287,6 +287,35 @@ def test_effective_sample_size_follows_the_design_effect():
         effective_sample_size(shared, groups[:5])
 
 
+def test_macro_mean_se_by_hand_and_by_simulation():
+    from uamt.uncertainty.metrics import macro_mean_se
+
+    # stratum a: groups {1, 2} with values {1, 3} and {5}; mean 3, centred -2, 0 | 2: sums -2, 2
+    # stratum b: groups {1}, {2}: values 0, 4; mean 2, sums -2, 2
+    values = np.array([1.0, 3.0, 5.0, 0.0, 4.0])
+    strata = np.array(["a", "a", "a", "b", "b"])
+    groups = np.array([1, 1, 2, 1, 2])  # a group is counted within its stratum
+    var_a, var_b = (4 + 4) / 3**2, (4 + 4) / 2**2
+    assert macro_mean_se(values, strata, groups) == pytest.approx(math.sqrt(var_a + var_b) / 2)
+    # one group per stratum: no variance estimable, 0 (as every sandwich estimator)
+    assert macro_mean_se(values, strata, np.zeros(5)) == 0.0
+    # clustered rows: the se of 400 documents of 10 shared-difficulty rows matches its spread
+    rng = np.random.default_rng(1)
+    docs = np.repeat(np.arange(400), 10)
+    lp = np.where(docs < 200, "x", "y")
+    means = []
+    for _ in range(300):
+        shared = rng.standard_normal(400)[docs] + rng.standard_normal(docs.size)
+        means.append(np.mean([shared[lp == s].mean() for s in ("x", "y")]))
+    shared = rng.standard_normal(400)[docs] + rng.standard_normal(docs.size)
+    assert macro_mean_se(shared, lp, docs) == pytest.approx(np.std(means), rel=0.15)
+    assert macro_mean_se(shared, lp, np.arange(docs.size)) < 0.5 * macro_mean_se(shared, lp, docs)
+    with pytest.raises(ValueError, match="one label per value"):
+        macro_mean_se(values, strata[:2], groups)
+    with pytest.raises(ValueError, match="finite"):
+        macro_mean_se(np.array([np.nan, 1.0]), np.array(["a", "a"]), np.array([1, 2]))
+
+
 # ---------------------------------------------------------------------------------- conditional calibration
 from uamt.uncertainty.metrics import (  # noqa: E402
     conditional_coverage_error,

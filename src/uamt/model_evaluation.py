@@ -74,8 +74,8 @@ from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
 from uamt.uncertainty.candidates import document_folds
 from uamt.uncertainty.goals import served_summary
-from uamt.uncertainty.metrics import ece_sampling_floor, effective_sample_size
-from uamt.uncertainty.served import ServedRows, ServedSettings, served_metrics, served_rows
+from uamt.uncertainty.metrics import ece_sampling_floor, effective_sample_size, macro_mean_se
+from uamt.uncertainty.served import ServedRows, ServedSettings, row_crps, served_metrics, served_rows
 from uamt.uncertainty.tempering import SigmaTempering
 
 log = logging.getLogger(__name__)
@@ -606,7 +606,7 @@ def evaluate_model(
     """One model of :func:`evaluate_models`: its predictions on test and ood (written), the served
     metrics of its calibration there, and the analysis of the other candidates.  Returns
     ``{"full": {split: metrics}, "tables": {split: predictions}, "analysis": ..., "held_out_models":
-    ...}``; reads nothing another model writes, so models may run in parallel.  ``inputs``:
+    ..., "test_crps": CRPS per test row}``; reads nothing another model writes, so models may run in parallel.  ``inputs``:
     :func:`evaluation_inputs` (read here when None); ``lolo_dir``: the train_lolo stage's models
     (:func:`held_out_model_test_metrics`)."""
     frames, features, bounds = inputs if inputs is not None else evaluation_inputs(pipe, encode)
@@ -622,6 +622,8 @@ def evaluate_model(
         sigma_table = with_model_sigma(table, method)
         rows = ask(calibration, sigma_table, settings, bounds)
         full[split] = measure(calibration, rows, sigma_table, settings, dev_n_eff=dev_n_eff)
+        if split == "test":
+            test_crps = row_crps(rows, table["human"].to_numpy(dtype=float))
     # The analysis of alternatives: every calibration candidate refitted on the same calibration
     # rows and measured on test (the served one among them is the artifact's own fit).
     analysis = evaluate_predictions(
@@ -636,7 +638,7 @@ def evaluate_model(
         method, lolo_dir, Path(calibration_dir), frames["test"], features, settings, bounds, full["test"]
     )
     log.info("evaluated %s", method)
-    return {"full": full, "tables": tables, "analysis": analysis, "held_out_models": held}
+    return {"full": full, "tables": tables, "analysis": analysis, "held_out_models": held, "test_crps": test_crps}
 
 
 def held_out_model_test_metrics(
@@ -726,7 +728,7 @@ def evaluate_models(
         reliability[method] = _mean_reliability(full[method]["test"])
         intervals[method] = result["analysis"].get("intervals")
         conditional[method] = {"analysis": result["analysis"]}
-    baselines = _evaluate_baselines(pipe, settings, calibration_dir, tables, bounds)
+    baselines, baseline_crps = _evaluate_baselines(pipe, settings, calibration_dir, tables, bounds)
     for method in pipe.all_methods:
         calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
         served = "fixed_variance" if calibration.fixed else calibration.selected
@@ -747,6 +749,7 @@ def evaluate_models(
             baseline_name=f"{baseline} + isotonic" if isotonic and baseline else baseline,
             analysis=conditional[method]["analysis"],
             settings=served_settings(settings),
+            crps_delta_se=paired_crps_se(done[method]["test_crps"], baseline_crps.get(baseline), tables[method]["test"]),
         )
         if done[method]["held_out_models"] is not None:
             conditional[method]["unseen_lp_held_out_models"] = done[method]["held_out_models"]
@@ -760,18 +763,37 @@ def evaluate_models(
     return {"test": metrics_dir / "test.json", "ood": metrics_dir / "ood.json", **plots}
 
 
-def _evaluate_baselines(pipe, settings, calibration_dir, tables, bounds) -> dict[str, dict[str, Any]]:
-    """Served metrics on test of every ``calibration/baselines/<point>+<candidate>.json``."""
+def _evaluate_baselines(
+    pipe, settings, calibration_dir, tables, bounds
+) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray]]:
+    """Served metrics on test of every ``calibration/baselines/<point>+<candidate>.json``, and the
+    CRPS of each of its test rows (for the paired difference, :func:`paired_crps_se`)."""
     folder = Path(calibration_dir) / BASELINES_DIR
-    out = {}
+    out, crps = {}, {}
     for path in sorted(folder.glob("*+*.json")) if folder.is_dir() else []:
         point = path.stem.split("+", 1)[0]
         if point not in tables:
             continue
         table = with_model_sigma(tables[point]["test"], point)
         baseline = Calibration.load(path)
-        out[path.stem] = measure(baseline, ask(baseline, table, settings, bounds), table, settings)
-    return out
+        rows = ask(baseline, table, settings, bounds)
+        out[path.stem] = measure(baseline, rows, table, settings)
+        crps[path.stem] = row_crps(rows, table["human"].to_numpy(dtype=float))
+    return out, crps
+
+
+def paired_crps_se(model_crps: np.ndarray | None, baseline_crps: np.ndarray | None, table: pd.DataFrame) -> float | None:
+    """Document-clustered standard error of a model's LP-averaged CRPS minus its baseline's, paired
+    over the same test rows of ``table`` (both predict the same frame, row for row;
+    :func:`~uamt.uncertainty.metrics.macro_mean_se` over the rows both answer with finite quantiles).
+    None without a baseline, or when the row counts differ."""
+    if model_crps is None or baseline_crps is None or len(model_crps) != len(baseline_crps) or len(model_crps) != len(table):
+        return None
+    both = np.isfinite(model_crps) & np.isfinite(baseline_crps)
+    if not both.any():
+        return None
+    lp = table["lp"].astype(str).to_numpy()[both]
+    return macro_mean_se((model_crps - baseline_crps)[both], lp, row_documents(table)[both])
 
 
 def _mean_reliability(full: dict[str, Any]) -> dict[str, list[float]]:

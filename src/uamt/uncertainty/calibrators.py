@@ -451,12 +451,15 @@ def _ece_columns(abs_err: np.ndarray, var: np.ndarray, n_levels: int) -> np.ndar
     at most :math:`b/(M-1)`, i.e. iff :math:`\\lceil c_j (M-1) \\rceil \\le b`; one bincount per
     candidate replaces a sort.  (Reported ECEs use :func:`expected_calibration_error`.)
 
-    The erf is scipy's, on the calling thread.  torch's (used until 2026-12-06) ran on torch's
-    thread pool, whose threads wait for each other on every call when the cores are busy: one
-    ``fit_affine_variance`` per dev LP (720-3,082 rows) took 0.19-0.67 s with torch's erf and
-    0.13-0.55 s with scipy's on 2 cores beside another job, 0.63-2.15 s and 0.36-1.49 s with two more
-    busy processes, the same fits (``python benchmarks/ece_grid_search.py``).  The two erfs agree
-    within one ulp, so a level index differs only if :math:`c_j (M-1)` lies within one ulp of an integer.
+    The erf is scipy's, on the calling thread; torch's (used until 2026-12-06) runs on torch's
+    thread pool.  Neither is faster under every load (``python benchmarks/ece_grid_search.py``, one
+    ``fit_affine_variance`` per dev LP of 720-3,082 rows, 2 cores, the same fits every time): idle,
+    torch's takes 0.05-0.18 s and scipy's 0.13-0.50 s; beside another job's tests, 0.19-0.67 s and
+    0.13-0.55 s; with one or two more busy processes the order changes from run to run (torch
+    0.13-0.74 / scipy 0.13-0.49 s and 0.17-0.52 / 0.18-0.80 s idle, 0.63-2.15 / 0.36-1.49 s beside
+    tests).  Seconds per stage either way; scipy's keeps torch out of the calibration path.  The two
+    erfs agree within one ulp, so a level index differs only if :math:`c_j (M-1)` lies within one
+    ulp of an integer.
     """
     n, n_candidates = var.shape
     z = abs_err[:, None] / np.sqrt(var)

@@ -28,9 +28,25 @@ GOALS: tuple[tuple[str, str, str], ...] = (
 )
 LP_TOLERANCE, CELL_TOLERANCE, LOW_SCORE_COVERAGE, MISS_TOLERANCE = 0.03, 0.05, 0.85, 0.015
 RISK_TOLERANCE, ECE_GOAL, UNSEEN_TOLERANCE = 0.05, 0.02, 0.05
-#: Each goal's bound, in :data:`GOALS`' order: a row is ``within_band`` when its value lies within its
-#: sampling band (``band``: 1.96 document-clustered standard errors) of this bound.
-BOUNDS = (CELL_TOLERANCE, CELL_TOLERANCE, LP_TOLERANCE, LOW_SCORE_COVERAGE, MISS_TOLERANCE, RISK_TOLERANCE, ECE_GOAL, 0.0, UNSEEN_TOLERANCE)
+#: Each goal's bound: a row is ``within_band`` when its value lies within its sampling band
+#: (``band``: 1.96 document-clustered standard errors) of this bound.
+BOUNDS: dict[str, float] = {
+    "worst_sd_cell_gap": CELL_TOLERANCE,
+    "worst_mu_cell_gap": CELL_TOLERANCE,
+    "lp_coverage_error": LP_TOLERANCE,
+    "low_score_coverage": LOW_SCORE_COVERAGE,
+    "miss_balance_error": MISS_TOLERANCE,
+    "risk_max_gap": RISK_TOLERANCE,
+    "ece_max_where_floor_allows": ECE_GOAL,
+    "crps_vs_baseline": 0.0,
+    "unseen_coverage_error": UNSEEN_TOLERANCE,
+}
+if set(BOUNDS) != {key for key, _, _ in GOALS}:  # pragma: no cover - a goal added without its bound
+    raise RuntimeError(f"goals without a bound: {sorted({key for key, _, _ in GOALS} ^ set(BOUNDS))}")
+#: Family-wise error of :func:`goal_rows`' ``beyond_chance``: a miss of a worst-of-K goal is beyond
+#: chance when some member lies beyond its bound by more than the Bonferroni quantile
+#: :math:`z_K = \Phi^{-1}(1 - \alpha / (2K))` of its own standard errors (1.96 for K = 1).
+FAMILY_ALPHA = 0.05
 
 
 def _per_lp(full: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -72,6 +88,7 @@ def served_summary(
     baseline_name: str | None = None,
     analysis: dict[str, Any] | None = None,
     settings=None,
+    crps_delta_se: float | None = None,
 ) -> dict[str, Any]:
     """The ``metrics/conditional.json`` block of one model.
 
@@ -85,6 +102,9 @@ def served_summary(
         LPs with a dev calibration of their own: the other LPs of ``ood`` are the held-out ones.
     baseline, baseline_name : dict, str
         The served metrics on test of the point estimate + the same calibration, and its name.
+    crps_delta_se : float
+        Document-clustered standard error of the CRPS difference to the baseline, paired over the
+        same test rows (:func:`uamt.uncertainty.metrics.macro_mean_se`); the band of that goal.
     analysis : dict
         :func:`~uamt.uncertainty.evaluate_predictions` on test with every candidate refitted on dev
         (its ``candidates`` table and the papers' cross-fitted ECE are reported beside).
@@ -135,6 +155,7 @@ def served_summary(
             "worst_sd_cell_gap": (b_worst.get("sd") or {}).get("gap"),
             "worst_mu_cell_gap": (b_worst.get("mu") or {}).get("gap"),
             "crps_delta": None if avg.get("crps") is None or b_avg.get("crps") is None else avg["crps"] - b_avg["crps"],
+            "crps_delta_se": crps_delta_se,
         }
     if ood is not None:
         known = set(map(str, known_lps))
@@ -216,6 +237,59 @@ def _within(value, bound: float, band) -> bool | None:
     return None if value is None or band is None else bool(abs(value - bound) <= band)
 
 
+def family_z(members: int, alpha: float = FAMILY_ALPHA) -> float:
+    """Bonferroni quantile :math:`z_K = \\Phi^{-1}(1 - \\alpha / (2K))` for the worst of ``members``
+    (K) values each judged two-sided: 1.96 for one, 3.02 for 20, 3.53 for 120 at α = 0.05."""
+    from scipy.special import ndtri
+
+    if members < 1:
+        raise ValueError(f"members={members!r} must be at least 1")
+    return float(ndtri(1.0 - alpha / (2.0 * members)))
+
+
+def _beyond_chance(met, members: list[tuple[float, float | None]] | None) -> bool | None:
+    """Whether a missed goal stays missed as the worst of its ``members``: ``(excess, se)`` per
+    member, ``excess`` its distance beyond its own bound (positive = outside) and ``se`` its
+    document-clustered standard error (None where unknown).  True where some member's excess exceeds
+    :func:`family_z` (K = every member) of its standard errors; False for a met goal; None where the
+    goal is unmeasured or no member has a standard error."""
+    if met is None or not members:
+        return None
+    known = [(excess, se) for excess, se in members if se is not None and se > 0]
+    if not known:
+        return None
+    if met:
+        return False
+    z = family_z(len(members))
+    return bool(any(excess > z * se for excess, se in known))
+
+
+def _se(rate: float, n_eff) -> float | None:
+    """Binomial standard error at ``rate`` over ``n_eff`` effective rows (None without one)."""
+    band = _band(rate, n_eff)
+    return None if band is None else band / 1.96
+
+
+def _cell_members(per_lp: dict[str, Any], kind: str) -> list[tuple[float, float | None]]:
+    """``(|gap| - tolerance, se)`` of every LP x quintile cell of ``kind`` (``sd`` or ``mu``)."""
+    return [
+        (abs(c["gap"]) - CELL_TOLERANCE, c.get("se"))
+        for m in per_lp.values()
+        for c in ((m.get("cells") or {}).get(kind) or {}).values()
+        if c.get("gap") is not None
+    ]
+
+
+def _risk_members(per_lp: dict[str, Any]) -> list[tuple[float, float | None]]:
+    """``(|observed - predicted| - tolerance, se)`` of every risk decile (every LP and chi)."""
+    return [
+        (abs(b["observed"] - b["predicted"]) - RISK_TOLERANCE, b.get("se"))
+        for m in per_lp.values()
+        for r in m["risk"].values()
+        for b in r.get("bins") or []
+    ]
+
+
 def _risk_band_note(per_lp: dict[str, Any]) -> str:
     """``"; k/N deciles beyond ±0.05 + 1.96 se"``: the risk bins (every LP and chi) whose gap exceeds
     the tolerance by more than their document-clustered sampling band (empty without bands)."""
@@ -228,19 +302,27 @@ def _risk_band_note(per_lp: dict[str, Any]) -> str:
 
 def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per :data:`GOALS` entry: ``key, goal, target, value, met`` (None = not measurable),
-    ``note`` (where the worst value is, the floors, the baseline), ``band`` and ``within_band``.
+    ``note`` (where the worst value is, the floors, the baseline), ``band``, ``within_band``,
+    ``family`` and ``beyond_chance``.
 
     ``band`` is 1.96 document-clustered standard errors of ``value`` where the summary allows it: a
     cell's ``se``; a coverage or miss rate's binomial se at its target rate over the LP's ``n_eff``
-    (the pooled bad-segment coverage at each LP's design effect); the worst risk decile's ``se``.
-    ECE has its floor instead and the CRPS difference is paired (both None).  ``within_band`` says
-    whether ``|value - bound| <= band`` (:data:`BOUNDS`): met or not, one test sample does not decide
-    such a goal."""
+    (the pooled bad-segment coverage at each LP's design effect); the worst risk decile's ``se``; the
+    paired standard error of the CRPS difference (``baseline.crps_delta_se``).  ECE has its floor
+    instead (None).  ``within_band`` says whether ``|value - bound| <= band`` (:data:`BOUNDS`): met or
+    not, one test sample does not decide such a goal.
+
+    Most goals are the worst of ``family`` values (20 LP x quintile cells, 120 risk deciles, the
+    LPs): the largest of many noisy values lies beyond its band by chance more often than one value
+    does.  ``beyond_chance`` says whether a miss survives that: some member lies beyond its bound by
+    more than :func:`family_z` (``family`` members; family-wise α = :data:`FAMILY_ALPHA`) of its
+    own standard errors; False for a met goal, None where no standard error is known."""
     gamma = summary["coverage_gamma"]
     per_lp = summary["per_lp"]
     worst = summary.get("worst_cells") or {}
     lp_gaps = {lp: abs(m["coverage"] - gamma) for lp, m in per_lp.items() if m["coverage"] is not None}
-    lp_error = max(lp_gaps.values()) if lp_gaps else None
+    lp_worst = max(lp_gaps, key=lp_gaps.get) if lp_gaps else None
+    lp_error = None if lp_worst is None else lp_gaps[lp_worst]
     half = (1.0 - gamma) / 2.0
     miss = {
         lp: max(abs(m["miss_below"] - half), abs(m["miss_above"] - half))
@@ -256,28 +338,29 @@ def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     eces = [m["ece"] for m in floored.values() if m["ece"] is not None]
     ece_max = max(eces) if eces else None
     low = _pooled_low(per_lp)
+    low_band = _pooled_low_band(per_lp)
     baseline = summary.get("baseline") or {}
     delta = baseline.get("crps_delta")
+    delta_se = baseline.get("crps_delta_se")
     held = summary.get("held_out") or {}
-    unseen = [abs(c - gamma) for c in (held.get("coverage_by_lp") or {}).values() if c is not None]
-    unseen_error = max(unseen) if unseen else None
+    held_coverage = {lp: c for lp, c in (held.get("coverage_by_lp") or {}).items() if c is not None}
+    held_n_eff = held.get("n_eff_by_lp") or {}
+    unseen_lp = max(held_coverage, key=lambda lp: abs(held_coverage[lp] - gamma), default=None)
+    unseen_error = None if unseen_lp is None else abs(held_coverage[unseen_lp] - gamma)
 
     def cell(kind: str):
         c = worst.get(kind) or {}
         gap = c.get("gap")
         if gap is None:
-            return None, None, None, None
+            return None, None, None, None, None
         note = f"{c['lp']} {c['cell']}: {c['coverage']:.3f} ± {1.96 * c['se']:.3f} ({c['cells_outside']}/{c['cells']} cells outside)"
-        return abs(gap), _at_most(abs(gap), CELL_TOLERANCE), note, 1.96 * c["se"]
+        return abs(gap), _at_most(abs(gap), CELL_TOLERANCE), note, 1.96 * c["se"], _cell_members(per_lp, kind)
 
-    lp_worst = max(lp_gaps, key=lp_gaps.get) if lp_gaps else None
     risk_band = None
     if risk_worst is not None:
         bins = per_lp[risk_worst[1]]["risk"][risk_worst[2]].get("bins") or []
         widest = max(bins, key=lambda b: abs(b["observed"] - b["predicted"]), default=None)
         risk_band = None if widest is None or "se" not in widest else 1.96 * widest["se"]
-    held_n_eff = held.get("n_eff_by_lp") or {}
-    unseen_lp = max(held.get("coverage_by_lp") or {}, key=lambda lp: abs(held["coverage_by_lp"][lp] - gamma), default=None)
     miss_value = None if miss_lp is None else miss[miss_lp]
 
     values = {
@@ -288,53 +371,64 @@ def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
             _at_most(lp_error, LP_TOLERANCE),
             None if lp_worst is None else f"{lp_worst} {per_lp[lp_worst]['coverage']:.3f}",
             None if lp_worst is None else _band(gamma, per_lp[lp_worst].get("n_eff")),
+            [(gap - LP_TOLERANCE, _se(gamma, per_lp[lp].get("n_eff"))) for lp, gap in lp_gaps.items()],
         ),
         "low_score_coverage": (
             low,
             _at_least(low, LOW_SCORE_COVERAGE),
             "per LP " + ", ".join(f"{lp} {m['low_score_coverage']:.3f}" for lp, m in per_lp.items() if m["low_score_coverage"] is not None),
-            _pooled_low_band(per_lp),
+            low_band,
+            None if low is None else [(LOW_SCORE_COVERAGE - low, None if low_band is None else low_band / 1.96)],
         ),
         "miss_balance_error": (
             miss_value,
             _at_most(miss_value, MISS_TOLERANCE),
             None if miss_lp is None else f"{miss_lp}: below {per_lp[miss_lp]['miss_below']:.3f}, above {per_lp[miss_lp]['miss_above']:.3f}",
             None if miss_lp is None else _band(half, per_lp[miss_lp].get("n_eff")),
+            [
+                (abs(per_lp[lp][side] - half) - MISS_TOLERANCE, _se(half, per_lp[lp].get("n_eff")))
+                for lp in miss
+                for side in ("miss_below", "miss_above")
+            ],
         ),
         "risk_max_gap": (
             None if risk_worst is None else risk_worst[0],
             _at_most(None if risk_worst is None else risk_worst[0], RISK_TOLERANCE),
             None if risk_worst is None else f"{risk_worst[1]} at chi={risk_worst[2]}" + _risk_band_note(per_lp),
             risk_band,
+            _risk_members(per_lp),
         ),
         "ece_max_where_floor_allows": (
             ece_max,
             _at_most(ece_max, ECE_GOAL),
             "floor " + ", ".join(f"{lp} {m['ece_floor']:.3f}" for lp, m in per_lp.items() if m["ece_floor"] is not None),
             None,  # the floor is its sampling noise, and the goal applies only where it is below the bound
+            None,
         ),
         "crps_vs_baseline": (
             delta,
             None if delta is None else bool(delta < 0),
             None if not baseline else f"{baseline['name']} {baseline['crps']:.3f}",
-            None,  # a paired difference: its band needs the rows, not this summary
+            None if delta_se is None else 1.96 * delta_se,  # paired over the same test rows
+            None if delta is None else [(delta, delta_se)],
         ),
         "unseen_coverage_error": (
             unseen_error,
             _at_most(unseen_error, UNSEEN_TOLERANCE),
             "LPs " + (", ".join(held.get("lps") or []) or "none")
-            + ("" if unseen_lp is None else f"; largest {unseen_lp} {held['coverage_by_lp'][unseen_lp]:.3f}"),
+            + ("" if unseen_lp is None else f"; largest {unseen_lp} {held_coverage[unseen_lp]:.3f}"),
             None if unseen_lp is None else _band(gamma, held_n_eff.get(unseen_lp)),
+            [(abs(c - gamma) - UNSEEN_TOLERANCE, _se(gamma, held_n_eff.get(lp))) for lp, c in held_coverage.items()],
         ),
     }
-    bounds = dict(zip((key for key, _, _ in GOALS), BOUNDS, strict=True))
     rows = []
     for key, text, target in GOALS:
-        value, met, note, band = values[key]
+        value, met, note, band, members = values[key]
         rows.append(
             {
                 "key": key, "goal": text, "target": target, "value": value, "met": met, "note": note,
-                "band": band, "within_band": _within(value, bounds[key], band),
+                "band": band, "within_band": _within(value, BOUNDS[key], band),
+                "family": len(members) if members else None, "beyond_chance": _beyond_chance(met, members),
             }
         )
     return rows
@@ -344,7 +438,8 @@ def headline_metrics(summaries: dict[str, dict[str, Any]], prefix: str = "condit
     """Flat MLflow metrics ``<prefix>.<method>.<goal key>`` (measured values) and
     ``<prefix>.<method>.goals_met`` (how many goals are met) and
     ``<prefix>.<method>.goals_missed_within_band`` (how many of the missed ones lie within their
-    sampling band of the bound), skipping unmeasurable ones."""
+    sampling band of the bound) and ``<prefix>.<method>.goals_missed_beyond_chance`` (how many stay
+    missed as the worst of their family), skipping unmeasurable ones."""
     out = {}
     for method, summary in summaries.items():
         rows = summary.get("goals") or []
@@ -357,4 +452,5 @@ def headline_metrics(summaries: dict[str, dict[str, Any]], prefix: str = "condit
         out[f"{prefix}.{method}.goals_missed_within_band"] = float(
             sum(row["met"] is False and row.get("within_band") is True for row in rows)
         )
+        out[f"{prefix}.{method}.goals_missed_beyond_chance"] = float(sum(row.get("beyond_chance") is True for row in rows))
     return out

@@ -439,6 +439,52 @@ def effective_sample_size(values, groups) -> float:
     return float(n / (1.0 + (m0 - 1.0) * rho))
 
 
+def macro_mean_se(values, strata, groups) -> float:
+    """Standard error of the macro average of per-stratum means, clustered by group within stratum.
+
+    .. math:: \\bar v = \\frac1S \\sum_s \\bar v_s, \\qquad
+              \\widehat{\\operatorname{se}}(\\bar v)^2 = \\frac1{S^2} \\sum_s \\frac{1}{n_s^2}
+              \\sum_{g \\in s} \\Bigl(\\sum_{i \\in g} (v_i - \\bar v_s)\\Bigr)^2
+
+    the cluster-robust (sandwich) variance of each stratum's mean, strata independent.  Pass the
+    row-wise difference of two scores on the same rows (a paired difference: e.g. a model's CRPS
+    minus its baseline's), the LP of each row as ``strata`` and its document as ``groups``: the
+    standard error of an LP-averaged difference whose rows share their document's difficulty.
+
+    Parameters
+    ----------
+    values : array_like, shape [n]
+        Finite values.
+    strata, groups : array_like, shape [n]
+        Any hashable labels; a group is counted within its stratum.
+
+    Returns
+    -------
+    float
+        Non-negative, in the units of ``values``; 0 for a stratum with a single group (its variance is
+        not estimable from one cluster, as with every sandwich estimator).
+    """
+    values = _as_1d("values", values)
+    strata, groups = np.asarray(strata), np.asarray(groups)
+    if strata.shape != values.shape or groups.shape != values.shape:
+        raise ValueError(
+            f"strata {strata.shape} and groups {groups.shape} must have one label per value ({values.size})"
+        )
+    if values.size == 0:
+        raise ValueError("values must not be empty")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("values must be finite")
+    labels = sorted(set(strata.tolist()))
+    var = 0.0
+    for stratum in labels:
+        rows = strata == stratum
+        centred = values[rows] - values[rows].mean()
+        _, index = np.unique(groups[rows], return_inverse=True)
+        sums = np.bincount(index, weights=centred)
+        var += float(np.sum(sums**2)) / rows.sum() ** 2
+    return float(math.sqrt(var) / len(labels))
+
+
 @functools.lru_cache(maxsize=256)
 def ece_sampling_floor(
     n_segments: int,

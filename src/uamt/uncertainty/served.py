@@ -372,6 +372,16 @@ def quantile_crps(human, probs, quantiles) -> np.ndarray:
     return 2.0 * loss.mean(axis=1)
 
 
+def row_crps(rows: ServedRows, human) -> np.ndarray:
+    """CRPS of each row's served quantiles (:func:`quantile_crps`), shape [n]; NaN where a row's
+    quantiles are not all finite (the rows every CRPS of :func:`served_metrics` leaves out)."""
+    human = np.asarray(human, dtype=float)
+    finite = np.all(np.isfinite(rows.quantiles), axis=1)
+    out = np.full(human.shape, np.nan)
+    out[finite] = quantile_crps(human[finite], rows.probs, rows.quantiles[finite])
+    return out
+
+
 def randomised_shares(human, gamma: float, lower, upper, bounds=None, cdf_at_bounds=None, cdf_at_human=None):
     """Shares of each row below, inside and above the central interval at level ``gamma``, with a
     human score on a bound of the scale randomised within the served distribution's point mass there.
@@ -525,7 +535,7 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
         # The served probability of the top of the scale (MQM 0: no error) against its frequency.
         out["top_probability"] = float(np.mean(1.0 - rows.cdf_at_bounds[:, 1]))
         out["top_frequency"] = float(np.mean(human == rows.bounds[1]))
-    out["crps"] = float(np.mean(quantile_crps(human[finite], rows.probs, quantiles[finite]))) if finite.any() else None
+    out["crps"] = float(np.mean(row_crps(rows, human)[finite])) if finite.any() else None
     out["crps_rows"] = int(finite.sum())
     out["sharpness"] = float(np.mean(sd[finite] ** 2)) if finite.any() else None
     out["sd"] = float(np.mean(sd[finite])) if finite.any() else None
