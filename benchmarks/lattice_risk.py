@@ -37,14 +37,17 @@ THRESHOLDS = (-1.0, -5.0, -10.0)
 TOLERANCE = 0.05
 
 
-def reliability(rows, table, offsets, settings) -> dict:
-    """``{offset: {"by_lp": {lp: {chi: (brier, max_gap)}}, "deciles": [(excess, se)], "brier": mean}}``."""
+def reliability(rows, table, offsets, settings) -> tuple[dict, dict]:
+    """``({offset: {"by_lp": {lp: {chi: (brier, max_gap)}}, "deciles": [(excess, se)], "brier": mean}},
+    {chi: (mean served F(chi), share below chi, share at or below chi)})``: the risk read at
+    chi + offset, and the mechanism over all rows at chi itself."""
     from uamt.model_evaluation import row_documents, served_settings
     from uamt.uncertainty.served import risk_reliability
 
     human = table["human"].to_numpy(dtype=float)
     lp = table["lp"].astype(str).to_numpy()
     docs = row_documents(table)
+    n_bins = served_settings(settings).n_risk_bins
     out = {}
     for offset in offsets:
         by_lp, deciles, briers = {}, [], []
@@ -53,16 +56,15 @@ def reliability(rows, table, offsets, settings) -> dict:
             by_lp[name] = {}
             for chi in THRESHOLDS:
                 risk = rows.risk[chi + offset][mask]
-                r = risk_reliability(risk, (human[mask] <= chi).astype(float), served_settings(settings).n_risk_bins, docs[mask])
+                r = risk_reliability(risk, (human[mask] <= chi).astype(float), n_bins, docs[mask])
                 by_lp[name][chi] = (r["brier"], r["max_gap"])
                 briers.append(r["brier"])
                 deciles += [(abs(b["observed"] - b["predicted"]) - TOLERANCE, b["se"]) for b in r["bins"]]
         out[offset] = {"by_lp": by_lp, "deciles": deciles, "brier": float(np.mean(briers))}
-    # the mechanism, over all rows: the mean served F(chi) against the shares below and at-or-below chi
-    out["steps"] = {
+    steps = {
         chi: (float(np.mean(rows.risk[chi])), float(np.mean(human < chi)), float(np.mean(human <= chi))) for chi in THRESHOLDS
     }
-    return out
+    return out, steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,10 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows, table = cross_fitted_rows(calib, None, served, settings, bounds)[0], calib
             else:
                 rows, table = ask(served, test, settings, bounds), test
-            result = reliability(rows, table, offsets, settings)
+            result, mechanism = reliability(rows, table, offsets, settings)
             steps.append(
                 f"| {model} | {split} | "
-                + " | ".join(f"{f:.3f} ({below:.3f} / {at:.3f})" for f, below, at in result.pop("steps").values())
+                + " | ".join(f"{f:.3f} ({below:.3f} / {at:.3f})" for f, below, at in mechanism.values())
                 + " |"
             )
             for offset, r in result.items():

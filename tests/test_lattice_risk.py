@@ -26,8 +26,7 @@ def test_the_risk_at_a_whole_point_reads_half_the_step_and_half_a_point_above_re
     offsets = (0.0, 0.5)
     rows = SimpleNamespace(risk={chi + o: cdf_y(np.full(n, chi + o)) for chi in THRESHOLDS for o in offsets})
     table = pd.DataFrame({"lp": "en-de", "human": human, "doc": [f"d{i // 4}" for i in range(n)]})
-    result = reliability(rows, table, offsets, EvaluationSettings())
-    steps = result.pop("steps")
+    result, steps = reliability(rows, table, offsets, EvaluationSettings())
     for chi, (served, below, at) in steps.items():
         assert served == pytest.approx((below + at) / 2, abs=0.015), chi  # mid-step
     for chi in (-1.0, -5.0):
