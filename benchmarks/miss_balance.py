@@ -41,9 +41,10 @@ def clustered_se(values: np.ndarray, docs: np.ndarray) -> float:
     variance; a randomised share lies anywhere in [0, 1], not only at 0 or 1, so the binomial variance
     only bounds it, and this sandwich form is used instead.
     """
-    frame = pd.DataFrame({"v": values - values.mean(), "d": docs})
-    sums = frame.groupby("d")["v"].sum().to_numpy()
-    return float(np.sqrt(np.sum(sums**2)) / len(values)) if len(values) else float("nan")
+    from uamt.uncertainty.metrics import macro_mean_se
+
+    # one stratum: the library's LP-averaged form with a single LP
+    return macro_mean_se(values, np.zeros(len(values)), docs) if len(values) else float("nan")
 
 
 def miss_table(rows, table: pd.DataFrame, gamma: float, bounds) -> list[dict]:
