@@ -670,7 +670,7 @@ def evaluate_model(
     calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
     dev = with_model_sigma(calibration_rows(pipe, method, calibration.calibrated_on), method)
     dev_n_eff = dev_effective_sizes(calibration, dev, settings, bounds)
-    full, tables = {}, {}
+    full, tables, test_crps = {}, {}, None
     for split, frame in frames.items():
         table = predict_split(
             pipe.model_dir(method), frame, features, Path(pipe.predictions_dir) / split / f"{method}.parquet"
