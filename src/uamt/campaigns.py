@@ -372,6 +372,7 @@ def calibrate_campaigns(
             )
         keyed.calibrated_on = served.calibrated_on
         keyed.reference_factors = keyed_reference_factors(served.reference_factors, keyed.known_lps)
+        keyed.risk_lattice = dict(served.risk_lattice)  # the same scale, read on the same lattice
         keyed.save(Path(out_dir) / f"{model}.json")
         test = pd.read_parquet(Path(pipe.predictions_dir) / "test" / f"{model}.parquet")
         metrics[model] = measure_campaigns(

@@ -75,7 +75,14 @@ from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_jso
 from uamt.uncertainty.candidates import document_folds
 from uamt.uncertainty.goals import served_summary
 from uamt.uncertainty.metrics import ece_sampling_floor, effective_sample_size, macro_mean_se
-from uamt.uncertainty.served import ServedRows, ServedSettings, row_crps, served_metrics, served_rows
+from uamt.uncertainty.served import (
+    ServedRows,
+    ServedSettings,
+    lattice_threshold,
+    row_crps,
+    served_metrics,
+    served_rows,
+)
 from uamt.uncertainty.tempering import SigmaTempering
 
 log = logging.getLogger(__name__)
@@ -349,7 +356,9 @@ def fit_served_distribution(
 
     ``reference_factors``: the fitted calibration -> its reference factors
     (:func:`~uamt.serving.multi_reference.fit_reference_factors`); None: none.  Returns the
-    calibration and :func:`choose_sigma_weight`'s record of the weights it tried.
+    calibration and the records of its choices: ``{"sigma_weight": ...}`` (:func:`choose_sigma_weight`'s
+    weights tried) and ``{"risk_lattice": ...}`` (:func:`choose_risk_lattice`'s offsets tried), each
+    empty where nothing was chosen.
     """
     source = f"{'+'.join(splits)}/{method}"
     calibration, _ = fit_calibration(table, method, settings=settings, source=source)
@@ -363,7 +372,55 @@ def fit_served_distribution(
         )
     if reference_factors is not None:
         calibration.reference_factors = reference_factors(calibration)
-    return attach_distribution(calibration, table, method, settings, bounds), sigma_weight
+    calibration = attach_distribution(calibration, table, method, settings, bounds)
+    calibration, risk_lattice = choose_risk_lattice(table, method, calibration, settings, bounds)
+    if risk_lattice:
+        log.info(
+            "%s: risk read at floor(chi) + %g (cross-fitted Brier %s)", method, risk_lattice["chosen"],
+            ", ".join(f"{o}: {b:.4f}" for o, b in risk_lattice["brier"].items()),
+        )
+    return calibration, {"sigma_weight": sigma_weight, "risk_lattice": risk_lattice}
+
+
+def choose_risk_lattice(
+    table: pd.DataFrame, method: str | None, calibration: Calibration, settings: EvaluationSettings, bounds
+) -> tuple[Calibration, dict[str, Any]]:
+    """Where the served risk reads the CDF on the score's lattice: the offset δ of
+    ``settings.risk_lattice_offsets`` (step ``settings.risk_lattice_step``;
+    :func:`~uamt.uncertainty.served.lattice_threshold`) whose risk has the lowest Brier score
+    cross-fitted over ``table``'s documents (:func:`cross_fitted_rows`), averaged over LPs and
+    ``settings.risk_thresholds`` with the event ``human <= chi``; a tie goes to the smaller δ (0: the
+    CDF at chi itself, no lattice).  The Brier score is proper, and the intervals, the CRPS and the
+    randomised PIT do not read the lattice, so this choice moves the risk alone.
+
+    Returns ``calibration`` with :attr:`~uamt.serving.model_calibration.Calibration.risk_lattice` set
+    (empty for δ = 0) and ``{"step": s, "brier": {δ: Brier}, "chosen": δ}``; as is, with ``{}``,
+    without a step, with the single offset 0, or for an isotonic distribution (its own point masses
+    are the scores it was fitted at)."""
+    step = settings.risk_lattice_step
+    offsets = tuple(float(o) for o in settings.risk_lattice_offsets)
+    if step is None or offsets == (0.0,) or calibration.isotonic is not None:
+        return calibration, {}
+    lattices = {o: ({} if o == 0.0 else {"step": float(step), "offset": o}) for o in offsets}
+    reads = {(chi, o): float(lattice_threshold(float(chi), lattices[o])) for chi in settings.risk_thresholds for o in offsets}
+    probe = dataclasses.replace(settings, risk_thresholds=tuple(sorted(set(reads.values()))))
+    plain = dataclasses.replace(calibration, risk_lattice={})
+    rows, _ = cross_fitted_rows(table, method, plain, probe, bounds)
+    human = table["human"].to_numpy(dtype=float)
+    lp = table["lp"].astype(str).to_numpy()
+    brier = {}
+    for offset in offsets:
+        scores = [
+            float(np.mean((rows.risk[reads[(chi, offset)]][lp == name] - (human[lp == name] <= chi)) ** 2))
+            for name in sorted(set(lp.tolist()))
+            for chi in settings.risk_thresholds
+        ]
+        brier[offset] = float(np.mean(scores))
+    chosen = min(brier, key=lambda o: (brier[o], o))
+    return (
+        dataclasses.replace(calibration, risk_lattice=dict(lattices[chosen])),
+        {"step": float(step), "brier": {str(o): b for o, b in brier.items()}, "chosen": chosen},
+    )
 
 
 def _scale_bounds(pipe: PipelineConfig):
@@ -435,7 +492,7 @@ def calibrate_model(
     table = pd.concat([tables[s] for s in splits], ignore_index=True)
     # The reference factors need rows with several references: dev's (the multi-reference
     # rows of the other splits are not encoded).
-    calibration, sigma_weight = fit_served_distribution(
+    calibration, choices = fit_served_distribution(
         table, method, settings, bounds, splits=splits,
         reference_factors=lambda fitted: fit_reference_factors(
             pipe.model_dir(method), dev_df, features, fitted, settings.min_lp_rows
@@ -491,7 +548,7 @@ def calibrate_model(
         "n_calibration_rows": len(table),
         "served": "fixed_variance" if calibration.fixed else calibration.selected,
         "unseen_lp": unseen,
-        **({"sigma_weight": sigma_weight} if sigma_weight else {}),
+        **{name: record for name, record in choices.items() if record},
     }
     if calibration.isotonic is not None:  # "served" stays the candidate: the baselines are named by it
         metrics["distribution"] = "isotonic"
@@ -613,7 +670,7 @@ def evaluate_model(
     calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
     dev = with_model_sigma(calibration_rows(pipe, method, calibration.calibrated_on), method)
     dev_n_eff = dev_effective_sizes(calibration, dev, settings, bounds)
-    full, tables = {}, {}
+    full, tables, test_crps = {}, {}, None
     for split, frame in frames.items():
         table = predict_split(
             pipe.model_dir(method), frame, features, Path(pipe.predictions_dir) / split / f"{method}.parquet"

@@ -105,7 +105,7 @@ def with_calibration(table, calibration, confidence: float, risk_threshold: floa
     lower, upper = calibration.interval(*raw, confidence, lp=lp)
     served = pd.DataFrame({
         "mu": mu_cal, "sigma": sigma_cal, "lower": lower, "upper": upper,
-        "risk": calibration.risk(*raw, risk_threshold, lp=lp),
+        "risk": calibration.served_risk(*raw, risk_threshold, lp=lp),
     })
     served = clip_to_scale(served, bounds, risk_threshold)
     return table.assign(

@@ -263,7 +263,7 @@ class CalibratedPredictor:
             refs_rows = None if n_refs is None else n_refs[rows]
             mu, sigma = calibration.apply(*args, key_rows, n_refs=refs_rows)
             lower, upper = calibration.interval(*args, confidence, key_rows, interval, n_refs=refs_rows)
-            risk = calibration.risk(*args, threshold, key_rows, n_refs=refs_rows)
+            risk = calibration.served_risk(*args, threshold, key_rows, n_refs=refs_rows)
             for name, values in (("mu", mu), ("sigma", sigma), ("lower", lower), ("upper", upper), ("risk", risk)):
                 answers[name][rows] = values
         out = pd.DataFrame(answers)

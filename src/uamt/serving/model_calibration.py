@@ -43,6 +43,7 @@ from uamt.uncertainty.atom import TopAtom
 from uamt.uncertainty.candidates import candidate_from_dict
 from uamt.uncertainty.isotonic import IsotonicDistribution
 from uamt.uncertainty.rearrangement import grid_of, in_mu_order
+from uamt.uncertainty.served import lattice_threshold
 from uamt.uncertainty.tempering import SigmaTempering
 
 INTERVAL_MODES = ("gaussian", "conformal")
@@ -93,6 +94,12 @@ class Calibration:
     #: (:mod:`uamt.uncertainty.rearrangement`, ``evaluate.rearrange_in_mu``; set only where σ has no
     #: weight); empty (files written before it): answers as the calibrators give them.
     rearrangement_mu: dict[str, list[float]] = field(default_factory=dict)
+    #: Where the served risk reads the CDF on the score's lattice (:func:`~uamt.uncertainty.served.lattice_threshold`,
+    #: ``{"step": s, "offset": δ}``), chosen by the calibrate stage
+    #: (:func:`uamt.model_evaluation.choose_risk_lattice`); empty (files written before it, or a
+    #: continuous scale): the CDF at the threshold itself.  Only the risk reads it: the intervals, the
+    #: CRPS and the randomised PIT read the CDF as it is.
+    risk_lattice: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, calibration: dict[str, Any], fixed: bool = False) -> Calibration:
@@ -140,6 +147,7 @@ class Calibration:
             **({"too_few_rows": self.too_few_rows} if self.too_few_rows else {}),
             **({"sigma_tempering": self.sigma_tempering.to_dict()} if self.sigma_tempering is not None else {}),
             **({"rearrangement_mu": {lp: list(g) for lp, g in sorted(self.rearrangement_mu.items())}} if self.rearrangement_mu else {}),
+            **({"risk_lattice": dict(self.risk_lattice)} if self.risk_lattice else {}),
         }
 
     @classmethod
@@ -186,6 +194,7 @@ class Calibration:
         if not isinstance(grids, dict) or not all(isinstance(g, list) for g in grids.values()):
             raise UamtError(f"calibration: rearrangement_mu must map each lp to a list of mu, got {type(grids).__name__}")
         calibration.rearrangement_mu = {str(lp): [float(v) for v in g] for lp, g in grids.items()}
+        calibration.risk_lattice = checked_risk_lattice(data.get("risk_lattice") or {})
         return calibration
 
     def save(self, path: str | Path) -> None:
@@ -501,6 +510,11 @@ class Calibration:
         high, _ = self.standardizer.to_human_scale(np.where(unbounded_high, mu_z, high_z), np.zeros_like(high_z), lp)
         return np.where(unbounded_low, -np.inf, low), np.where(unbounded_high, np.inf, high)
 
+    def served_risk(self, mu, sigma, threshold, lp=None, n_refs=None) -> np.ndarray:
+        """The risk users are served, :math:`P(Q \\le \\chi)`, shape [n]: :meth:`risk` read on the
+        score's lattice where the calibration holds one (:attr:`risk_lattice`), else :meth:`risk`."""
+        return self.risk(mu, sigma, lattice_threshold(threshold, self.risk_lattice), lp, n_refs=n_refs)
+
     def risk(self, mu, sigma, threshold, lp=None, n_refs=None) -> np.ndarray:
         """P(Q <= threshold) under the served calibrated distribution (human scale), shape [n]: the
         same one the interval comes from (Gaussian, or the conformal |z| quantiles, or the mixture
@@ -740,6 +754,20 @@ def fit_calibration(
     return calibration, in_sample
 
 
+def checked_risk_lattice(lattice: dict[str, Any]) -> dict[str, float]:
+    """A calibration file's ``risk_lattice``, checked: empty, or ``{"step": s, "offset": δ}`` with
+    s > 0 and 0 <= δ < s (UamtError naming the field otherwise)."""
+    if not lattice:
+        return {}
+    try:
+        step, offset = float(lattice["step"]), float(lattice["offset"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UamtError(f"calibration: risk_lattice must be {{step, offset}}, got {lattice!r}") from exc
+    if not (math.isfinite(step) and step > 0 and 0.0 <= offset < step):
+        raise UamtError(f"calibration: risk_lattice step {step!r} must be > 0 and offset {offset!r} in [0, step)")
+    return {"step": step, "offset": offset}
+
+
 def refit_served(
     dev_table: pd.DataFrame,
     method: str | None,
@@ -822,6 +850,8 @@ def refit_served(
     calibration = with_sigma_tempering(calibration, tempering)
     if template.rearrangement_mu and part == "all":  # the grid of these rows, as the template's was of its own
         calibration = with_rearrangement(calibration, raw_table, None, dataclasses.replace(settings, rearrange_in_mu=True))
+    if part == "all":
+        calibration.risk_lattice = dict(template.risk_lattice)
     return calibration
 
 

@@ -149,6 +149,13 @@ class EvaluationSettings:
         (:func:`uamt.model_evaluation.choose_unseen_sigma_weight`; only for models with
         leave-one-LP-out models), where it beats the in-domain weight's by at least this share
         (0.01: 1 %); None: unseen rows take the in-domain weight.
+    risk_lattice_step : float or None
+        The score scale's lattice (MQM: 1, whole points): the served risk P(Q <= chi) may read the
+        CDF at ``floor(chi / step) * step + offset`` (:func:`uamt.uncertainty.served.lattice_threshold`),
+        the offset chosen from ``risk_lattice_offsets`` by the cross-fitted Brier score
+        (:func:`uamt.model_evaluation.choose_risk_lattice`); None: a continuous scale, the CDF at chi.
+    risk_lattice_offsets : tuple of float
+        The offsets tried, each in [0, step) (0: the CDF at chi itself).
     rearrange_in_mu : bool
         Serve the distribution rearranged in mu within each known LP (:mod:`uamt.uncertainty.rearrangement`:
         every interval bound non-decreasing and every risk P(Q <= chi) non-increasing in mu), where
@@ -178,6 +185,8 @@ class EvaluationSettings:
     sigma_weights: tuple[float, ...] = (1.0,)
     unseen_sigma_margin: float | None = None
     rearrange_in_mu: bool = False
+    risk_lattice_step: float | None = None
+    risk_lattice_offsets: tuple[float, ...] = (0.0,)
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.calibration_splits if s not in CALIBRATION_SPLITS]
@@ -203,6 +212,11 @@ class EvaluationSettings:
         weights = list(self.sigma_weights)
         if not weights or len(set(weights)) != len(weights) or not all(0.0 <= w <= 1.0 for w in weights):
             raise ValueError(f"sigma_weights={weights!r} not supported; choose distinct weights in [0, 1] (1: the model's sigma)")
+        offsets, step = list(self.risk_lattice_offsets), self.risk_lattice_step
+        if step is not None and not (math.isfinite(step) and step > 0):
+            raise ValueError(f"risk_lattice_step={step!r} must be > 0 (or null: a continuous scale)")
+        if not offsets or len(set(offsets)) != len(offsets) or not all(0.0 <= o < (step or 1.0) for o in offsets):
+            raise ValueError(f"risk_lattice_offsets={offsets!r} not supported; choose distinct offsets in [0, risk_lattice_step)")
         margin = self.unseen_sigma_margin
         if margin is not None and not (math.isfinite(margin) and 0.0 <= margin < 1.0):
             raise ValueError(f"unseen_sigma_margin={margin!r} must be in [0, 1) (or null: no weight of their own for unseen pairs)")

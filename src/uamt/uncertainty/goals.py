@@ -207,12 +207,18 @@ def _at_least(value, target) -> bool | None:
     return None if value is None else bool(value >= target)
 
 
-def _band(rate: float, n_eff) -> float | None:
-    """1.96 standard errors of a rate measured on ``n_eff`` document-clustered rows
-    (binomial at ``rate``); None without an effective size."""
+def _se(rate: float, n_eff) -> float | None:
+    """Binomial standard error at ``rate`` of a rate measured on ``n_eff`` document-clustered rows;
+    None without an effective size."""
     if n_eff is None or n_eff <= 0:
         return None
-    return 1.96 * math.sqrt(rate * (1.0 - rate) / n_eff)
+    return math.sqrt(rate * (1.0 - rate) / n_eff)
+
+
+def _band(rate: float, n_eff) -> float | None:
+    """1.96 standard errors (:func:`_se`); None without an effective size."""
+    se = _se(rate, n_eff)
+    return None if se is None else 1.96 * se
 
 
 def _pooled_low_band(per_lp: dict[str, dict[str, Any]]) -> float | None:
@@ -264,12 +270,6 @@ def _beyond_chance(met, members: list[tuple[float, float | None]] | None) -> boo
     return bool(any(excess > z * se for excess, se in known))
 
 
-def _se(rate: float, n_eff) -> float | None:
-    """Binomial standard error at ``rate`` over ``n_eff`` effective rows (None without one)."""
-    band = _band(rate, n_eff)
-    return None if band is None else band / 1.96
-
-
 def _cell_members(per_lp: dict[str, Any], kind: str) -> list[tuple[float, float | None]]:
     """``(|gap| - tolerance, se)`` of every LP x quintile cell of ``kind`` (``sd`` or ``mu``)."""
     return [
@@ -293,10 +293,10 @@ def _risk_members(per_lp: dict[str, Any]) -> list[tuple[float, float | None]]:
 def _risk_band_note(per_lp: dict[str, Any]) -> str:
     """``"; k/N deciles beyond ±0.05 + 1.96 se"``: the risk bins (every LP and chi) whose gap exceeds
     the tolerance by more than their document-clustered sampling band (empty without bands)."""
-    bins = [b for m in per_lp.values() for r in m["risk"].values() for b in r.get("bins", []) if "se" in b]
+    bins = [(excess, se) for excess, se in _risk_members(per_lp) if se is not None]
     if not bins:
         return ""
-    beyond = sum(abs(b["observed"] - b["predicted"]) > RISK_TOLERANCE + 1.96 * b["se"] for b in bins)
+    beyond = sum(excess > 1.96 * se for excess, se in bins)
     return f"; {beyond}/{len(bins)} deciles beyond ±{RISK_TOLERANCE:g} + 1.96 se"
 
 

@@ -266,8 +266,9 @@ def served_rows(
             [np.asarray(dist.risk(mu, sigma, t, lp, n_refs=n_refs), dtype=float) for t in (float(bounds[0]), below_top)]
         )
     risk = {}
+    lattice = getattr(dist, "risk_lattice", None)
     for chi in settings.risk_thresholds:
-        risk[float(chi)] = clipped_risk(dist, mu, sigma, lp, float(chi), n_refs, bounds)
+        risk[float(chi)] = clipped_risk(dist, mu, sigma, lp, lattice_threshold(float(chi), lattice), n_refs, bounds)
     cdf_at_human = None
     if human is not None and getattr(dist, "has_interior_atoms", False):
         cdf_at_human = _cdf_at(dist, mu, sigma, lp, np.asarray(human, dtype=float), n_refs, bounds)
@@ -296,6 +297,29 @@ def _cdf_at(dist, mu, sigma, lp, human: np.ndarray, n_refs, bounds) -> np.ndarra
     out = np.column_stack([clipped_risk(dist, mu, sigma, lp, chi, refs, bounds) for chi in (np.nextafter(human, -np.inf), human)])
     out[:, 1] = np.maximum(out[:, 1], out[:, 0])
     return out
+
+
+def lattice_threshold(threshold, lattice: dict[str, float] | None):
+    """Where the served risk :math:`P(Q \\le \\chi)` reads the served CDF F on a score lattice.
+
+    MQM scores are weighted error counts on whole points (``lattice = {"step": 1, "offset": ½}``).
+    A continuous F calibrated on such scores with the randomised PIT passes through the middle of
+    each step of the scores' CDF, so :math:`F(\\chi)` at a whole :math:`\\chi` reads
+    :math:`P(Q < \\chi) + \\tfrac12 P(Q = \\chi)` (``python benchmarks/lattice_risk.py``).  The
+    served risk is read instead at
+
+    .. math:: \\chi' = \\lfloor \\chi / s \\rfloor\\, s + \\delta
+
+    (step s, offset δ in [0, s)): the risk of the served distribution rounded onto the lattice.
+    ``lattice`` empty or None: :math:`\\chi` itself (a continuous scale).  Shape as ``threshold``.
+    """
+    if not lattice:
+        return threshold
+    step, offset = float(lattice["step"]), float(lattice["offset"])
+    chi = np.asarray(threshold, dtype=float)
+    # a whole chi divided by the step may land a rounding error below its integer
+    read = np.floor(chi / step + 1e-9) * step + offset
+    return float(read) if np.ndim(read) == 0 else read
 
 
 def clipped_risk(dist, mu, sigma, lp, chi, n_refs, bounds) -> np.ndarray:
