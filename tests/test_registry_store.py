@@ -12,6 +12,8 @@ C. A store that is empty (0 bytes), corrupt, locked, or of an older schema: one 
    file unchanged.
 D. Registration leaves no temporary folder; registering without prepared splits is refused.
 E. ``uamt registry show`` names the model and rounds metrics; a copied virtual environment is named.
+F. ``$MLFLOW_REGISTRY_URI``: the user's, never one MLflow exported; registering into a separate registry is
+   refused, serving from one names it.
 """
 
 from __future__ import annotations
@@ -422,3 +424,50 @@ def test_a_virtual_environment_from_another_checkout_is_named(layout, warns, tmp
     err = capsys.readouterr().err
     warning = re.search(r"uamt: warning: this is the checkout .*/B, but the uamt code running is .*src/uamt .*rm -rf \.venv && make setup", err)
     assert bool(warning) == warns, err
+
+
+# ============================================================================ F. a separate registry
+def test_the_registry_uri_is_the_users_not_one_mlflow_exported(tmp_path, monkeypatch):
+    """MLflow's ``set_registry_uri`` exports ``$MLFLOW_REGISTRY_URI``: a store used earlier in the
+    process must not become the registry of the next one; a value the user set is honoured."""
+    first, second = (f"sqlite:///{tmp_path / name / 'mlflow.db'}" for name in ("first", "second"))
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    assert registry.registry_uri(first) == first
+    assert registry.use_store(first) == first
+    assert "MLFLOW_REGISTRY_URI" not in os.environ  # MLflow's export is taken back
+    assert registry.registry_uri(second) == second
+    assert registry.registry_origin(second) == second
+    user = f"sqlite:///{tmp_path / 'user' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", user)
+    assert registry.registry_uri(second) == user
+    assert registry.registry_origin(second) == (
+        f"{user} (the registry $MLFLOW_REGISTRY_URI names; tracking store {second})"
+    )
+
+
+def test_a_separate_registry_is_refused_for_registering_and_named_when_serving(
+    project, tmp_path, as_user, capsys, monkeypatch
+):
+    """Before: the register stage wrote the tracking store's registry while `uamt score` looked the
+    champion up in the registry $MLFLOW_REGISTRY_URI names, and its error named neither."""
+    other = f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}"
+    assert main(["registry", "init", "--tracking-uri", other]) == 0
+    db = project / "mlflow" / "mlflow.db"
+    before = db.read_bytes()
+    as_user(project)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", other)
+    from uamt.stages import register as stage
+
+    capsys.readouterr()
+    assert stage.main(["--params", "params.yaml"]) != 0
+    err = capsys.readouterr().err
+    assert f"$MLFLOW_REGISTRY_URI={other} names another registry than the tracking store" in err, err
+    assert db.read_bytes() == before
+    argv = ["score", "-s", "src.txt", "-t", "mt.txt", "-r", "ref.txt", "--model", f"models:/{MODEL}@champion"]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"from {other} (the registry $MLFLOW_REGISTRY_URI names; tracking store" in err, err
+    # The same store spelled another way (a relative path) is the tracking store's own registry.
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", "sqlite:///mlflow/mlflow.db")
+    assert main([*argv, "--no-progress"]) == 0, capsys.readouterr().err
+    assert main(["registry", "show", "--name", MODEL]) == 0, capsys.readouterr().err

@@ -34,6 +34,7 @@ from test_scoring_support import QE_MODEL, REF_MODEL, FakePredictor, FakePyfunc
 import mlflow
 from uamt.cli import main
 from uamt.core.errors import DataError
+from uamt.registry import store as registry
 from uamt.serving.batch import BatchSettings, score_file
 
 SRC = [f"Satz Nummer {i} über das Wetter in Stadt {i % 7}." for i in range(23)]
@@ -45,8 +46,7 @@ PARTS = [f"part-{k:05d}.parquet" for k in range(5)]
 
 @pytest.fixture(autouse=True)
 def _tracking(scoring_tracking):
-    mlflow.set_tracking_uri(scoring_tracking)
-    mlflow.set_registry_uri(scoring_tracking)
+    registry.use_store(scoring_tracking)
 
 
 @pytest.fixture
@@ -347,7 +347,7 @@ BATCH_REFUSALS = [
     Refusal("lp-number", lambda t, s: _batch_argv(t, frame=_with("lp", 0, "x").assign(lp=7)), r"row 0: column 'lp' must be text, got int"),
     Refusal("empty-mt-at-row-450", lambda t, s: _batch_argv(t, "--partition-rows", "50", frame=_with("mt", 450, "", n=500)), r"in\.parquet: row 450: column 'mt' is empty"),
     Refusal("null-src-at-row-20", lambda t, s: _batch_argv(t, "--partition-rows", "5", frame=_with("src", 20, None)), r"row 20: column 'src' must be text, got nothing \(null\)"),
-    Refusal("model-version-missing", lambda t, s: _batch_argv(t, model=f"models:/{REF_MODEL}/9", frame=_with("lp", 0, "de-en")), r"could not load model 'models:/uamt-test/9': .*not found"),
+    Refusal("model-version-missing", lambda t, s: _batch_argv(t, model=f"models:/{REF_MODEL}/9", frame=_with("lp", 0, "de-en")), r"could not load model 'models:/uamt-test/9' from sqlite:///.*/mlflow.db: .*not found"),
     Refusal("model-folder-missing", lambda t, s: _batch_argv(t, model=str(t / "no-model")), r"could not load model '.*no-model': no model folder at"),
     Refusal("qe-model-given-references", lambda t, s: _batch_argv(t, model=f"models:/{QE_MODEL}@champion"), r"is a reference-free \(QE\) model .*but references were given"),
     Refusal("latin1-byte-at-row-17", _latin1, r"in\.csv: row 17: column 'mt' is not valid UTF-8 \(byte 0xe9 at character 40\); convert the file to UTF-8"),

@@ -17,6 +17,7 @@ from test_scoring_support import QE_MODEL, REF_MODEL, write_lines
 import mlflow
 from uamt.cli import main
 from uamt.core.errors import DataError, UamtError
+from uamt.registry import store as registry
 from uamt.serving import batch
 from uamt.serving.batch import BatchSettings, iter_partitions, score_file
 
@@ -29,8 +30,7 @@ PARTITION_ROWS = 5  # 23 rows: parts of 5, 5, 5, 5, 3
 @pytest.fixture(autouse=True)
 def _tracking(scoring_tracking):
     # MLflow keeps the URIs in globals; a test that registers into its own scoring_store must not leak it.
-    mlflow.set_tracking_uri(scoring_tracking)
-    mlflow.set_registry_uri(scoring_tracking)
+    registry.use_store(scoring_tracking)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import pandas as pd
 from sacrebleu.metrics import CHRF
 
 import mlflow
+from uamt.registry import store as registry
 from uamt.serving.predictor import ScoreScale
 from uamt.uncertainty.metrics import gaussian_interval, translation_risk
 
@@ -89,8 +90,7 @@ def build_store(root: Path) -> str:
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    registry.use_store(uri)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     experiment = mlflow.create_experiment("scoring-tests", artifact_location=(root / "artifacts").as_uri())
     for name, uses_refs, alias in (

@@ -501,12 +501,68 @@ def promotion_decision(
     )
 
 
-def _client(uri: str):
+def _same_store(a: str, b: str) -> bool:
+    """Whether URIs ``a`` and ``b`` name one store (``sqlite:////x.db`` and ``sqlite:///../x.db`` may)."""
+    if a == b:
+        return True
+    db_a, db_b = sqlite_path(a), sqlite_path(b)
+    return db_a is not None and db_b is not None and _same_file(db_a, db_b)
+
+
+def registry_uri(tracking: str) -> str:
+    """The model-registry store read with tracking store ``tracking``: ``$MLFLOW_REGISTRY_URI`` where the
+    user set it (MLflow's own rule), else ``tracking`` itself."""
+    return os.environ.get("MLFLOW_REGISTRY_URI") or tracking
+
+
+def registry_origin(tracking: str) -> str:
+    """Where the models of tracking store ``tracking`` are looked up, for messages: ``tracking`` itself,
+    or the other registry ``$MLFLOW_REGISTRY_URI`` names."""
+    registry = registry_uri(tracking)
+    if _same_store(registry, tracking):
+        return tracking
+    return f"{registry} (the registry $MLFLOW_REGISTRY_URI names; tracking store {tracking})"
+
+
+def use_store(tracking: str) -> str:
+    """Point MLflow's process-wide tracking and registry URIs at ``tracking`` and its registry
+    (:func:`registry_uri`); returns the registry URI."""
     import mlflow
+
+    registry = registry_uri(tracking)
+    users = os.environ.get("MLFLOW_REGISTRY_URI")
+    mlflow.set_tracking_uri(tracking)
+    mlflow.set_registry_uri(registry)
+    # MLflow also exports it to $MLFLOW_REGISTRY_URI, where it would pass for the user's choice and
+    # name this store as the registry of the next one; MLflow's process-wide setting is enough.
+    if users is None:
+        os.environ.pop("MLFLOW_REGISTRY_URI", None)
+    else:
+        os.environ["MLFLOW_REGISTRY_URI"] = users
+    return registry
+
+
+def _client(uri: str):
+    """A client that registers into, and manages, the registry of tracking store ``uri``.
+
+    Raises
+    ------
+    uamt.core.errors.UamtError
+        ``$MLFLOW_REGISTRY_URI`` names another store: registering there would put the champions where
+        this project's marker, artifact checks and ``make run``'s champion check do not look.
+    """
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    registry = registry_uri(uri)
+    if not _same_store(registry, uri):
+        raise UamtError(
+            f"$MLFLOW_REGISTRY_URI={registry} names another registry than the tracking store {uri}: uamt "
+            "registers, gates and moves @champion in the tracking store's own registry (its marker and "
+            "artifact folder live beside it), so it does not write a separate registry; unset "
+            f"$MLFLOW_REGISTRY_URI, or set it to {uri} (serving reads a separate registry: `uamt score` and "
+            "`uamt serve` honour it)"
+        )
+    use_store(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 

@@ -508,7 +508,7 @@ def pin_model(model: str, tracking_uri: str | None = None) -> ModelPin:
     uamt.core.errors.UamtError
         The tracking store does not exist, or the model or alias cannot be resolved (named).
     """
-    from uamt.registry.store import check_store_exists
+    from uamt.registry.store import check_store_exists, registry_origin, registry_uri
     from uamt.registry.store import tracking_uri as configured_tracking_uri
     from uamt.serving.predictor import _resolve_local_folder, uamt_artifacts
 
@@ -522,15 +522,14 @@ def pin_model(model: str, tracking_uri: str | None = None) -> ModelPin:
 
         from mlflow import MlflowClient
 
-        registry = os.environ.get("MLFLOW_REGISTRY_URI") or uri
-        client = MlflowClient(tracking_uri=uri, registry_uri=registry)
+        client = MlflowClient(tracking_uri=uri, registry_uri=registry_uri(uri))
         try:
             resolved = get_model_name_and_version(client, model)
             if len(resolved) == 2:  # (name, version); a logged-model id (models:/m-...) is already fixed
                 name, version = resolved[0], str(resolved[1])
                 client.get_model_version(name, version)  # models:/NAME/9 is not checked by the above
         except Exception as exc:  # noqa: BLE001 - MLflow's errors for a missing model, version or alias
-            raise UamtError(f"could not load model {model!r}: {exc}") from None
+            raise UamtError(f"could not load model {model!r} from {registry_origin(uri)}: {exc}") from None
         if version is not None:
             loaded_as = f"models:/{name}/{version}"
     elif "://" not in model and not model.startswith("runs:/"):

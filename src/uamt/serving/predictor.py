@@ -263,13 +263,13 @@ def _resolve_local_folder(model: str, uri: str) -> Path | None:
     Raises UamtError when a ``models:/`` model's files lie outside the SQLite store's folder (a
     store copied or moved from another checkout, :func:`uamt.registry.store.check_artifacts_inside`).
     """
-    from uamt.registry.store import check_artifacts_inside, check_store_schema
+    from uamt.registry.store import check_artifacts_inside, check_store_schema, registry_uri, use_store
 
     if not model.startswith("models:/"):
         return _local_model_folder(model)
-    # Aliases live in the registry store: MLflow's own registry URI where one is set, else the
+    # Aliases live in the registry store: the user's $MLFLOW_REGISTRY_URI where set, else the
     # tracking store.
-    registry = os.environ.get("MLFLOW_REGISTRY_URI") or uri
+    registry = registry_uri(uri)
     folder = _cached_folder(registry, model)
     if folder is not None:
         check_artifacts_inside(registry, str(folder), f"the files of {model}")
@@ -277,12 +277,9 @@ def _resolve_local_folder(model: str, uri: str) -> Path | None:
     check_store_schema(registry)  # MLflow would initialise or migrate an incomplete store
     from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
 
-    import mlflow
-
     # MLflow resolves the alias in its process-wide registry URI: set both, so that a process that
     # used another store before (the retrain deployment, tests) resolves it in this one.
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(registry)
+    use_store(uri)
     underlying = ModelsArtifactRepository.get_underlying_uri(model)
     check_artifacts_inside(registry, underlying, f"the files of {model}")
     folder = _file_path(underlying)
@@ -326,7 +323,13 @@ def load_predictor(model: str) -> Predictor:
         The store, model or alias does not exist, a model file is corrupt (named), or the model
         is not a uamt model.
     """
-    from uamt.registry.store import check_store_exists, check_store_location, store_errors, tracking_uri
+    from uamt.registry.store import (
+        check_store_exists,
+        check_store_location,
+        registry_origin,
+        store_errors,
+        tracking_uri,
+    )
 
     uri = tracking_uri()
     if model.startswith(("models:/", "runs:/")):
@@ -347,7 +350,8 @@ def load_predictor(model: str) -> Predictor:
     except UamtError:
         raise
     except Exception as exc:  # noqa: BLE001 - MLflow or a model file failed; name the model
-        raise UamtError(f"could not load model {model!r}: {_reason(exc)}") from exc
+        where = f" from {registry_origin(uri)}" if model.startswith("models:/") else ""
+        raise UamtError(f"could not load model {model!r}{where}: {_reason(exc)}") from exc
     return _load_through_mlflow(model, uri, folder)
 
 
@@ -364,8 +368,9 @@ def _load_through_mlflow(model: str, uri: str, folder: Path | None) -> Predictor
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
 
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(os.environ.get("MLFLOW_REGISTRY_URI") or uri)
+    from uamt.registry.store import use_store
+
+    use_store(uri)
     try:
         if folder is not None:
             if folder.is_dir():

@@ -454,8 +454,6 @@ def registered_version(model_uri: str, tracking_uri: str | None = None) -> dict[
     """
     if not model_uri.startswith("models:/"):
         return {}
-    import os
-
     from uamt.registry import store as registry
 
     name, _, rest = model_uri[len("models:/") :].partition("@")
@@ -463,7 +461,7 @@ def registered_version(model_uri: str, tracking_uri: str | None = None) -> dict[
         from mlflow import MlflowClient
 
         uri = registry.tracking_uri(tracking_uri)
-        registry_uri = os.environ.get("MLFLOW_REGISTRY_URI") or uri
+        registry_uri = registry.registry_uri(uri)
         registry.check_store_schema(registry_uri)  # read-only: never create or migrate it
         with registry.store_errors(registry_uri):
             client = MlflowClient(tracking_uri=uri, registry_uri=registry_uri)
