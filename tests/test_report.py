@@ -243,3 +243,38 @@ def test_report_lists_the_interval_goals_per_model(workspace):
     text = report.build_report(metrics, figures)
     assert "by the unseen-LP factor (1.130)" in text
     assert "| en-de | 300 | 0.905 | 0.880 | 12.50 | 10.00 | 2.000 | 0.300 |" in text
+
+
+def test_report_names_each_models_sigma_weight_and_an_exact_baseline(workspace):
+    """Before: a method whose own sigma the dev rule gave weight 0 read as if it served that sigma
+    (DUP's rows equal its baseline's to the last digit, with no word why)."""
+    from tests.test_uncertainty_goals import _summary
+
+    metrics, figures = workspace
+    common = dict(
+        served="signed_mondrian_conformal", rule="min_goal_ratio", coverage=0.9, width=9.0,
+        ece={"served": 0.012, "floor": 0.009}, ups=0.3, ups_raw=0.2, ence=0.1, ence_raw=0.5,
+    )  # fmt: skip
+    exact, own_mu, weighted = _summary(**common, crps=1.5), _summary(**common, crps=1.49), _summary(**common, crps=1.5)
+    for summary in (exact, own_mu, weighted):
+        summary["baseline"].update(coverage=0.9, width=9.0, crps=1.5)
+        summary.update(goals=[], candidates={})
+        for m in summary["per_lp"].values():
+            m.update(pps=0.3, crps=1.5, ups=0.3, ups_raw=0.2, ence=0.1, ence_raw=0.5, sigma_p90_p10=1.8, n_eff=100.0)
+    Path("metrics/conditional.json").write_text(json.dumps({"dup": exact, "mcd_head": own_mu, "hts": weighted, "point": own_mu}))
+    Path("metrics/dev.json").write_text(json.dumps({
+        "dup": {"sigma_weight": {"chosen": 0.0}},
+        "mcd_head": {"sigma_weight": {"chosen": 0.0}},
+        "hts": {"sigma_weight": {"chosen": 0.5}, "unseen_lp": {"sigma_weight": {"chosen": 1.0}}},
+        "point": {},
+    }))  # fmt: skip
+    text = report.build_report(metrics, figures)
+    sections = {block.split(" ", 1)[0]: block for block in text.split("### ")[1:]}
+    assert sections["dup"].startswith("dup (served: signed_mondrian_conformal, rule min_goal_ratio, sigma weight 0)")
+    assert "gave this model's own sigma no weight" in sections["dup"]
+    assert "it serves exactly its baseline (CRPS, coverage and width identical)" in sections["dup"]
+    assert "gave this model's own sigma no weight" in sections["mcd_head"]
+    assert "exactly its baseline" not in sections["mcd_head"]  # its own mu: CRPS 1.490, not 1.500
+    assert sections["hts"].startswith("hts (served: signed_mondrian_conformal, rule min_goal_ratio, sigma weight 0.5 / unseen LPs 1)")
+    assert "no weight" not in sections["hts"]
+    assert sections["point"].startswith("point (served: signed_mondrian_conformal, rule min_goal_ratio)")

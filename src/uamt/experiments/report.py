@@ -140,12 +140,35 @@ def build_report(
     return text.rstrip() + "\n"
 
 
-def render_goals(path: str | Path) -> str:
+def render_goals(path: str | Path, dev_path: str | Path | None = None) -> str:
     """The interval goals table (and the candidates table) of every model in ``path``
     (``metrics/conditional.json``, :func:`uamt.uncertainty.goals.interval_summary` per model); a
-    note naming the stage to run when the file is missing (analyses can be reported without it)."""
+    note naming the stage to run when the file is missing (analyses can be reported without it).
+
+    Each model's σ weight λ (the share of its own σ in the served scale, chosen on dev by
+    :func:`uamt.model_evaluation.choose_sigma_weight`) is read from ``dev_path`` (by default
+    ``dev.json`` beside ``path``, the calibrate stage's): with λ = 0 a method serves its μ with the
+    baseline's calibration, and where its μ is the baseline's too, exactly the baseline.
+    """
     path = Path(path)
     if not path.is_file():
         return f"## Interval goals: the served distribution, per LP and cell\n\n`{path.as_posix()}` missing: run `dvc repro evaluate`.\n"
     methods = read_json(path, "evaluate")
-    return rendering.render("goals", {}, path=path.as_posix(), methods=methods).rstrip() + "\n"
+    dev_path = Path(dev_path) if dev_path is not None else path.parent / "dev.json"
+    dev = read_json(dev_path, "calibrate") if dev_path.is_file() else {}
+    weights = {name: sigma_weights(dev.get(name)) for name in methods}
+    return (
+        rendering.render(
+            "goals", {}, path=path.as_posix(), dev_path=dev_path.as_posix(), methods=methods, weights=weights
+        ).rstrip()
+        + "\n"
+    )
+
+
+def sigma_weights(dev: dict | None) -> dict[str, float | None]:
+    """λ at the seen LPs and at unseen ones (``None`` where the model has no choice recorded: a
+    point model, or a dev record from before the choice) from one model's ``metrics/dev.json`` entry."""
+    dev = dev if isinstance(dev, dict) else {}
+    seen = (dev.get("sigma_weight") or {}).get("chosen")
+    unseen = ((dev.get("unseen_lp") or {}).get("sigma_weight") or {}).get("chosen")
+    return {"seen": seen, "unseen": unseen}
