@@ -20,7 +20,7 @@ from flows import pipeline as fp
 from uamt.core.config import ConfigError
 from uamt.registry.store import SUMMARY_PATH
 
-prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
+prefect_api = harness.prefect_api  # module fixture: a temporary Prefect API
 
 
 def test_task_names_equal_dvc_stage_names():

@@ -16,7 +16,7 @@ from flows import pipeline as fp
 from flows.dvc_stages import dvc_md5, stage_task
 from uamt.experiments import SECTIONS
 
-prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
+prefect_api = harness.prefect_api  # module fixture: a temporary Prefect API
 DVC = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8"))
 
 

@@ -92,9 +92,13 @@ def _fastapi_compat(folder: Path) -> None:
         namespace["_patch"]()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory):
-    """A temporary Prefect API (``prefect_test_harness``) with PREFECT_HOME and result storage in tmp."""
+    """A temporary Prefect API (``prefect_test_harness``) with PREFECT_HOME and result storage in tmp.
+
+    Module-scoped: each test module binds this function under its own name, so pytest gives every
+    module its own server anyway; a session scope kept all of them (and their background services)
+    running to the end of the session, four Prefect servers beside the rest of the suite."""
     home = tmp_path_factory.mktemp("prefect-home")
     saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "PYTHONPATH")}
     os.environ["PREFECT_HOME"] = str(home)

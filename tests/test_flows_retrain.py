@@ -24,7 +24,7 @@ from uamt.core.config import load_section
 from uamt.data.prepare import PrepareConfig, load_dataset
 from uamt.data.schema import normalise_source
 
-prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
+prefect_api = harness.prefect_api  # module fixture: a temporary Prefect API
 
 pytestmark = pytest.mark.slow
 

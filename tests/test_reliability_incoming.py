@@ -52,7 +52,7 @@ from uamt.ingest import (
 from uamt.ingest.config import DERIVED, journal_file
 from uamt.registry.store import SUMMARY_PATH
 
-prefect_api = harness.prefect_api  # session fixture: a temporary Prefect API
+prefect_api = harness.prefect_api  # module fixture: a temporary Prefect API
 
 HEADER = "dataset,lp,src,mt,ref,score,system"
 ROW = {"dataset": "wmt21_mqm", "lp": "en-de", "src": "Hallo.", "mt": "Hello.", "ref": "Hi.", "system": "s"}
