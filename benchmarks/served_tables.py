@@ -8,7 +8,8 @@ reads), and prints:
    upper misses at 0.9, UPS and ENCE of the served sd next to the model's raw sigma;
 2. per model: the served calibration, σ's weight λ the calibrate stage chose (``dev.json``
    ``sigma_weight``; none: the model has no σ, or a file from before the choice) and whether it is
-   rearranged in μ (``calibration/<model>.json`` holds ``rearrangement_mu``), what it adds over the
+   rearranged in μ (``calibration/<model>.json`` holds ``rearrangement_mu``) and where its risk is read
+   (``risk_lattice``: at ⌊χ/step⌋·step + offset; none: at χ), what it adds over the
    point estimate + the same calibration (CRPS, width, worst cells, low-score coverage), the risk
    reliability and the held-out LPs, with the goals met and, in brackets, how many of the missed ones
    lie within their sampling band of the bound (``within_band``: one test sample does not decide them)
@@ -63,8 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         weight = (dev.get(model, {}).get("sigma_weight") or {}).get("chosen")
         served = s["served"] if weight is None else f"{s['served']}, λ = {weight:g}"
         path = args.calibration_dir / f"{model}.json"
-        if path.is_file() and json.loads(path.read_text()).get("rearrangement_mu"):
+        calibration = json.loads(path.read_text()) if path.is_file() else {}
+        if calibration.get("rearrangement_mu"):
             served += ", rearranged in μ"
+        lattice = calibration.get("risk_lattice") or {}
+        if lattice:
+            step, offset = float(lattice["step"]), float(lattice["offset"])
+            floor = "⌊χ⌋" if step == 1 else f"⌊χ/{step:g}⌋·{step:g}"
+            served += f", risk at {floor} + {offset:g}"
         met = sum(g["met"] is True for g in s["goals"])
         judged = sum(g["met"] is not None for g in s["goals"])
         near = sum(g["met"] is False and g.get("within_band") is True for g in s["goals"])
