@@ -60,6 +60,12 @@ def test_the_artifact_serves_its_lattice_to_the_risk_alone(fitted, tmp_path):
     assert not np.array_equal(with_lattice.risk[-5.0], without.risk[-5.0])
     np.testing.assert_array_equal(with_lattice.quantiles, without.quantiles)
     np.testing.assert_array_equal(with_lattice.cdf_at_bounds, without.cdf_at_bounds)
+    # the served columns the experiments and benchmarks read (flagging, rerank, quality) are what
+    # `uamt score` serves: before, they read the risk at chi while the dev rows read the lattice
+    from uamt.uncertainty.served import served_columns
+
+    columns = served_columns(back, mu, sigma, lp, confidence=0.9, chi=-5.0, bounds=BOUNDS)
+    np.testing.assert_array_equal(columns["risk"].to_numpy(), with_lattice.risk[-5.0])
     # a refit (the cross-fitted folds, the held-out LPs) serves the same lattice
     assert refit_served(dev, "hts", back, SIGNED).risk_lattice == LATTICE
     for bad in ({"step": 1.0}, {"step": 0.0, "offset": 0.0}, {"step": 1.0, "offset": 1.0}):

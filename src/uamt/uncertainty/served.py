@@ -365,12 +365,14 @@ def served_columns(
     """The served ``mu, lower, upper, risk`` of raw model output (shape [n] each) under a model's
     calibration (:class:`uamt.serving.model_calibration.Calibration`), clipped to the scale's
     ``bounds`` as :func:`uamt.serving.calibrated_predictor.clip_to_scale` serves them (risk 1 for chi at or above
-    the top of the scale, 0 below its bottom)."""
+    the top of the scale, 0 below its bottom; otherwise ``Calibration.served_risk``, read on the score's
+    lattice where the calibration holds one, as ``uamt score`` serves it)."""
     mu = np.asarray(mu, dtype=float)
     sigma = np.asarray(sigma, dtype=float)
     center = calibration.center(mu, sigma, lp, n_refs=n_refs)
     lower, upper = served_interval(calibration, mu, sigma, lp, confidence, bounds=bounds, n_refs=n_refs)
-    risk = np.asarray(calibration.risk(mu, sigma, float(chi), lp, n_refs=n_refs), dtype=float)
+    # The risk read as `uamt score` serves it: on the score's lattice where the calibration holds one.
+    risk = np.asarray(calibration.served_risk(mu, sigma, float(chi), lp, n_refs=n_refs), dtype=float)
     if bounds is not None:
         low, high = bounds
         center = np.clip(center, low, high)
