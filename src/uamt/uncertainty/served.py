@@ -371,8 +371,10 @@ def served_columns(
     sigma = np.asarray(sigma, dtype=float)
     center = calibration.center(mu, sigma, lp, n_refs=n_refs)
     lower, upper = served_interval(calibration, mu, sigma, lp, confidence, bounds=bounds, n_refs=n_refs)
-    # The risk read as `uamt score` serves it: on the score's lattice where the calibration holds one.
-    risk = np.asarray(calibration.served_risk(mu, sigma, float(chi), lp, n_refs=n_refs), dtype=float)
+    # The risk read as `uamt score` serves it (Calibration.served_risk) and as served_rows reads it: on
+    # the score's lattice where the distribution holds one.
+    at = lattice_threshold(float(chi), getattr(calibration, "risk_lattice", None))
+    risk = np.asarray(calibration.risk(mu, sigma, at, lp, n_refs=n_refs), dtype=float)
     if bounds is not None:
         low, high = bounds
         center = np.clip(center, low, high)
