@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tests.test_top_atom import BOUNDS, SIGNED, zero_inflated
@@ -71,6 +72,36 @@ def test_the_artifact_serves_its_lattice_to_the_risk_alone(fitted, tmp_path):
     for bad in ({"step": 1.0}, {"step": 0.0, "offset": 0.0}, {"step": 1.0, "offset": 1.0}):
         with pytest.raises(UamtError, match="risk_lattice"):
             Calibration.from_dict({**on.to_dict(), "risk_lattice": bad})
+
+
+def test_one_reading_serves_the_risk_everywhere_up_to_the_scale_edges(fitted):
+    """served_rows, served_columns and Calibration.served_risk + clip_to_scale (what ``uamt score``
+    answers) read the risk through one function: the same values at every chi, the scale's edges
+    included, where chi and its lattice reading fall on the same side of each bound."""
+    from uamt.serving.calibrated_predictor import clip_to_scale
+    from uamt.uncertainty.served import served_columns, served_risk
+
+    dev, served = fitted
+    on = dataclasses.replace(served, risk_lattice=dict(LATTICE))
+    mu, sigma, lp = dev["mu"].to_numpy(), dev["sigma"].to_numpy(), dev["lp"].to_numpy(dtype=object)
+    low, high = BOUNDS
+    settings = dataclasses.replace(SIGNED, risk_thresholds=(low - 0.5, low, -5.0, -0.3, high))
+    rows = ask(on, dev, settings, BOUNDS)
+    for chi in settings.risk_thresholds:
+        read = served_risk(on, mu, sigma, chi, lp, bounds=BOUNDS)
+        np.testing.assert_array_equal(rows.risk[chi], read)
+        columns = served_columns(on, mu, sigma, lp, confidence=0.9, chi=chi, bounds=BOUNDS)
+        np.testing.assert_array_equal(columns["risk"].to_numpy(), read)
+        answered = clip_to_scale(pd.DataFrame({"mu": mu, "lower": mu, "upper": mu, "risk": on.served_risk(mu, sigma, chi, lp)}), BOUNDS, chi)
+        np.testing.assert_array_equal(answered["risk"].to_numpy(), read)
+    np.testing.assert_array_equal(rows.risk[high], 1.0)  # at the top: the whole distribution
+    np.testing.assert_array_equal(rows.risk[low - 0.5], 0.0)  # below the bottom: nothing
+    # inside the scale it is the CDF on the lattice, and a threshold per row reads each row's own
+    np.testing.assert_array_equal(rows.risk[-0.3], on.risk(mu, sigma, -0.5, lp))
+    per_row = np.where(np.arange(mu.size) % 2 == 0, -5.0, -1.0)
+    np.testing.assert_array_equal(
+        served_risk(on, mu, sigma, per_row, lp), np.where(per_row == -5.0, on.risk(mu, sigma, -4.5, lp), on.risk(mu, sigma, -0.5, lp))
+    )
 
 
 def test_the_calibrate_stage_reads_whole_point_scores_on_their_lattice_and_continuous_ones_at_chi(fitted):

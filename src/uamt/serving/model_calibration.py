@@ -43,7 +43,7 @@ from uamt.uncertainty.atom import TopAtom
 from uamt.uncertainty.candidates import candidate_from_dict
 from uamt.uncertainty.isotonic import IsotonicDistribution
 from uamt.uncertainty.rearrangement import grid_of, in_mu_order
-from uamt.uncertainty.served import lattice_threshold
+from uamt.uncertainty.served import served_risk
 from uamt.uncertainty.tempering import SigmaTempering
 
 INTERVAL_MODES = ("gaussian", "conformal")
@@ -513,7 +513,7 @@ class Calibration:
     def served_risk(self, mu, sigma, threshold, lp=None, n_refs=None) -> np.ndarray:
         """The risk users are served, :math:`P(Q \\le \\chi)`, shape [n]: :meth:`risk` read on the
         score's lattice where the calibration holds one (:attr:`risk_lattice`), else :meth:`risk`."""
-        return self.risk(mu, sigma, lattice_threshold(threshold, self.risk_lattice), lp, n_refs=n_refs)
+        return served_risk(self, mu, sigma, threshold, lp, n_refs=n_refs)
 
     def risk(self, mu, sigma, threshold, lp=None, n_refs=None) -> np.ndarray:
         """P(Q <= threshold) under the served calibrated distribution (human scale), shape [n]: the

@@ -265,10 +265,7 @@ def served_rows(
         cdf_at_bounds = np.column_stack(
             [np.asarray(dist.risk(mu, sigma, t, lp, n_refs=n_refs), dtype=float) for t in (float(bounds[0]), below_top)]
         )
-    risk = {}
-    lattice = getattr(dist, "risk_lattice", None)
-    for chi in settings.risk_thresholds:
-        risk[float(chi)] = clipped_risk(dist, mu, sigma, lp, lattice_threshold(float(chi), lattice), n_refs, bounds)
+    risk = {float(chi): served_risk(dist, mu, sigma, float(chi), lp, n_refs=n_refs, bounds=bounds) for chi in settings.risk_thresholds}
     cdf_at_human = None
     if human is not None and getattr(dist, "has_interior_atoms", False):
         cdf_at_human = _cdf_at(dist, mu, sigma, lp, np.asarray(human, dtype=float), n_refs, bounds)
@@ -322,6 +319,20 @@ def lattice_threshold(threshold, lattice: dict[str, float] | None):
     return float(read) if np.ndim(read) == 0 else read
 
 
+def served_risk(dist, mu, sigma, chi, lp, *, n_refs=None, bounds=None) -> np.ndarray:
+    """The risk users are served, :math:`P(Q \\le \\chi)`, shape [n]: the CDF of ``dist`` read on the
+    score's lattice where ``dist`` holds one (its ``risk_lattice``; :func:`lattice_threshold`), else
+    at ``chi``; with ``bounds``, that of the distribution clipped to the scale (:func:`clipped_risk`).
+
+    The one reading of the served risk: the metrics (:func:`served_rows`), the experiments'
+    columns (:func:`served_columns`) and the served models
+    (:meth:`uamt.serving.model_calibration.Calibration.served_risk`) all call it.  ``chi``: one
+    threshold, or one per row.  The scale's bounds are whole points, so ``chi`` and its lattice
+    reading fall on the same side of each of them.
+    """
+    return clipped_risk(dist, mu, sigma, lp, lattice_threshold(chi, getattr(dist, "risk_lattice", None)), n_refs, bounds)
+
+
 def clipped_risk(dist, mu, sigma, lp, chi, n_refs, bounds) -> np.ndarray:
     """P(Q <= chi) of the served distribution clipped to the scale's ``bounds`` (1 at or above the
     top, 0 below the bottom), shape [n]; ``chi`` a scalar or one threshold per row."""
@@ -365,20 +376,15 @@ def served_columns(
     """The served ``mu, lower, upper, risk`` of raw model output (shape [n] each) under a model's
     calibration (:class:`uamt.serving.model_calibration.Calibration`), clipped to the scale's
     ``bounds`` as :func:`uamt.serving.calibrated_predictor.clip_to_scale` serves them (risk 1 for chi at or above
-    the top of the scale, 0 below its bottom; otherwise ``Calibration.served_risk``, read on the score's
-    lattice where the calibration holds one, as ``uamt score`` serves it)."""
+    the top of the scale, 0 below its bottom; otherwise read on the score's lattice where the
+    calibration holds one: :func:`served_risk`, as ``uamt score`` serves it)."""
     mu = np.asarray(mu, dtype=float)
     sigma = np.asarray(sigma, dtype=float)
     center = calibration.center(mu, sigma, lp, n_refs=n_refs)
     lower, upper = served_interval(calibration, mu, sigma, lp, confidence, bounds=bounds, n_refs=n_refs)
-    # The risk read as `uamt score` serves it (Calibration.served_risk) and as served_rows reads it: on
-    # the score's lattice where the distribution holds one.
-    at = lattice_threshold(float(chi), getattr(calibration, "risk_lattice", None))
-    risk = np.asarray(calibration.risk(mu, sigma, at, lp, n_refs=n_refs), dtype=float)
+    risk = served_risk(calibration, mu, sigma, float(chi), lp, n_refs=n_refs, bounds=bounds)
     if bounds is not None:
-        low, high = bounds
-        center = np.clip(center, low, high)
-        risk = np.full(mu.size, 1.0) if chi >= high else np.zeros(mu.size) if chi < low else risk
+        center = np.clip(center, *bounds)
     return pd.DataFrame({"mu": center, "lower": lower, "upper": upper, "risk": risk})
 
 
