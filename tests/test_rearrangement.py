@@ -125,3 +125,72 @@ def test_no_grid_where_sigma_has_weight_and_a_bad_grid_is_refused(served, tmp_pa
     with pytest.raises(UamtError, match=r"bad.json: rearrangement_mu\[en-ru\] must be at least two finite, non-decreasing mu"):
         Calibration.load(path)
     assert EvaluationSettings().rearrange_in_mu is False
+
+
+def two_lps(seed: int, n: int) -> pd.DataFrame:
+    """The rows of :func:`widening_below_the_best` for en-ru and, from another seed, for de-en."""
+    other = widening_below_the_best(seed + 100, n).assign(lp="de-en")
+    return pd.concat([widening_below_the_best(seed, n), other], ignore_index=True)
+
+
+def test_every_level_and_lp_is_asked_in_one_call_with_the_answers_of_one_call_each():
+    """The calibrate stage asks ~100 levels of 4 LPs per measurement: intervals_at stacks the rows
+    once per level, and the rearrangement asks every LP's grid at every level in one call.  The
+    answers are those of asking one level and one grid at a time, bit for bit."""
+    from uamt.uncertainty import rearrangement
+    from uamt.uncertainty.served import intervals_at
+
+    dev = two_lps(0, 2000)
+    calibration, _ = fit_calibration(dev, "hts", settings=REARRANGED)
+    served = attach_distribution(calibration, dev, "hts", REARRANGED, BOUNDS)
+    assert served.takes_row_levels and served.top_atom is not None and set(served.rearrangement_mu) == {"en-ru", "de-en"}
+    fresh = two_lps(1, 300)
+    mu, lp = fresh["mu"].to_numpy(), fresh["lp"].to_numpy(dtype=object)
+    lp[::7] = "xx-yy"  # an unseen LP: no grid, answered as calibrated
+    sigma, refs = np.ones_like(mu), np.where(np.arange(mu.size) % 3 == 0, 2, 1)
+    levels = [0.05, 0.5, 0.8, 0.9, 0.95, 0.99]
+    asked = intervals_at(served, mu, sigma, levels, lp, "conformal", n_refs=refs)
+    for gamma in levels:
+        one = served.interval(mu, sigma, gamma, lp, "conformal", n_refs=refs)
+        np.testing.assert_array_equal(asked[gamma][0], one[0])
+        np.testing.assert_array_equal(asked[gamma][1], one[1])
+    # the grids: one call for every LP, level and number of references, as asking each alone
+    calls = []
+
+    def answer(m, s, grid_lp, n_refs, level):
+        calls.append(level)
+        return -served._risk(m, s, level, grid_lp, n_refs)  # the same answer as the values: -risk
+
+    chi = np.where(np.arange(mu.size) % 2 == 0, -5.0, -1.0)
+    own = served._risk(mu, sigma, chi, lp, refs)
+    once = rearrangement.in_mu_order(answer, -own, mu, sigma, lp, refs, chi, served.rearrangement_mu, increasing=True)
+    assert len(calls) == 1 and np.unique(calls[0]).tolist() == [-5.0, -1.0]
+    expected = -own
+    for name, grid in served.rearrangement_mu.items():
+        for at in (-5.0, -1.0):
+            for k in (1, 2):
+                rows = (lp == name) & (chi == at) & (refs == k)
+                first = int(np.flatnonzero(rows)[0])
+                g = np.asarray(grid)
+                along = served._risk(g, np.full(g.size, sigma[first]), at, np.full(g.size, name, dtype=object), np.full(g.size, k))
+                expected[rows] = rearranged(expected[rows], mu[rows], g, -along)
+    np.testing.assert_array_equal(once, expected)
+    np.testing.assert_array_equal(once[lp == "xx-yy"], -own[lp == "xx-yy"])
+
+
+def test_a_distribution_of_one_level_per_call_is_asked_level_by_level():
+    from uamt.uncertainty.served import intervals_at
+
+    class OneLevel:
+        is_gaussian = True
+        asked: list = []
+
+        def interval(self, mu, sigma, gamma, lp=None, mode="gaussian", n_refs=None):
+            assert np.ndim(gamma) == 0
+            self.asked.append(gamma)
+            return mu - gamma * sigma, mu + gamma * sigma
+
+    dist, mu = OneLevel(), np.arange(4.0)
+    out = intervals_at(dist, mu, np.ones(4), [0.5, 0.9], np.full(4, "en-de", dtype=object), "gaussian")
+    assert dist.asked == [0.5, 0.9]
+    np.testing.assert_array_equal(out[0.9][1], mu + 0.9)

@@ -43,7 +43,7 @@ from uamt.uncertainty.atom import TopAtom
 from uamt.uncertainty.candidates import candidate_from_dict
 from uamt.uncertainty.isotonic import IsotonicDistribution
 from uamt.uncertainty.rearrangement import grid_of, in_mu_order
-from uamt.uncertainty.served import served_risk
+from uamt.uncertainty.served import intervals_at, served_risk
 from uamt.uncertainty.tempering import SigmaTempering
 
 INTERVAL_MODES = ("gaussian", "conformal")
@@ -361,6 +361,14 @@ class Calibration:
         )
 
     @property
+    def takes_row_levels(self) -> bool:
+        """Whether :meth:`interval` takes one level per row (shape [n]): a conformal served
+        distribution, or one with a point mass at the top (its part below the top is asked at each
+        row's own level); a Gaussian or the isotonic one takes one level for every row."""
+        served_conformal = isinstance(self.served, ConformalCalibrator) and not self.fixed
+        return self.isotonic is None and (self.top_atom is not None or served_conformal)
+
+    @property
     def has_interior_atoms(self) -> bool:
         """Whether the served distribution has point masses inside the scale (the isotonic one: at
         every score it was fitted at), where a score is measured by the randomised PIT
@@ -406,9 +414,10 @@ class Calibration:
         mu = np.asarray(mu, dtype=float)
         quantiles = np.empty((mu.size, k))
         probs = (np.arange(k) + 0.5) / k
-        for j in range(k // 2):
-            lower, upper = self.interval(mu, sigma, 1.0 - 2.0 * probs[j], lp, "conformal", n_refs=n_refs)
-            quantiles[:, j], quantiles[:, k - 1 - j] = lower, upper
+        levels = [1.0 - 2.0 * probs[j] for j in range(k // 2)]
+        asked = intervals_at(self, mu, sigma, levels, lp, "conformal", n_refs=n_refs)
+        for j, level in enumerate(levels):
+            quantiles[:, j], quantiles[:, k - 1 - j] = asked[level]
         return clamp_tails(quantiles).std(axis=1)
 
     def human_std(self, lp, n: int) -> np.ndarray:
@@ -455,14 +464,15 @@ class Calibration:
         if not self.rearrangement_mu:
             return lower, upper
 
-        grid_answers: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # both bounds from one call per grid
+        # Both bounds from one call: the two sides ask the same grid rows (in_mu_order stacks them alike).
+        asked: list[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]] = []
 
         def bound(side: int):
             def answer(m, s, grid_lp, refs, level):
-                key = (grid_lp[0], level, None if refs is None else int(refs[0]))
-                if key not in grid_answers:
-                    grid_answers[key] = self._interval(m, s, level, grid_lp, mode, refs)
-                return grid_answers[key][side]
+                query = (m, s, grid_lp, refs, level)
+                if not asked or not all(_same(a, b) for a, b in zip(asked[0][0], query, strict=True)):
+                    asked[:] = [(query, self._interval(m, s, _one_or_each(level), grid_lp, mode, refs))]
+                return asked[0][1][side]
 
             return answer
 
@@ -526,7 +536,7 @@ class Calibration:
         if not self.rearrangement_mu:
             return risk
         return self._in_mu_order(
-            lambda m, s, grid_lp, refs, chi: self._risk(m, s, chi, grid_lp, refs),
+            lambda m, s, grid_lp, refs, chi: self._risk(m, s, _one_or_each(chi), grid_lp, refs),
             risk, mu, sigma, lp, n_refs, threshold, increasing=False,
         )
 
@@ -592,6 +602,19 @@ class Calibration:
         )
         out[inside] = cal_mu + cal_sigma * probit(level[inside])
         return np.minimum(out, top)
+
+
+def _one_or_each(level: np.ndarray):
+    """One level for every row where the rows share it (the scalar path every distribution takes),
+    else the array: one per row."""
+    level = np.asarray(level, dtype=float)
+    return float(level[0]) if level.size and np.all(level == level[0]) else level
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a is b or (np.shape(a) == np.shape(b) and bool(np.all(np.asarray(a) == np.asarray(b))))
 
 
 def with_top_atom(

@@ -78,29 +78,47 @@ def in_mu_order(
 ) -> np.ndarray:
     """``values`` (shape [n], the served answer of each row) rearranged in mu within each LP of ``grids``.
 
-    ``answer(mu, sigma, lp, n_refs, level)`` gives the same answer for grid rows (arrays of shape
-    [G], one level): it is asked once per LP and distinct (level, n_refs) of its rows, at the
-    σ of the first such row (the rearrangement is exact where σ has no weight).  ``lps`` shape [n];
-    ``n_refs`` shape [n] or None; ``level`` (the rows' interval level or threshold) shape [n].
-    Rows of an LP without a grid (unseen) keep their answers."""
+    ``answer(mu, sigma, lp, n_refs, level)`` gives the same answer for grid rows, every argument an
+    array of one shape (``n_refs`` None where the rows have none): it is asked once, for the grids
+    of every LP and distinct (level, n_refs) of its rows stacked, each grid at the σ of the first
+    such row (the rearrangement is exact where σ has no weight).  One call rather than one per
+    LP and level: the answers are elementwise, and the calibrate stage asks about a hundred levels
+    of four LPs per measurement, where each call's fixed cost outweighed its arithmetic.
+    ``lps`` shape [n]; ``n_refs`` shape [n] or None; ``level`` (the rows' interval level or
+    threshold) shape [n].  Rows of an LP without a grid (unseen) keep their answers."""
     out = np.array(values, dtype=float, copy=True)
     sign = 1.0 if increasing else -1.0
+    level = np.asarray(level, dtype=float)
     refs = np.zeros(out.size, dtype=int) if n_refs is None else np.asarray(n_refs, dtype=int)
+    queries = []  # (rows, grid_mu, sigma, lp, n_refs, level) of each grid asked
     for name, grid in grids.items():
         in_lp = lps == name
         if not in_lp.any():
             continue
         grid_mu = np.asarray(grid, dtype=float)
-        size = grid_mu.size
         levels, with_refs_ = level[in_lp], refs[in_lp]
-        same = np.all(levels == levels[0]) and np.all(with_refs_ == with_refs_[0])
-        combos = [(levels[0], with_refs_[0])] if same else np.unique(np.column_stack([levels, with_refs_]), axis=0)
-        for at_level, with_refs in combos:
-            rows = in_lp & (level == at_level) & (refs == with_refs)
-            first = int(np.flatnonzero(rows)[0])
-            along = answer(
-                grid_mu, np.full(size, sigma[first]), np.full(size, name, dtype=object),
-                None if n_refs is None else np.full(size, int(with_refs)), float(at_level),
-            )
-            out[rows] = sign * rearranged(sign * out[rows], mu[rows], grid_mu, sign * np.asarray(along, dtype=float))
+        if np.all(levels == levels[0]) and np.all(with_refs_ == with_refs_[0]):
+            queries.append((in_lp, grid_mu, sigma[int(np.flatnonzero(in_lp)[0])], name, with_refs_[0], levels[0]))
+            continue
+        # the rows of each distinct (level, n_refs), in one pass: their first row and their mask
+        combos, first, inverse = np.unique(np.column_stack([levels, with_refs_]), axis=0, return_index=True, return_inverse=True)
+        positions = np.flatnonzero(in_lp)
+        inverse = inverse.ravel()
+        for k, (at_level, with_refs) in enumerate(combos):
+            rows = np.zeros(out.size, dtype=bool)
+            rows[positions[inverse == k]] = True
+            queries.append((rows, grid_mu, sigma[positions[first[k]]], name, with_refs, at_level))
+    if not queries:
+        return out
+    sizes = [q[1].size for q in queries]
+    stacked = answer(
+        np.concatenate([q[1] for q in queries]),
+        np.repeat([float(q[2]) for q in queries], sizes),
+        np.repeat(np.array([q[3] for q in queries], dtype=object), sizes),
+        None if n_refs is None else np.repeat([int(q[4]) for q in queries], sizes),
+        np.repeat([float(q[5]) for q in queries], sizes),
+    )
+    along_all = np.split(np.asarray(stacked, dtype=float), np.cumsum(sizes)[:-1])
+    for (rows, grid_mu, *_), along in zip(queries, along_all, strict=True):
+        out[rows] = sign * rearranged(sign * out[rows], mu[rows], grid_mu, sign * along)
     return out
