@@ -183,7 +183,9 @@ def test_a_distribution_of_one_level_per_call_is_asked_level_by_level():
 
     class OneLevel:
         is_gaussian = True
-        asked: list = []
+
+        def __init__(self):
+            self.asked = []
 
         def interval(self, mu, sigma, gamma, lp=None, mode="gaussian", n_refs=None):
             assert np.ndim(gamma) == 0

@@ -357,16 +357,20 @@ class Calibration:
         return (
             self.top_atom is None
             and self.isotonic is None
-            and (self.fixed or not isinstance(self.served, ConformalCalibrator))
+            and not self._serves_conformal
         )
+
+    @property
+    def _serves_conformal(self) -> bool:
+        """Whether the served candidate is a conformal one (not overridden by a fixed variance)."""
+        return isinstance(self.served, ConformalCalibrator) and not self.fixed
 
     @property
     def takes_row_levels(self) -> bool:
         """Whether :meth:`interval` takes one level per row (shape [n]): a conformal served
         distribution, or one with a point mass at the top (its part below the top is asked at each
         row's own level); a Gaussian or the isotonic one takes one level for every row."""
-        served_conformal = isinstance(self.served, ConformalCalibrator) and not self.fixed
-        return self.isotonic is None and (self.top_atom is not None or served_conformal)
+        return self.isotonic is None and (self.top_atom is not None or self._serves_conformal)
 
     @property
     def has_interior_atoms(self) -> bool:
@@ -498,7 +502,7 @@ class Calibration:
             )
         if self.top_atom is not None:
             return self._mixture_interval(mu, sigma, gamma, lp, n_refs)
-        served_conformal = isinstance(self.served, ConformalCalibrator) and not self.fixed
+        served_conformal = self._serves_conformal
         if (mode == "gaussian" and not served_conformal) or self.fixed:
             cal_mu, cal_sigma = self._gaussian(mu, sigma, lp, n_refs)
             return gaussian_interval(cal_mu, cal_sigma, gamma)
@@ -556,7 +560,7 @@ class Calibration:
             pi = self.top_atom.probability(self.center(mu, sigma, lp), lp)
             below = np.asarray(self.below_top.risk(mu, sigma, chi, lp, n_refs=n_refs), dtype=float)
             return np.where(chi >= self.top_atom.value, 1.0, (1.0 - pi) * below)
-        if isinstance(self.served, ConformalCalibrator) and not self.fixed:
+        if self._serves_conformal:
             mu_z, sigma_z = self._z(mu, sigma, lp)
             chi_z = self.standardizer.transform_human(np.array(chi, dtype=float), lp)
             # As in interval(): Q = mu + widen * (Q0 - mu), so P(Q <= chi) = P(Q0 <= mu + (chi - mu) / widen).
@@ -612,9 +616,8 @@ def _one_or_each(level: np.ndarray):
 
 
 def _same(a, b) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a is b or (np.shape(a) == np.shape(b) and bool(np.all(np.asarray(a) == np.asarray(b))))
+    """Whether two grid query arguments (arrays, or None for no reference counts) are equal."""
+    return a is b if a is None or b is None else np.array_equal(a, b)
 
 
 def with_top_atom(
