@@ -59,14 +59,63 @@ def pytest_collection_modifyitems(config, items):
     """Move the :data:`SMOKE_MUTATES` tests right after the last other test using :func:`smoke`
     (collected in order -- tests/test_pipeline_e2e.py, then tests/test_smoke_make_run.py -- they are
     there already; ``pytest tests/test_smoke_make_run.py tests/test_pipeline_e2e.py`` would otherwise
-    read the clone after its second ``make run``)."""
+    read the clone after its second ``make run``); then put the slowest worker groups first
+    (:func:`slowest_groups_first`)."""
     mutating = [item for item in items if item.get_closest_marker(SMOKE_MUTATES)]
-    if not mutating:
-        return
-    rest = [item for item in items if not item.get_closest_marker(SMOKE_MUTATES)]
-    readers = [n for n, item in enumerate(rest) if "smoke" in getattr(item, "fixturenames", ())]
-    at = readers[-1] + 1 if readers else len(rest)
-    items[:] = [*rest[:at], *mutating, *rest[at:]]
+    if mutating:
+        rest = [item for item in items if not item.get_closest_marker(SMOKE_MUTATES)]
+        readers = [n for n, item in enumerate(rest) if "smoke" in getattr(item, "fixturenames", ())]
+        at = readers[-1] + 1 if readers else len(rest)
+        items[:] = [*rest[:at], *mutating, *rest[at:]]
+    items[:] = slowest_groups_first(items)
+
+
+# ----------------------------------------------------------------------------- parallel runs (make test)
+
+#: The test files that read the :func:`smoke` clone: one worker group, so the clone is built once.
+SMOKE_FILES = ("tests/test_pipeline_e2e.py", "tests/test_smoke_make_run.py")
+SMOKE_GROUP = "smoke-clone"
+
+
+def worker_group(nodeid: str) -> str:
+    """The group a test runs in under ``make test`` (``pytest -n N --dist loadfile``): its file, the
+    files of :data:`SMOKE_FILES` together.  A group runs whole on one worker, in collection order, so a
+    module fixture (a Prefect test server, a trained project) is built once and the session fixture
+    :func:`smoke` too."""
+    path = nodeid.split("::", 1)[0]
+    return SMOKE_GROUP if path in SMOKE_FILES else path
+
+
+def slowest_groups_first(items: list) -> list:
+    """``items`` with the :func:`worker_group` of a ``slow`` test first, :data:`SMOKE_GROUP` before
+    them (the longest: a whole pipeline in a clone), so the end-to-end runs start at once instead of
+    ending the session alone on one worker; each group's tests in their order.  xdist hands out the
+    groups in this order (``--no-loadscope-reorder``).  A test that reads :func:`smoke` outside
+    :data:`SMOKE_FILES` is refused: its worker would build a second clone."""
+    groups: dict[str, list] = {}
+    for item in items:
+        group = worker_group(item.nodeid)
+        if "smoke" in getattr(item, "fixturenames", ()) and group != SMOKE_GROUP:
+            raise pytest.UsageError(f"{item.nodeid} reads the smoke clone: add its file to SMOKE_FILES in tests/conftest.py")
+        groups.setdefault(group, []).append(item)
+    slow = [name for name, members in groups.items() if any(m.get_closest_marker("slow") for m in members)]
+    slow.sort(key=lambda name: name != SMOKE_GROUP)
+    return [item for name in [*slow, *(g for g in groups if g not in slow)] for item in groups[name]]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with :func:`worker_group` as the unit (xdist's ``loadgroup`` would need
+    its node-id suffix, which pytest 9 no longer reads: it stores ids in ``Node._id``)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class WorkerGroupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return WorkerGroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
