@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import stat
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -196,24 +197,30 @@ def test_encoder_failure_registers_nothing(tmp_path):
 
 
 def _worker(root: str, start: int, queue) -> None:
-    encoder = CountingEncoder()
-    cache = EmbeddingCache(root, encoder, shard_size=5)
-    texts = [f"text {i}" for i in range(start, start + 40)]
-    out = cache.get(texts)
-    queue.put((encoder.n_encoded, bool(np.array_equal(out, expected(texts)))))
+    try:
+        encoder = CountingEncoder()
+        cache = EmbeddingCache(root, encoder, shard_size=5)
+        texts = [f"text {i}" for i in range(start, start + 40)]
+        out = cache.get(texts)
+        queue.put((encoder.n_encoded, bool(np.array_equal(out, expected(texts)))))
+    except BaseException:  # the parent's assertion shows why, not only an exit code
+        queue.put((None, traceback.format_exc()))
+        raise
 
 
 def test_two_processes_share_one_cache_without_corruption(tmp_path):
-    ctx = multiprocessing.get_context("fork")
+    # Spawned, not forked: under `make test` the test runs in an xdist worker, whose threads a fork
+    # would copy mid-flight (a forked child once exited 1 there, 2026-12-07, and never alone).
+    ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     workers = [ctx.Process(target=_worker, args=(str(tmp_path), start, queue)) for start in (0, 20)]
     for worker in workers:
         worker.start()
+    results = [queue.get(timeout=120) for _ in workers]
     for worker in workers:
         worker.join(timeout=60)
-        assert worker.exitcode == 0
-    results = [queue.get(timeout=5) for _ in workers]
-    assert all(ok for _, ok in results)
+    assert [worker.exitcode for worker in workers] == [0, 0], results
+    assert all(ok is True for _, ok in results), results
     # 60 distinct texts; the 20 shared ones are stored once (a process may encode a few of them in
     # vain before seeing the other's shard, but the lock keeps the index free of duplicates)
     cache = EmbeddingCache(tmp_path, CountingEncoder())
