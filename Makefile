@@ -66,7 +66,7 @@ serve-retrain: setup
 
 # The suite in TEST_WORKERS processes (pytest-xdist; 2 cores here and in CI): each test file, and the
 # tests of the shared smoke clone together, run whole on one worker, the files with end-to-end tests
-# first (tests/conftest.py, worker_group). TEST_WORKERS=0 runs it in one process.
+# first (tests/conftest.py, worker_group). TEST_WORKERS=0 runs it in one process, in collection order.
 TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadfile --no-loadscope-reorder)

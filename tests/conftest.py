@@ -59,15 +59,17 @@ def pytest_collection_modifyitems(config, items):
     """Move the :data:`SMOKE_MUTATES` tests right after the last other test using :func:`smoke`
     (collected in order -- tests/test_pipeline_e2e.py, then tests/test_smoke_make_run.py -- they are
     there already; ``pytest tests/test_smoke_make_run.py tests/test_pipeline_e2e.py`` would otherwise
-    read the clone after its second ``make run``); then put the slowest worker groups first
-    (:func:`slowest_groups_first`)."""
+    read the clone after its second ``make run``); then, in an xdist worker (``make test``), put the
+    slowest worker groups first (:func:`slowest_groups_first`).  A run in one process keeps the
+    collection order."""
     mutating = [item for item in items if item.get_closest_marker(SMOKE_MUTATES)]
     if mutating:
         rest = [item for item in items if not item.get_closest_marker(SMOKE_MUTATES)]
         readers = [n for n, item in enumerate(rest) if "smoke" in getattr(item, "fixturenames", ())]
         at = readers[-1] + 1 if readers else len(rest)
         items[:] = [*rest[:at], *mutating, *rest[at:]]
-    items[:] = slowest_groups_first(items)
+    if hasattr(config, "workerinput"):  # set by pytest-xdist in its workers only
+        items[:] = slowest_groups_first(items)
 
 
 # ----------------------------------------------------------------------------- parallel runs (make test)

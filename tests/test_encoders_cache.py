@@ -210,7 +210,7 @@ def _worker(root: str, start: int, queue) -> None:
 
 def test_two_processes_share_one_cache_without_corruption(tmp_path):
     # Spawned, not forked: under `make test` the test runs in an xdist worker, whose threads a fork
-    # would copy mid-flight (a forked child once exited 1 there, 2026-12-07, and never alone).
+    # would copy mid-flight (a forked child exited 1 there once, 2026-12-07; not reproduced since).
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     workers = [ctx.Process(target=_worker, args=(str(tmp_path), start, queue)) for start in (0, 20)]
