@@ -66,3 +66,32 @@ def test_dest_and_from_log_are_exclusive(tmp_path):
         main([])
     with pytest.raises(SystemExit):
         main([str(tmp_path / "x"), "--from-log", str(tmp_path / "log")])
+
+
+def test_a_run_clones_the_commit_and_stamps_make_runs_output(tmp_path, monkeypatch, capsys):
+    """:func:`run_cold` on a stand-in repository whose ``make run`` prints what DVC prints."""
+    import subprocess
+
+    import benchmarks.cold_run as cold_run
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "Makefile").write_text(
+        "run:\n"
+        "\t@echo \"Running stage 'register':\"\n"
+        "\t@echo \"HOME=$$HOME\"\n"
+        "\t@echo \"Updating lock file 'dvc.lock'\"\n"
+        "\t@printf 'Downloading artifacts: 50%%\\rDownloading artifacts: 100%%\\n'\n"
+        "\t@exit 3\n",
+        encoding="utf-8",
+    )
+    for command in (["init", "-q"], ["add", "Makefile"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "m"]):
+        subprocess.run(["git", *command], cwd=repo, check=True)
+    monkeypatch.setattr(cold_run, "REPO_ROOT", repo)
+    dest = tmp_path / "cold"
+    assert cold_run.main([str(dest), "--fresh-home"]) == 2  # make's exit code when a recipe fails
+    log = (dest / "make-run.log").read_text(encoding="utf-8")
+    assert f"HOME={dest / 'home'}" in log  # --fresh-home: an empty HOME of its own
+    assert (dest / "clone" / "Makefile").is_file()
+    assert "register" in capsys.readouterr().out
+    assert "make run exited 2" in log
