@@ -186,3 +186,41 @@ def test_stage_models_calibrate_and_evaluate_with_the_model_held_out(tmp_path, m
             json.loads((tmp_path / "metrics" / "test.json").read_text())["hts"][lp]["width@0.9"]
         )
     assert measured["avg"]["coverage@0.9"] == pytest.approx(np.mean([measured[lp]["coverage@0.9"] for lp in LPS]))
+
+    # exp_sigma_weights: the re-check makes the calibrate stage's choices again, number for number,
+    # for the models whose weight is pinned
+    from uamt.experiments import sigma_weights as exp_sigma_weights
+
+    check = exp_sigma_weights.SigmaWeightSettings(weights=(0.0, 1.0), metrics_dir=str(tmp_path / "exp"))
+    calibration_dir = tmp_path / "calibration"
+    hts_weight = dev["hts"]["sigma_weight"]["chosen"]
+    as_chosen = dataclasses.replace(settings, pinned_sigma_weights={"hts": hts_weight, "dup": 0.0, "point": 0.0})
+    result = exp_sigma_weights.check_sigma_weights(check, pipe, as_chosen, EncodeConfig(), calibration_dir, lolo.out_dir)
+    assert set(result["models"]) == {"hts", "dup"}  # the point model has no σ to weigh
+    for method, rechecked in result["models"].items():
+        assert rechecked["seen"] == {"weights": dev[method]["sigma_weight"]["weights"], "chosen": dev[method]["sigma_weight"]["chosen"]}
+    assert result["models"]["dup"]["unseen"] is None  # no leave-one-LP-out models: no unseen choice
+    rechecked = result["models"]["hts"]
+    assert rechecked["unseen"]["weights"] == unseen["sigma_weight"]["weights"] and rechecked["unseen"]["chosen"] == chosen
+    assert rechecked["served"] == {"seen": hts_weight, "unseen": chosen}
+    assert rechecked["agrees"] and result["disagree"] == []
+    # HTS pinned to the weight the grid did not choose: served as pinned (unseen pairs too, nothing
+    # tried), DUP still chooses, and the re-check of HTS says the pin is no longer chosen
+    other = 1.0 - hts_weight
+    pinned = dataclasses.replace(settings, pinned_sigma_weights={"hts": other})
+    model_evaluation.calibrate_models(pipe, pinned, EncodeConfig(), calibration_dir, lolo.out_dir)
+    repinned = json.loads((tmp_path / "metrics" / "dev.json").read_text())
+    if other != 1.0:  # weight 1 alone: the model's own σ, nothing recorded
+        assert repinned["hts"]["sigma_weight"] == {"weights": {}, "chosen": other, "pinned": True}
+        assert repinned["hts"]["unseen_lp"]["sigma_weight"] == {"weights": {}, "chosen": other, "in_domain": other, "pinned": True}
+    assert repinned["dup"]["sigma_weight"] == dev["dup"]["sigma_weight"]
+    paths = exp_sigma_weights.write_findings(check, pipe, pinned, EncodeConfig(), calibration_dir, lolo.out_dir)
+    result = json.loads(paths["result"].read_text())
+    assert set(result["models"]) == {"hts"} and result["disagree"] == ["hts"]
+    assert result["pinned"] == {"hts": other} and result["weights"] == [0.0, 1.0]
+    assert result["models"]["hts"]["served"] == {"seen": other, "unseen": other}
+    assert result["models"]["hts"]["seen"]["weights"] == dev["hts"]["sigma_weight"]["weights"]
+    section = exp_sigma_weights.render(result)
+    assert "1 of 1 models would now be served another weight: hts" in section and f"| hts | {other} ({other}) |" in section
+    with pytest.raises(ValueError, match=r"pinned_sigma_weights.htss not supported; pin models from \[.*'hts_qe'"):
+        model_evaluation.calibrate_models(pipe, dataclasses.replace(settings, pinned_sigma_weights={"htss": 0.0}), EncodeConfig(), calibration_dir, lolo.out_dir)

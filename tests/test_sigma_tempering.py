@@ -112,6 +112,27 @@ def test_the_cross_fitted_choice_drops_a_sigma_that_is_noise_and_keeps_one_that_
     assert choose_sigma_weight(dev, "point", point, SIGNED, BOUNDS) == (point, {})
 
 
+def test_a_pinned_weight_serves_what_the_grid_would_have_chosen_without_cross_fitting(noise_sigma, monkeypatch):
+    """``evaluate.sigma_weights: [0]``: the same calibration as the grid's choice of 0 (every array of
+    the saved file), with nothing cross-fitted; the record says the weight was pinned."""
+    import uamt.model_evaluation as model_evaluation
+
+    dev, _, calibration = noise_sigma
+    chosen, report = choose_sigma_weight(dev, "hts", calibration, SIGNED, BOUNDS)
+    assert report["chosen"] == 0.0
+    monkeypatch.setattr(model_evaluation, "cross_fitted_rows", lambda *a, **k: pytest.fail("a pinned weight is not cross-fitted"))
+    pinned, record = choose_sigma_weight(dev, "hts", calibration, dataclasses.replace(SIGNED, sigma_weights=(0.0,)), BOUNDS)
+    assert record == {"weights": {}, "chosen": 0.0, "pinned": True}
+    assert pinned.to_dict() == chosen.to_dict()
+    # a pinned weight the grid would not choose is served all the same, to the pinned model only
+    pins = dataclasses.replace(SIGNED, pinned_sigma_weights={"hts": 0.5})
+    assert pins.sigma_weights_for("hts") == (0.5,) and pins.sigma_weights_for("kl") == pins.sigma_weights_for(None) == (0.0, 1.0)
+    half, record = choose_sigma_weight(dev, "hts", calibration, pins, BOUNDS)
+    assert record["chosen"] == 0.5 and half.sigma_tempering.weight == 0.5
+    with pytest.raises(ValueError, match=r"pinned_sigma_weights.hts=1.5 not supported; pin a weight in \[0, 1\]"):
+        EvaluationSettings(pinned_sigma_weights={"hts": 1.5})
+
+
 def test_an_unseen_weight_tempers_only_rows_of_pairs_without_a_median():
     tempering = SigmaTempering.fit([1.0, 4.0, 9.0, 16.0], ["a", "a", "b", "b"], 0.0, unseen_weight=1.0)
     assert tempering.unseen == 1.0 and not tempering.is_identity
@@ -174,3 +195,7 @@ def test_unseen_pairs_take_their_own_sigma_weight_where_held_out_pairs_pay_for_i
         held.interval(mu[rows], sigma[rows], 0.9, lp[rows]), held.interval(mu[rows], sigma[rows], 0.9, new[rows])
     )
     assert choose_unseen_sigma_weight(tables, None, calibration, dev, dataclasses.replace(settings, unseen_sigma_margin=None), BOUNDS)[2] == {}
+    # one weight pinned: unseen rows take it, nothing is tried, the record says so
+    single = dataclasses.replace(settings, sigma_weights=(0.0,))
+    kept, _, record = choose_unseen_sigma_weight(tables, None, calibration, dev, single, BOUNDS)
+    assert kept is calibration and record == {"weights": {}, "chosen": 0.0, "in_domain": 0.0, "pinned": True}

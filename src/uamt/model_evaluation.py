@@ -241,23 +241,32 @@ def choose_sigma_weight(
 
     ``calibration``: :func:`fit_calibration`'s on ``table`` (no served distribution attached yet:
     each λ is cross-fitted with the one ``settings`` attaches).  Returns the calibration -- unchanged,
-    with the identity tempering recorded, where λ = 1 wins; as is for a model without σ or a single
-    weight -- and ``{"weights": {λ: CRPS}, "chosen": λ}`` (empty where nothing was chosen).
+    with the identity tempering recorded, where λ = 1 wins; as is for a model without σ or the single
+    weight 1 -- and ``{"weights": {λ: CRPS}, "chosen": λ}`` (empty where nothing was chosen).  A single
+    weight other than 1 (``settings.sigma_weights_for(method)``: the model's weight pinned by
+    ``evaluate.pinned_sigma_weights``; the ``exp_sigma_weights`` stage re-checks it after
+    ``register``, :mod:`uamt.experiments.sigma_weights`) is served without a choice: the calibration
+    is refitted on σ tempered by it, nothing is cross-fitted, and the record is
+    ``{"weights": {}, "chosen": λ, "pinned": True}``.
     ``source`` names ``table`` in the refit's error messages, as :func:`fit_calibration`'s.
     """
-    if calibration.fixed or tuple(settings.sigma_weights) == (1.0,):
+    weights = settings.sigma_weights_for(method)
+    if calibration.fixed or weights == (1.0,):
         return calibration, {}
     table = with_model_sigma(table, method) if method is not None else table
     sigma = table["sigma"].to_numpy(dtype=float)
     lp = table["lp"].astype(str).to_numpy(dtype=object)
-    template = attach_distribution(calibration, table, None, settings, bounds)
     crps = {}
-    for weight in settings.sigma_weights:
-        # rearranged in mu where this weight leaves σ none, as the calibration would then be served
-        tempered = with_rearrangement(with_sigma_tempering(template, SigmaTempering.fit(sigma, lp, weight)), table, None, settings)
-        rows, _ = cross_fitted_rows(table, None, tempered, settings, bounds)
-        crps[float(weight)] = measure(tempered, rows, table, settings)["avg"]["crps"]
-    chosen = min(crps, key=lambda weight: (crps[weight], -weight))
+    if len(weights) > 1:
+        template = attach_distribution(calibration, table, None, settings, bounds)
+        for weight in weights:
+            # rearranged in mu where this weight leaves σ none, as the calibration would then be served
+            tempered = with_rearrangement(
+                with_sigma_tempering(template, SigmaTempering.fit(sigma, lp, weight)), table, None, settings
+            )
+            rows, _ = cross_fitted_rows(table, None, tempered, settings, bounds)
+            crps[float(weight)] = measure(tempered, rows, table, settings)["avg"]["crps"]
+    chosen = min(crps, key=lambda weight: (crps[weight], -weight)) if crps else weights[0]
     tempering = SigmaTempering.fit(sigma, lp, chosen)
     if not tempering.is_identity:
         refitted, _ = fit_calibration(
@@ -266,7 +275,7 @@ def choose_sigma_weight(
         calibration = dataclasses.replace(refitted, fixed=calibration.fixed, calibrated_on=calibration.calibrated_on)
     calibration = with_sigma_tempering(calibration, tempering)
     refit_global_fallback(calibration, table, settings)  # on σ as an unseen row's is tempered, not its LP's
-    return calibration, {"weights": {str(w): c for w, c in crps.items()}, "chosen": chosen}
+    return calibration, {"weights": {str(w): c for w, c in crps.items()}, "chosen": chosen, **({} if crps else {"pinned": True})}
 
 
 def held_out_crps(fit: HeldOutModelFit, tables_by_lp: dict[str, pd.DataFrame], settings: EvaluationSettings, bounds) -> dict[str, float]:
@@ -291,7 +300,7 @@ def choose_unseen_sigma_weight(
 ) -> tuple[Calibration, HeldOutModelFit, dict[str, Any]]:
     """σ's weight for rows of pairs the calibration never saw, and the unseen-LP widening fitted for it.
 
-    For each λ of ``settings.sigma_weights``, ``calibration`` (the served distribution, fitted on
+    For each λ of ``settings.sigma_weights_for(method)``, ``calibration`` (the served distribution, fitted on
     ``table``, with its in-domain σ weight) serves unseen rows σ tempered with λ
     (:func:`~uamt.serving.model_calibration.with_unseen_sigma_weight`), and the widening is fitted
     with the model held out (:func:`fit_held_out_model_unseen_lp_sigma_factor` on ``tables_by_lp``,
@@ -305,17 +314,21 @@ def choose_unseen_sigma_weight(
 
     Returns the calibration served (not yet widened), the held-out fit of its widening, and
     ``{"weights": {λ: held-out CRPS}, "per_lp": {λ: {L: CRPS}}, "chosen": λ, "in_domain": λ,
-    "margin": m}`` (empty where nothing was chosen).
+    "margin": m}`` (empty where nothing was chosen; with a single, pinned, weight
+    ``{"weights": {}, "chosen": λ, "in_domain": λ, "pinned": True}``: nothing is tried).
     """
     tempering = None if calibration.fixed else calibration.sigma_tempering
     served_fit = fit_held_out_model_unseen_lp_sigma_factor(tables_by_lp, method, calibration, settings=settings, bounds=bounds)
     margin = settings.unseen_sigma_margin
-    if margin is None or tempering is None or calibration.isotonic is not None or len(settings.sigma_weights) < 2 or not served_fit.needed:
+    if margin is None or tempering is None or calibration.isotonic is not None or not served_fit.needed:
         return calibration, served_fit, {}
+    weights = settings.sigma_weights_for(method)
+    if len(weights) < 2:  # pinned: unseen rows take the in-domain weight
+        return calibration, served_fit, {"weights": {}, "chosen": tempering.unseen, "in_domain": tempering.weight, "pinned": True}
     if method is not None:
         tables_by_lp = {lp: with_model_sigma(rows, method) for lp, rows in tables_by_lp.items()}
     candidates, crps = {}, {}
-    for weight in sorted(float(w) for w in settings.sigma_weights):
+    for weight in sorted(float(w) for w in weights):
         if weight == tempering.unseen:
             candidate, fit = calibration, served_fit
         else:
@@ -368,7 +381,8 @@ def fit_served_distribution(
     if sigma_weight:
         log.info(
             "%s: sigma weight %g (cross-fitted CRPS %s; %.1f s)", method, sigma_weight["chosen"],
-            ", ".join(f"{w}: {c:.4f}" for w, c in sigma_weight["weights"].items()), time.perf_counter() - started,
+            ", ".join(f"{w}: {c:.4f}" for w, c in sigma_weight["weights"].items()) or "none tried: pinned",
+            time.perf_counter() - started,
         )
     if reference_factors is not None:
         calibration.reference_factors = reference_factors(calibration)
@@ -464,6 +478,51 @@ def calibration_inputs(pipe: PipelineConfig, settings: EvaluationSettings, encod
     return frames, dev_df, open_features(encode), _scale_bounds(pipe)
 
 
+def fit_with_choices(
+    pipe: PipelineConfig,
+    settings: EvaluationSettings,
+    method: str,
+    inputs: tuple,
+    table: pd.DataFrame,
+    splits: tuple[str, ...],
+    lolo_dir: str | Path | None,
+) -> tuple[Calibration, dict[str, Any], dict[str, Path], HeldOutModelFit | None, dict[str, Any]]:
+    """The distribution ``method`` is served, fitted on its calibration rows ``table`` (its
+    predictions of ``splits``), before the unseen-LP widening: :func:`fit_served_distribution`
+    (with the reference factors), then σ's weight for unseen pairs (:func:`choose_unseen_sigma_weight`)
+    where ``lolo_dir`` holds the model trained without each of at least two LPs.
+
+    ``inputs``: :func:`calibration_inputs`.  Returns ``(calibration, choices, held-out models
+    {LP: folder}, their held-out fit or None, the unseen weight's record)``; the calibrate stage
+    (:func:`calibrate_model`) widens and serves it, the ``exp_sigma_weights`` stage re-checks the
+    pinned weights with it (:func:`check_model_sigma_weights`)."""
+    frames, dev_df, features, bounds = inputs
+    # The reference factors need rows with several references: dev's (the multi-reference
+    # rows of the other splits are not encoded).
+    calibration, choices = fit_served_distribution(
+        table, method, settings, bounds, splits=splits,
+        reference_factors=lambda fitted: fit_reference_factors(
+            pipe.model_dir(method), dev_df, features, fitted, settings.min_lp_rows
+        ),
+    )
+    # The widening is fitted for the distribution that is served (its point masses included), with
+    # the σ weight of unseen rows chosen where the model can be held out.
+    models = held_out_models(lolo_dir, method) if lolo_dir is not None else {}
+    fit, unseen_weight = None, {}
+    if len(models) >= 2:
+        calibration, fit, unseen_weight = choose_unseen_sigma_weight(
+            {lp: lolo_predictions(folder, frames, splits, features) for lp, folder in models.items()},
+            method, calibration, table, settings, bounds,
+        )
+        if unseen_weight:
+            log.info(
+                "%s: sigma weight %g for unseen pairs (in domain %g; held-out-model CRPS %s)", method,
+                unseen_weight["chosen"], unseen_weight["in_domain"],
+                ", ".join(f"{w}: {c:.4f}" for w, c in unseen_weight["weights"].items()) or "none tried: pinned",
+            )
+    return calibration, choices, models, fit, unseen_weight
+
+
 def calibrate_model(
     pipe: PipelineConfig,
     settings: EvaluationSettings,
@@ -490,30 +549,10 @@ def calibrate_model(
         for split in splits
     }
     table = pd.concat([tables[s] for s in splits], ignore_index=True)
-    # The reference factors need rows with several references: dev's (the multi-reference
-    # rows of the other splits are not encoded).
-    calibration, choices = fit_served_distribution(
-        table, method, settings, bounds, splits=splits,
-        reference_factors=lambda fitted: fit_reference_factors(
-            pipe.model_dir(method), dev_df, features, fitted, settings.min_lp_rows
-        ),
+    calibration, choices, models, fit, unseen_weight = fit_with_choices(
+        pipe, settings, method, (frames, dev_df, features, bounds), table, splits, lolo_dir
     )
-    # The widening is fitted for the distribution that is served (its point masses included), with
-    # the σ weight of unseen rows chosen where the model can be held out.
     started = time.perf_counter()
-    models = held_out_models(lolo_dir, method) if lolo_dir is not None else {}
-    fit, unseen_weight = None, {}
-    if len(models) >= 2:
-        calibration, fit, unseen_weight = choose_unseen_sigma_weight(
-            {lp: lolo_predictions(folder, frames, splits, features) for lp, folder in models.items()},
-            method, calibration, table, settings, bounds,
-        )
-        if unseen_weight:
-            log.info(
-                "%s: sigma weight %g for unseen pairs (in domain %g; held-out-model CRPS %s)", method,
-                unseen_weight["chosen"], unseen_weight["in_domain"],
-                ", ".join(f"{w}: {c:.4f}" for w, c in unseen_weight["weights"].items()),
-            )
     factor, held_out = fit_model_unseen_lp_sigma_factor(table, method, calibration, settings=settings, bounds=bounds)
     unseen = {"sigma_factor": factor, "fitted_with": "calibration held out", "held_out": held_out}
     if models:  # what an earlier fit left goes first
@@ -559,6 +598,50 @@ def calibrate_model(
     return metrics, path, tables
 
 
+def check_model_sigma_weights(
+    pipe: PipelineConfig,
+    settings: EvaluationSettings,
+    encode: EncodeConfig,
+    calibration_dir: str | Path,
+    weights: tuple[float, ...],
+    method: str,
+    inputs: tuple | None = None,
+    lolo_dir: str | Path | None = None,
+) -> dict[str, Any] | None:
+    """The σ weights the calibrate stage would choose for ``method`` from ``weights``, against the
+    ones it serves (pinned by ``settings.pinned_sigma_weights``): :func:`fit_with_choices` with
+    ``weights`` and no pin on the calibration rows that stage predicted
+    (``predictions/<split>/<method>.parquet``).
+
+    Returns None for a model without σ (its served calibration has a fixed variance), else
+    ``{"served": {"seen": λ, "unseen": λ}, "seen": {"weights": {λ: cross-fitted CRPS}, "chosen": λ},
+    "unseen": {"weights": {λ: held-out CRPS}, "per_lp": ..., "chosen": λ, "in_domain": λ,
+    "margin": m} or None (no leave-one-LP-out models), "agrees": bool}``."""
+    served = Calibration.load(Path(calibration_dir) / f"{method}.json")
+    if served.fixed:
+        return None
+    frames, dev_df, features, bounds = inputs if inputs is not None else calibration_inputs(pipe, settings, encode)
+    splits = tuple(served.calibrated_on)
+    table = calibration_rows(pipe, method, splits)
+    grid = dataclasses.replace(settings, sigma_weights=tuple(float(w) for w in weights), pinned_sigma_weights={})
+    _, choices, _, _, unseen = fit_with_choices(pipe, grid, method, (frames, dev_df, features, bounds), table, splits, lolo_dir)
+    tempering = served.sigma_tempering
+    served_weights = {"seen": 1.0, "unseen": 1.0} if tempering is None else {"seen": tempering.weight, "unseen": tempering.unseen}
+    seen = {"weights": choices["sigma_weight"]["weights"], "chosen": choices["sigma_weight"]["chosen"]}
+    unseen = (
+        {"weights": unseen["weights"], "per_lp": unseen["per_lp"], "chosen": unseen["chosen"],
+         "in_domain": unseen["in_domain"], "margin": unseen["margin"]}
+        if unseen else None
+    )
+    agrees = seen["chosen"] == served_weights["seen"] and (unseen is None or unseen["chosen"] == served_weights["unseen"])
+    log.info(
+        "%s: served sigma weight %g (unseen pairs %g); cross-fitted CRPS %s -> chosen %g%s", method,
+        served_weights["seen"], served_weights["unseen"], ", ".join(f"{w}: {c:.4f}" for w, c in seen["weights"].items()),
+        seen["chosen"], f"; unseen pairs {unseen['chosen']:g}" if unseen else "",
+    )
+    return {"served": served_weights, "seen": seen, "unseen": unseen, "agrees": agrees}
+
+
 def lolo_predictions(model_dir: Path, frames: dict[str, pd.DataFrame], splits, features) -> pd.DataFrame:
     """The predictions of the model in ``model_dir`` on the ``splits`` of ``frames``, one table (not written)."""
     from uamt.models.api import load
@@ -576,6 +659,17 @@ def save_held_out_calibrations(calibrations: dict[str, Calibration], folder: Pat
         calibration.save(folder / f"{lp}.json")
 
 
+def check_pinned_models(settings: EvaluationSettings) -> None:
+    """ValueError where ``settings.pinned_sigma_weights`` names a model no method trains (a typo
+    would otherwise leave the model choosing its weight, slowly and unnoticed)."""
+    from uamt.models.specs import METHODS
+
+    known = {*METHODS, *(qe_model_name(name) for name in METHODS)}
+    for model in settings.pinned_sigma_weights:
+        if model not in known:
+            raise ValueError(f"pinned_sigma_weights.{model} not supported; pin models from {sorted(known)}")
+
+
 def calibrate_models(
     pipe: PipelineConfig,
     settings: EvaluationSettings,
@@ -590,6 +684,7 @@ def calibrate_models(
     ``{model: calibration path}``.  The models are calibrated in ``pipe.workers`` processes
     (:func:`calibrate_model`; the same numbers for any number, up to float rounding); ``lolo_dir``:
     the train_lolo stage's models (:func:`calibrate_model`)."""
+    check_pinned_models(settings)
     for split in settings.calibration_splits:  # declared stage outputs, even where no model is calibrated on them
         (Path(pipe.predictions_dir) / split).mkdir(parents=True, exist_ok=True)
     bounds = _scale_bounds(pipe)

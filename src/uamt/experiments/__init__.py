@@ -15,4 +15,4 @@ Each analysis ``<name>`` has
 """
 
 #: Analyses in report order (the dvc stage of each is ``exp_<name>``).
-SECTIONS = ("methods", "noisy_refs", "ood", "references", "critical", "multihyp", "cost", "rerank", "flagging", "annotation")
+SECTIONS = ("methods", "noisy_refs", "ood", "references", "critical", "multihyp", "cost", "rerank", "flagging", "annotation", "sigma_weights")

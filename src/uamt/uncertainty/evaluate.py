@@ -142,6 +142,11 @@ class EvaluationSettings:
         its LP's median, λ = 1 the model's own, 0 one σ per LP) the calibrate stage chooses from by
         the served distribution's cross-fitted CRPS
         (:func:`uamt.model_evaluation.choose_sigma_weight`); ``(1.0,)``: the model's σ, no choice.
+    pinned_sigma_weights : dict of str to float
+        ``{model: λ}``: the models served that weight, in domain and for unseen pairs, without a
+        choice (:meth:`sigma_weights_for`); the ``exp_sigma_weights`` stage makes their choice again
+        after ``register`` (:mod:`uamt.experiments.sigma_weights`).  The others choose from
+        ``sigma_weights``.
     unseen_sigma_margin : float or None
         Let rows of a pair the calibration never saw take a σ weight of their own
         (:attr:`uamt.uncertainty.tempering.SigmaTempering.unseen_weight`) from ``sigma_weights``,
@@ -183,6 +188,7 @@ class EvaluationSettings:
     top_atom: bool = False
     distribution: str = "candidate"
     sigma_weights: tuple[float, ...] = (1.0,)
+    pinned_sigma_weights: dict[str, float] = dataclasses.field(default_factory=dict)
     unseen_sigma_margin: float | None = None
     rearrange_in_mu: bool = False
     risk_lattice_step: float | None = None
@@ -212,6 +218,9 @@ class EvaluationSettings:
         weights = list(self.sigma_weights)
         if not weights or len(set(weights)) != len(weights) or not all(0.0 <= w <= 1.0 for w in weights):
             raise ValueError(f"sigma_weights={weights!r} not supported; choose distinct weights in [0, 1] (1: the model's sigma)")
+        for model, weight in self.pinned_sigma_weights.items():
+            if not (isinstance(weight, int | float) and 0.0 <= weight <= 1.0):
+                raise ValueError(f"pinned_sigma_weights.{model}={weight!r} not supported; pin a weight in [0, 1] (1: the model's sigma)")
         offsets, step = list(self.risk_lattice_offsets), self.risk_lattice_step
         if step is not None and not (math.isfinite(step) and step > 0):
             raise ValueError(f"risk_lattice_step={step!r} must be > 0 (or null: a continuous scale)")
@@ -220,6 +229,12 @@ class EvaluationSettings:
         margin = self.unseen_sigma_margin
         if margin is not None and not (math.isfinite(margin) and 0.0 <= margin < 1.0):
             raise ValueError(f"unseen_sigma_margin={margin!r} must be in [0, 1) (or null: no weight of their own for unseen pairs)")
+
+    def sigma_weights_for(self, model: str | None) -> tuple[float, ...]:
+        """The σ weights ``model`` chooses from: its pinned one alone, else :attr:`sigma_weights`."""
+        if model is not None and model in self.pinned_sigma_weights:
+            return (float(self.pinned_sigma_weights[model]),)
+        return tuple(self.sigma_weights)
 
 
 @dataclasses.dataclass(frozen=True)
