@@ -199,3 +199,12 @@ def test_unseen_pairs_take_their_own_sigma_weight_where_held_out_pairs_pay_for_i
     single = dataclasses.replace(settings, sigma_weights=(0.0,))
     kept, _, record = choose_unseen_sigma_weight(tables, None, calibration, dev, single, BOUNDS)
     assert kept is calibration and record == {"weights": {}, "chosen": 0.0, "in_domain": 0.0, "pinned": True}
+
+
+@pytest.mark.parametrize("weights", [(0.0,), (0.0, 0.0), (0.0, 1.5)])
+def test_the_recheck_grid_refuses_fewer_than_two_distinct_weights_in_range(weights):
+    from uamt.experiments.sigma_weights import SigmaWeightSettings
+
+    with pytest.raises(ValueError, match=r"weights=\[.*\] not supported; choose at least two distinct weights in \[0, 1\]"):
+        SigmaWeightSettings(weights=weights)
+    assert SigmaWeightSettings(weights=(0.0, 1.0)).weights == (0.0, 1.0)

@@ -627,12 +627,8 @@ def check_model_sigma_weights(
     _, choices, _, _, unseen = fit_with_choices(pipe, grid, method, (frames, dev_df, features, bounds), table, splits, lolo_dir)
     tempering = served.sigma_tempering
     served_weights = {"seen": 1.0, "unseen": 1.0} if tempering is None else {"seen": tempering.weight, "unseen": tempering.unseen}
-    seen = {"weights": choices["sigma_weight"]["weights"], "chosen": choices["sigma_weight"]["chosen"]}
-    unseen = (
-        {"weights": unseen["weights"], "per_lp": unseen["per_lp"], "chosen": unseen["chosen"],
-         "in_domain": unseen["in_domain"], "margin": unseen["margin"]}
-        if unseen else None
-    )
+    seen = choices["sigma_weight"]  # the grid's records: nothing pinned, so every weight was tried
+    unseen = unseen or None
     agrees = seen["chosen"] == served_weights["seen"] and (unseen is None or unseen["chosen"] == served_weights["unseen"])
     log.info(
         "%s: served sigma weight %g (unseen pairs %g); cross-fitted CRPS %s -> chosen %g%s", method,

@@ -1,5 +1,5 @@
-"""Stage ``exp_sigma_weights``: the σ weights pinned in ``evaluate.sigma_weights``, re-checked after
-``register`` (uamt.experiments.sigma_weights).
+"""Stage ``exp_sigma_weights``: the σ weights pinned in ``evaluate.pinned_sigma_weights``, re-checked
+after ``register`` (uamt.experiments.sigma_weights).
 
 Reads ``calibration/<model>.json`` and ``predictions/{dev,d_e}/<model>.parquet`` from ``calibrate``
 and the train_lolo stage's models; writes ``metrics/experiments/sigma_weights.json``.
