@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -186,6 +187,17 @@ def test_stage_models_calibrate_and_evaluate_with_the_model_held_out(tmp_path, m
             json.loads((tmp_path / "metrics" / "test.json").read_text())["hts"][lp]["width@0.9"]
         )
     assert measured["avg"]["coverage@0.9"] == pytest.approx(np.mean([measured[lp]["coverage@0.9"] for lp in LPS]))
+
+    # evaluate measured the candidates as calibrate fitted them: fitting them all again (the
+    # candidate fits gone) writes the same metrics
+    fits = tmp_path / "calibration" / model_evaluation.CANDIDATE_FITS_DIR
+    assert sorted(p.name for p in fits.iterdir()) == ["dup.json", "hts.json", "point.json"]
+    shutil.move(fits, tmp_path / "fits_aside")
+    refitted = dataclasses.replace(pipe, metrics_dir=str(tmp_path / "metrics_refitted"), plots_dir=str(tmp_path / "plots_refitted"))
+    model_evaluation.evaluate_models(refitted, settings, EncodeConfig(), tmp_path / "calibration", lolo.out_dir)
+    shutil.move(tmp_path / "fits_aside", fits)
+    for name in ("test.json", "ood.json", "conditional.json", "intervals.json"):
+        assert (tmp_path / "metrics_refitted" / name).read_bytes() == (tmp_path / "metrics" / name).read_bytes(), name
 
     # exp_sigma_weights: the re-check makes the calibrate stage's choices again, number for number,
     # for the models whose weight is pinned

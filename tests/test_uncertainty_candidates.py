@@ -759,3 +759,57 @@ def test_interval_at_reads_one_level_per_row_as_it_reads_one_level(kind):
         fitted.interval_at(mu[:3], sigma[:3], np.array([0.5, 1.5, 0.2]), lp[:3])
     with pytest.raises(ValueError, match=r"gamma must be one level or one per row \(3\), got shape \(2,\)"):
         fitted.interval_at(mu[:3], sigma[:3], np.array([0.5, 0.2]), lp[:3])
+
+
+# ------------------------------------------------------------------- the calibrate stage's fits reused
+def _two_lp_tables(seed: int, n: int = 600):
+    rng = np.random.default_rng(seed)
+    frames = []
+    for lp in ("en-de", "zh-en"):
+        human, mu, sigma = skewed(rng, n)
+        frames.append(table(human, mu, sigma, doc=np.array([f"{lp}-d{i % 30}" for i in range(n)])).assign(lp=lp))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_stored_candidate_fits_give_the_analysis_number_for_number_without_fitting_again(tmp_path, monkeypatch):
+    """What the evaluate stage does with the calibrate stage's fits: the candidates and their
+    selection, written as JSON and read back, give the same test analysis as fitting and
+    cross-fitting them again on the same dev rows -- and nothing is fitted or cross-fitted."""
+    import json
+
+    import uamt.uncertainty.evaluate as evaluate_module
+    from uamt.uncertainty.evaluate import candidate_fits
+
+    dev, test = _two_lp_tables(31), _two_lp_tables(32)
+    settings = EvaluationSettings(min_lp_rows=50, low_score_threshold=-1.5)
+    refitted = evaluate_predictions(test, dev, settings=settings, scope="full")
+    path = tmp_path / "fits.json"
+    path.write_text(json.dumps(candidate_fits(evaluate_predictions(dev, dev, settings=settings, scope="served"))))
+    stored = json.loads(path.read_text())
+    assert len(stored["candidates"]) == len(DEFAULT_CANDIDATES)  # every candidate fitted, the served one among them
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a stored candidate was fitted again")
+
+    monkeypatch.setattr(evaluate_module, "fit_candidate", refuse)
+    monkeypatch.setattr(evaluate_module, "cross_fitted_sigmas", refuse)
+    reused = evaluate_predictions(test, dev, settings=settings, scope="full", fitted=stored)
+    assert reused == refitted
+
+
+def test_stored_candidate_fits_of_other_rows_or_settings_are_refused():
+    from uamt.core.errors import DataError
+    from uamt.uncertainty.evaluate import candidate_fits
+
+    dev, test = _two_lp_tables(33), _two_lp_tables(34)
+    settings = EvaluationSettings(min_lp_rows=50)
+    stored = candidate_fits(evaluate_predictions(dev, dev, settings=settings, scope="served"))
+    with pytest.raises(DataError, match="fitted on other rows"):
+        evaluate_predictions(test, test, settings=settings, fitted=stored)
+    with pytest.raises(DataError, match="selected by rule='min_goal_ratio', the settings say 'min_ece'"):
+        evaluate_predictions(test, dev, settings=EvaluationSettings(min_lp_rows=50, calibration_rule="min_ece"), fitted=stored)
+    fewer = EvaluationSettings(min_lp_rows=50, calibration_candidates=("affine_ece", "conformal"))
+    with pytest.raises(DataError, match=r"the stored candidate fits name \[.*'scale_nll'.*the settings list \['affine_ece', 'conformal'\]"):
+        evaluate_predictions(test, dev, settings=fewer, fitted=stored)
+    with pytest.raises(DataError, match="lack 'selection'"):
+        evaluate_predictions(test, dev, settings=settings, fitted={k: v for k, v in stored.items() if k != "selection"})

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import shutil
 import time
@@ -73,6 +74,7 @@ from uamt.serving.model_calibration import (
 from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
 from uamt.uncertainty.candidates import document_folds
+from uamt.uncertainty.evaluate import candidate_fits
 from uamt.uncertainty.goals import served_summary
 from uamt.uncertainty.metrics import ece_sampling_floor, effective_sample_size, macro_mean_se
 from uamt.uncertainty.served import (
@@ -90,6 +92,11 @@ EVAL_SPLITS = ("test", "ood")
 BASELINES_DIR = "baselines"
 #: ``<calibration_dir>/lolo/<model>/<lp>.json``: the calibration a model trained without ``lp`` served ``lp``.
 LOLO_DIR = "lolo"
+#: ``<calibration_dir>/candidates/<model>.json``: every calibration candidate as the calibrate stage
+#: fitted it on the model's calibration rows, and how the served one was chosen
+#: (:func:`~uamt.uncertainty.evaluate.candidate_fits`): what the evaluate stage's analysis of the
+#: alternatives measures on test, instead of fitting and cross-fitting them again.
+CANDIDATE_FITS_DIR = "candidates"
 #: Per-LP keys of ``metrics/{dev,test,ood}.json`` (the rest of the served metrics -- cells, risk
 #: reliability, the reliability curve -- goes to ``metrics/conditional.json``).
 REPORTED = (
@@ -371,10 +378,12 @@ def fit_served_distribution(
     (:func:`~uamt.serving.multi_reference.fit_reference_factors`); None: none.  Returns the
     calibration and the records of its choices: ``{"sigma_weight": ...}`` (:func:`choose_sigma_weight`'s
     weights tried) and ``{"risk_lattice": ...}`` (:func:`choose_risk_lattice`'s offsets tried), each
-    empty where nothing was chosen.
+    empty where nothing was chosen, and ``{"candidate_fits": ...}``: every candidate the served one
+    was chosen from, as fitted on ``table``, and the choice (:func:`~uamt.uncertainty.evaluate.candidate_fits`;
+    the evaluate stage measures them on test without fitting them again).
     """
     source = f"{'+'.join(splits)}/{method}"
-    calibration, _ = fit_calibration(table, method, settings=settings, source=source)
+    calibration, in_sample = fit_calibration(table, method, settings=settings, source=source)
     calibration.calibrated_on = tuple(splits)
     started = time.perf_counter()
     calibration, sigma_weight = choose_sigma_weight(table, method, calibration, settings, bounds, source=source)
@@ -393,7 +402,7 @@ def fit_served_distribution(
             "%s: risk read at floor(chi) + %g (cross-fitted Brier %s)", method, risk_lattice["chosen"],
             ", ".join(f"{o}: {b:.4f}" for o, b in risk_lattice["brier"].items()),
         )
-    return calibration, {"sigma_weight": sigma_weight, "risk_lattice": risk_lattice}
+    return calibration, {"sigma_weight": sigma_weight, "risk_lattice": risk_lattice, "candidate_fits": candidate_fits(in_sample)}
 
 
 def choose_risk_lattice(
@@ -578,6 +587,9 @@ def calibrate_model(
     )
     path = Path(calibration_dir) / f"{method}.json"
     calibration.save(path)
+    fits = Path(calibration_dir) / CANDIDATE_FITS_DIR / f"{method}.json"
+    fits.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(choices.pop("candidate_fits"), fits)
     sigma_table = with_model_sigma(table, method)
     rows, unit = cross_fitted_rows(table, method, calibration, settings, bounds)
     metrics = {
@@ -684,20 +696,24 @@ def calibrate_models(
     for split in settings.calibration_splits:  # declared stage outputs, even where no model is calibrated on them
         (Path(pipe.predictions_dir) / split).mkdir(parents=True, exist_ok=True)
     bounds = _scale_bounds(pipe)
-    done = map_in_processes(
+    # The models with held-out models (the slowest: their unseen-pair fits) go first, so that no
+    # worker is left calibrating one of them alone at the end; results keep the pipeline's order.
+    order = sorted(pipe.all_methods, key=lambda m: lolo_dir is None or not held_out_models(lolo_dir, m))
+    done = dict(zip(order, map_in_processes(
         functools.partial(calibrate_model, pipe, settings, encode, calibration_dir, lolo_dir=lolo_dir),
-        pipe.all_methods,
+        order,
         pipe.workers,
         load=functools.partial(calibration_inputs, pipe, settings, encode),
-    )
-    metrics = {method: result[0] for method, result in zip(pipe.all_methods, done, strict=True)}
-    out = {method: result[1] for method, result in zip(pipe.all_methods, done, strict=True)}
-    tables = {method: result[2] for method, result in zip(pipe.all_methods, done, strict=True)}
+    ), strict=True))
+    metrics = {method: done[method][0] for method in pipe.all_methods}
+    out = {method: done[method][1] for method in pipe.all_methods}
+    tables = {method: done[method][2] for method in pipe.all_methods}
     needed = {
         (point, metrics[method]["served"], tuple(metrics[method]["calibrated_on"]))
         for method in pipe.all_methods
         if (point := baseline_of(method, pipe.all_methods)) and metrics[method]["served"] != "fixed_variance"
     }
+    tasks = []
     for point, candidate, splits in sorted(needed):
         name = baseline_key(point, candidate, splits, settings.calibration_splits)
         missing = [s for s in splits if s not in tables[point]]
@@ -705,21 +721,33 @@ def calibrate_models(
             log.warning("no baseline %s: %s was trained on %s", name, point, missing)
             continue
         point_table = with_model_sigma(pd.concat([tables[point][s] for s in splits], ignore_index=True), point)
-        baseline, _ = fit_calibration(point_table, None, settings=pinned(settings, candidate), source=f"{'+'.join(splits)}/{name}")
-        baseline.calibrated_on = splits
-        baseline = attach_distribution(baseline, point_table, None, settings, bounds)
-        baseline.save(Path(calibration_dir) / BASELINES_DIR / f"{name}.json")
-        rows, unit = cross_fitted_rows(point_table, None, baseline, settings, bounds)
-        metrics[name] = {
-            **compact(measure(baseline, rows, point_table, settings)),
-            "cross_fitted_over": unit,
-            "calibrated_on": list(splits),
-            "served": candidate,
-        }
-        log.info("fitted the baseline %s", name)
+        tasks.append((name, candidate, splits, point_table))
+    # Each baseline needs the candidate some model was served, so they are fitted once every model
+    # is calibrated, side by side as the models were.
+    fitted = map_in_processes(functools.partial(fit_baseline, settings, bounds, Path(calibration_dir)), tasks, pipe.workers)
+    metrics.update(zip((task[0] for task in tasks), fitted, strict=True))
     Path(pipe.metrics_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics, Path(pipe.metrics_dir) / "dev.json")
     return out
+
+
+def fit_baseline(settings: EvaluationSettings, bounds, calibration_dir: Path, task: tuple, _inputs=None) -> dict[str, Any]:
+    """One point + same-calibration baseline of :func:`calibrate_models`: ``task = (name, candidate,
+    splits, point table)``; saves ``<calibration_dir>/baselines/<name>.json`` and returns its
+    cross-fitted metrics on those rows."""
+    name, candidate, splits, point_table = task
+    baseline, _ = fit_calibration(point_table, None, settings=pinned(settings, candidate), source=f"{'+'.join(splits)}/{name}")
+    baseline.calibrated_on = splits
+    baseline = attach_distribution(baseline, point_table, None, settings, bounds)
+    baseline.save(calibration_dir / BASELINES_DIR / f"{name}.json")
+    rows, unit = cross_fitted_rows(point_table, None, baseline, settings, bounds)
+    log.info("fitted the baseline %s", name)
+    return {
+        **compact(measure(baseline, rows, point_table, settings)),
+        "cross_fitted_over": unit,
+        "calibrated_on": list(splits),
+        "served": candidate,
+    }
 
 
 def dev_effective_sizes(calibration: Calibration, dev: pd.DataFrame, settings: EvaluationSettings, bounds) -> dict[str, float]:
@@ -772,8 +800,8 @@ def evaluate_model(
         full[split] = measure(calibration, rows, sigma_table, settings, dev_n_eff=dev_n_eff)
         if split == "test":
             test_crps = row_crps(rows, table["human"].to_numpy(dtype=float))
-    # The analysis of alternatives: every calibration candidate refitted on the same calibration
-    # rows and measured on test (the served one among them is the artifact's own fit).
+    # The analysis of alternatives: every calibration candidate as calibrate fitted it on the same
+    # calibration rows, measured on test (the served one among them is the artifact's own fit).
     analysis = evaluate_predictions(
         with_model_sigma(tables["test"], method),
         dev,
@@ -781,12 +809,23 @@ def evaluate_model(
         pred_source=f"test/{method}",
         dev_source=f"{'+'.join(calibration.calibrated_on)}/{method}",
         scope="full",
+        fitted=read_candidate_fits(Path(calibration_dir), method),
     )
     held = held_out_model_test_metrics(
         method, lolo_dir, Path(calibration_dir), frames["test"], features, settings, bounds, full["test"]
     )
     log.info("evaluated %s", method)
     return {"full": full, "tables": tables, "analysis": analysis, "held_out_models": held, "test_crps": test_crps}
+
+
+def read_candidate_fits(calibration_dir: Path, method: str) -> dict[str, Any] | None:
+    """The calibrate stage's candidate fits of ``method`` (:data:`CANDIDATE_FITS_DIR`); None, with
+    a warning, where a calibration folder written before them has none (they are then refitted)."""
+    path = calibration_dir / CANDIDATE_FITS_DIR / f"{method}.json"
+    if not path.is_file():
+        log.warning("%s missing: the calibration candidates of %s are fitted again (run `dvc repro calibrate`)", path, method)
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def held_out_model_test_metrics(

@@ -33,6 +33,7 @@ from uamt.uncertainty.calibrators import MU_SCALINGS, AffineVarianceCalibrator, 
 from uamt.uncertainty.candidates import (
     DEFAULT_CANDIDATES,
     RULES,
+    candidate_from_dict,
     candidate_interval,
     candidate_sigma,
     candidate_summary,
@@ -539,6 +540,7 @@ def evaluate_predictions(
     dev_source: str = "dev",
     sigma_source: str = "auto",
     scope: str = "full",
+    fitted: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Indicators of the model and of the fixed-variance baseline on a predictions table.
 
@@ -563,6 +565,13 @@ def evaluate_predictions(
         fitted and cross-fitted on dev, since that picks the served one.  ``"fixed_variance"``: only
         the ``fixed_variance`` block; no candidate is fitted, so the result has no ``model`` block and
         its ``calibration`` (``selected`` None) cannot be served.
+    fitted : dict, optional
+        The ``calibration`` block of an earlier result with the same ``dev_df`` and ``settings``
+        (the calibrate stage keeps its own, :func:`candidate_fits`): its candidates and their
+        selection are read instead of fitted and cross-fitted again, which is most of the cost;
+        everything else is computed as without it, so the result is the same.  DataError where it
+        was fitted on other rows (its standardisation differs from ``dev_df``'s), with another
+        rule, or with candidates ``settings`` does not list.
 
     Returns
     -------
@@ -630,9 +639,14 @@ def evaluate_predictions(
                     "selection": {"skipped": f"scope={scope!r}"},
                 }
             else:
+                if fitted is None:
+                    candidates = _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings, common)
+                    chosen = _select(dev, candidates, settings, common)
+                else:
+                    candidates, chosen = _read_candidates(fitted, standardizer, affine, settings, dev.source)
                 methods, bounds, calibration = _served(
                     test, dev, (human, mu, raw_sigma), (dev_h, dev_mu, dev_sigma), standardizer, affine, fixed,
-                    settings, common, result, low_human, lps, report_candidates=scope == "full",
+                    settings, common, result, low_human, lps, candidates, chosen, report_candidates=scope == "full",
                 )
         methods["fixed_variance"] = fixed.transform(mu, lp=test.lp)
         result["methods"] = {
@@ -652,14 +666,15 @@ def evaluate_predictions(
 
 
 def _served(
-    test, dev, test_z, dev_z, standardizer, affine, fixed, settings, common, result, low_human, lps, *, report_candidates
+    test, dev, test_z, dev_z, standardizer, affine, fixed, settings, common, result, low_human, lps, candidates, chosen,
+    *, report_candidates,
 ):
-    """Fit the candidates on dev, pick the served one, and (``report_candidates``) put every
-    candidate's test block in ``result["candidates"]``; returns ``(methods sigmas, methods bounds,
-    calibration)`` -- the bounds only of a served candidate with an interval of its own."""
+    """Apply the candidates fitted on dev and the served one (``chosen``: :func:`_select`'s
+    ``(selected, selection)``), and (``report_candidates``) put every candidate's test block in
+    ``result["candidates"]``; returns ``(methods sigmas, methods bounds, calibration)`` -- the bounds
+    only of a served candidate with an interval of its own."""
     (human, mu, raw_sigma), (dev_h, dev_mu, dev_sigma) = test_z, dev_z
-    candidates = _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings, common)
-    selected, selection = _select(dev, candidates, settings, common)
+    selected, selection = chosen
     test_sigmas = {
         name: candidate_sigma(calibrator, mu, raw_sigma, test.lp, settings.coverage_gamma)
         for name, calibrator in candidates.items()
@@ -731,6 +746,42 @@ def _fit_candidates(dev, dev_h, dev_mu, dev_sigma, affine, settings: EvaluationS
         except ValueError:  # e.g. conformal or a proper-score fit with a zero sigma on dev
             continue
     return fitted
+
+
+def candidate_fits(result: dict[str, Any]) -> dict[str, Any]:
+    """What ``evaluate_predictions(..., fitted=...)`` reads back from a ``result`` fitted on dev: the
+    standardisation (to recognise the rows), every candidate's fit and the selection."""
+    calibration = result["calibration"]
+    return {key: calibration[key] for key in ("standardizer", "selected", "selection", "candidates")}
+
+
+def _read_candidates(fitted: dict[str, Any], standardizer, affine, settings: EvaluationSettings, source: str):
+    """``(candidates, (selected, selection))`` of :func:`candidate_fits`' block, checked against the
+    dev rows' own standardisation and ``settings``; the papers' affine fit is the one refitted here."""
+    try:
+        stored, selected, selection = fitted["candidates"], fitted["selected"], fitted["selection"]
+        same_rows = _json_safe(fitted["standardizer"]) == _json_safe(standardizer.to_dict())
+    except (KeyError, TypeError) as exc:
+        raise DataError(f"{source}: the stored candidate fits lack {exc}; fit them again") from None
+    if not same_rows:
+        raise DataError(f"{source}: the stored candidate fits were fitted on other rows (their standardisation differs)")
+    if selection.get("rule") != settings.calibration_rule:
+        raise DataError(
+            f"{source}: the stored candidate fits were selected by rule={selection.get('rule')!r}, "
+            f"the settings say {settings.calibration_rule!r}"
+        )
+    unknown = sorted(set(stored) - set(settings.calibration_candidates))
+    if unknown or selected not in stored:
+        raise DataError(
+            f"{source}: the stored candidate fits name {sorted(stored)} (selected {selected!r}); "
+            f"the settings list {list(settings.calibration_candidates)}"
+        )
+    candidates = {
+        name: affine if name == "affine_ece" else candidate_from_dict(stored, name)
+        for name in settings.calibration_candidates
+        if name in stored
+    }
+    return candidates, (selected, selection)
 
 
 def _select(dev: PredictionArrays, candidates: dict[str, Any], settings: EvaluationSettings, common) -> tuple[str, dict]:
