@@ -813,3 +813,16 @@ def test_stored_candidate_fits_of_other_rows_or_settings_are_refused():
         evaluate_predictions(test, dev, settings=fewer, fitted=stored)
     with pytest.raises(DataError, match="lack 'selection'"):
         evaluate_predictions(test, dev, settings=settings, fitted={k: v for k, v in stored.items() if k != "selection"})
+    with pytest.raises(DataError, match=r"the stored candidate fits are malformed \(list indices"):
+        evaluate_predictions(test, dev, settings=settings, fitted={**stored, "selection": ["min_goal_ratio"]})
+
+
+def test_a_broken_candidate_fits_file_is_refused_naming_it(tmp_path):
+    from uamt.core.errors import DataError
+    from uamt.model_evaluation import CANDIDATE_FITS_DIR, read_candidate_fits
+
+    assert read_candidate_fits(tmp_path, "hts") is None  # an older calibration folder: refitted
+    (tmp_path / CANDIDATE_FITS_DIR).mkdir()
+    (tmp_path / CANDIDATE_FITS_DIR / "hts.json").write_text('{"selected": "conformal", ')
+    with pytest.raises(DataError, match=r"candidates/hts\.json: not valid JSON .*dvc repro calibrate"):
+        read_candidate_fits(tmp_path, "hts")

@@ -825,7 +825,10 @@ def read_candidate_fits(calibration_dir: Path, method: str) -> dict[str, Any] | 
     if not path.is_file():
         log.warning("%s missing: the calibration candidates of %s are fitted again (run `dvc repro calibrate`)", path, method)
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc}); re-run `dvc repro calibrate`") from None
 
 
 def held_out_model_test_metrics(

@@ -759,16 +759,17 @@ def _read_candidates(fitted: dict[str, Any], standardizer, affine, settings: Eva
     """``(candidates, (selected, selection))`` of :func:`candidate_fits`' block, checked against the
     dev rows' own standardisation and ``settings``; the papers' affine fit is the one refitted here."""
     try:
-        stored, selected, selection = fitted["candidates"], fitted["selected"], fitted["selection"]
-        same_rows = _json_safe(fitted["standardizer"]) == _json_safe(standardizer.to_dict())
-    except (KeyError, TypeError) as exc:
+        stored, selected, rule = fitted["candidates"], fitted["selected"], fitted["selection"]["rule"]
+        selection, same_rows = fitted["selection"], _json_safe(fitted["standardizer"]) == _json_safe(standardizer.to_dict())
+    except KeyError as exc:
         raise DataError(f"{source}: the stored candidate fits lack {exc}; fit them again") from None
+    except TypeError as exc:
+        raise DataError(f"{source}: the stored candidate fits are malformed ({exc}); fit them again") from None
     if not same_rows:
         raise DataError(f"{source}: the stored candidate fits were fitted on other rows (their standardisation differs)")
-    if selection.get("rule") != settings.calibration_rule:
+    if rule != settings.calibration_rule:
         raise DataError(
-            f"{source}: the stored candidate fits were selected by rule={selection.get('rule')!r}, "
-            f"the settings say {settings.calibration_rule!r}"
+            f"{source}: the stored candidate fits were selected by rule={rule!r}, the settings say {settings.calibration_rule!r}"
         )
     unknown = sorted(set(stored) - set(settings.calibration_candidates))
     if unknown or selected not in stored:
