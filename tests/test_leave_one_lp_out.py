@@ -198,6 +198,12 @@ def test_stage_models_calibrate_and_evaluate_with_the_model_held_out(tmp_path, m
     shutil.move(tmp_path / "fits_aside", fits)
     for name in ("test.json", "ood.json", "conditional.json", "intervals.json"):
         assert (tmp_path / "metrics_refitted" / name).read_bytes() == (tmp_path / "metrics" / name).read_bytes(), name
+    # fits of other rows (here: another standardisation) are refused, naming the file
+    stored = json.loads((fits / "hts.json").read_text())
+    stored["standardizer"]["global"]["pred_mean"] += 1.0
+    (fits / "hts.json").write_text(json.dumps(stored))
+    with pytest.raises(DataError, match=r"candidates/hts\.json: dev\+d_e/hts: the stored candidate fits were fitted on other rows"):
+        model_evaluation.evaluate_models(refitted, settings, EncodeConfig(), tmp_path / "calibration", lolo.out_dir)
 
     # exp_sigma_weights: the re-check makes the calibrate stage's choices again, number for number,
     # for the models whose weight is pinned

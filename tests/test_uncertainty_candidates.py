@@ -799,20 +799,25 @@ def test_stored_candidate_fits_give_the_analysis_number_for_number_without_fitti
 
 def test_stored_candidate_fits_of_other_rows_or_settings_are_refused():
     from uamt.core.errors import DataError
-    from uamt.uncertainty.evaluate import candidate_fits
+    from uamt.uncertainty.evaluate import CandidateFitsError, candidate_fits
 
     dev, test = _two_lp_tables(33), _two_lp_tables(34)
     settings = EvaluationSettings(min_lp_rows=50)
     stored = candidate_fits(evaluate_predictions(dev, dev, settings=settings, scope="served"))
     with pytest.raises(DataError, match="fitted on other rows"):
         evaluate_predictions(test, test, settings=settings, fitted=stored)
-    with pytest.raises(DataError, match="selected by rule='min_goal_ratio', the settings say 'min_ece'"):
+    with pytest.raises(DataError, match=r"rule='min_goal_ratio'\); the settings say calibration='auto', rule='min_ece'"):
         evaluate_predictions(test, dev, settings=EvaluationSettings(min_lp_rows=50, calibration_rule="min_ece"), fitted=stored)
+    other = "conformal" if stored["selected"] != "conformal" else "scale_nll"
+    with pytest.raises(DataError, match=f"serve {stored['selected']!r}.*the settings say calibration={other!r}"):
+        evaluate_predictions(test, dev, settings=EvaluationSettings(min_lp_rows=50, calibration=other), fitted=stored)
     fewer = EvaluationSettings(min_lp_rows=50, calibration_candidates=("affine_ece", "conformal"))
     with pytest.raises(DataError, match=r"the stored candidate fits name \[.*'scale_nll'.*the settings list \['affine_ece', 'conformal'\]"):
         evaluate_predictions(test, dev, settings=fewer, fitted=stored)
     with pytest.raises(DataError, match="lack 'selection'"):
         evaluate_predictions(test, dev, settings=settings, fitted={k: v for k, v in stored.items() if k != "selection"})
+    with pytest.raises(CandidateFitsError, match=r"a stored candidate fit cannot be read \(calibration kind='x' not supported"):
+        evaluate_predictions(test, dev, settings=settings, fitted={**stored, "candidates": {**stored["candidates"], "conformal": {"kind": "x"}}})
     with pytest.raises(DataError, match=r"the stored candidate fits are malformed \(list indices"):
         evaluate_predictions(test, dev, settings=settings, fitted={**stored, "selection": ["min_goal_ratio"]})
 

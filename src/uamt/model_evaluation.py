@@ -74,7 +74,7 @@ from uamt.serving.model_calibration import (
 from uamt.serving.multi_reference import fit_reference_factors
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions, write_json_atomic
 from uamt.uncertainty.candidates import document_folds
-from uamt.uncertainty.evaluate import candidate_fits
+from uamt.uncertainty.evaluate import CandidateFitsError, candidate_fits
 from uamt.uncertainty.goals import served_summary
 from uamt.uncertainty.metrics import ece_sampling_floor, effective_sample_size, macro_mean_se
 from uamt.uncertainty.served import (
@@ -802,15 +802,19 @@ def evaluate_model(
             test_crps = row_crps(rows, table["human"].to_numpy(dtype=float))
     # The analysis of alternatives: every calibration candidate as calibrate fitted it on the same
     # calibration rows, measured on test (the served one among them is the artifact's own fit).
-    analysis = evaluate_predictions(
-        with_model_sigma(tables["test"], method),
-        dev,
-        settings=settings,
-        pred_source=f"test/{method}",
-        dev_source=f"{'+'.join(calibration.calibrated_on)}/{method}",
-        scope="full",
-        fitted=read_candidate_fits(Path(calibration_dir), method),
-    )
+    fits_path = Path(calibration_dir) / CANDIDATE_FITS_DIR / f"{method}.json"
+    try:
+        analysis = evaluate_predictions(
+            with_model_sigma(tables["test"], method),
+            dev,
+            settings=settings,
+            pred_source=f"test/{method}",
+            dev_source=f"{'+'.join(calibration.calibrated_on)}/{method}",
+            scope="full",
+            fitted=read_candidate_fits(Path(calibration_dir), method),
+        )
+    except CandidateFitsError as exc:
+        raise DataError(f"{fits_path}: {exc}") from None
     held = held_out_model_test_metrics(
         method, lolo_dir, Path(calibration_dir), frames["test"], features, settings, bounds, full["test"]
     )

@@ -755,6 +755,11 @@ def candidate_fits(result: dict[str, Any]) -> dict[str, Any]:
     return {key: calibration[key] for key in ("standardizer", "selected", "selection", "candidates")}
 
 
+class CandidateFitsError(DataError):
+    """Stored candidate fits (``evaluate_predictions(..., fitted=...)``) that do not fit the rows or
+    the settings: the caller, who read them, names their file."""
+
+
 def _read_candidates(fitted: dict[str, Any], standardizer, affine, settings: EvaluationSettings, source: str):
     """``(candidates, (selected, selection))`` of :func:`candidate_fits`' block, checked against the
     dev rows' own standardisation and ``settings``; the papers' affine fit is the one refitted here."""
@@ -762,26 +767,30 @@ def _read_candidates(fitted: dict[str, Any], standardizer, affine, settings: Eva
         stored, selected, rule = fitted["candidates"], fitted["selected"], fitted["selection"]["rule"]
         selection, same_rows = fitted["selection"], _json_safe(fitted["standardizer"]) == _json_safe(standardizer.to_dict())
     except KeyError as exc:
-        raise DataError(f"{source}: the stored candidate fits lack {exc}; fit them again") from None
+        raise CandidateFitsError(f"{source}: the stored candidate fits lack {exc}; fit them again") from None
     except TypeError as exc:
-        raise DataError(f"{source}: the stored candidate fits are malformed ({exc}); fit them again") from None
+        raise CandidateFitsError(f"{source}: the stored candidate fits are malformed ({exc}); fit them again") from None
     if not same_rows:
-        raise DataError(f"{source}: the stored candidate fits were fitted on other rows (their standardisation differs)")
-    if rule != settings.calibration_rule:
-        raise DataError(
-            f"{source}: the stored candidate fits were selected by rule={rule!r}, the settings say {settings.calibration_rule!r}"
+        raise CandidateFitsError(f"{source}: the stored candidate fits were fitted on other rows (their standardisation differs)")
+    if rule != settings.calibration_rule or settings.calibration not in ("auto", selected):
+        raise CandidateFitsError(
+            f"{source}: the stored candidate fits serve {selected!r} (rule={rule!r}); the settings say "
+            f"calibration={settings.calibration!r}, rule={settings.calibration_rule!r}"
         )
     unknown = sorted(set(stored) - set(settings.calibration_candidates))
     if unknown or selected not in stored:
-        raise DataError(
+        raise CandidateFitsError(
             f"{source}: the stored candidate fits name {sorted(stored)} (selected {selected!r}); "
             f"the settings list {list(settings.calibration_candidates)}"
         )
-    candidates = {
-        name: affine if name == "affine_ece" else candidate_from_dict(stored, name)
-        for name in settings.calibration_candidates
-        if name in stored
-    }
+    try:
+        candidates = {
+            name: affine if name == "affine_ece" else candidate_from_dict(stored, name)
+            for name in settings.calibration_candidates
+            if name in stored
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CandidateFitsError(f"{source}: a stored candidate fit cannot be read ({exc}); fit them again") from None
     return candidates, (selected, selection)
 
 
