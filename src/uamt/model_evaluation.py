@@ -587,7 +587,7 @@ def calibrate_model(
     )
     path = Path(calibration_dir) / f"{method}.json"
     calibration.save(path)
-    fits = Path(calibration_dir) / CANDIDATE_FITS_DIR / f"{method}.json"
+    fits = candidate_fits_path(Path(calibration_dir), method)
     fits.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(choices.pop("candidate_fits"), fits)
     sigma_table = with_model_sigma(table, method)
@@ -802,7 +802,6 @@ def evaluate_model(
             test_crps = row_crps(rows, table["human"].to_numpy(dtype=float))
     # The analysis of alternatives: every calibration candidate as calibrate fitted it on the same
     # calibration rows, measured on test (the served one among them is the artifact's own fit).
-    fits_path = Path(calibration_dir) / CANDIDATE_FITS_DIR / f"{method}.json"
     try:
         analysis = evaluate_predictions(
             with_model_sigma(tables["test"], method),
@@ -814,7 +813,7 @@ def evaluate_model(
             fitted=read_candidate_fits(Path(calibration_dir), method),
         )
     except CandidateFitsError as exc:
-        raise DataError(f"{fits_path}: {exc}") from None
+        raise DataError(f"{candidate_fits_path(Path(calibration_dir), method)}: {exc}") from None
     held = held_out_model_test_metrics(
         method, lolo_dir, Path(calibration_dir), frames["test"], features, settings, bounds, full["test"]
     )
@@ -822,10 +821,15 @@ def evaluate_model(
     return {"full": full, "tables": tables, "analysis": analysis, "held_out_models": held, "test_crps": test_crps}
 
 
+def candidate_fits_path(calibration_dir: Path, method: str) -> Path:
+    """``<calibration_dir>/candidates/<method>.json`` (:data:`CANDIDATE_FITS_DIR`)."""
+    return calibration_dir / CANDIDATE_FITS_DIR / f"{method}.json"
+
+
 def read_candidate_fits(calibration_dir: Path, method: str) -> dict[str, Any] | None:
-    """The calibrate stage's candidate fits of ``method`` (:data:`CANDIDATE_FITS_DIR`); None, with
+    """The calibrate stage's candidate fits of ``method`` (:func:`candidate_fits_path`); None, with
     a warning, where a calibration folder written before them has none (they are then refitted)."""
-    path = calibration_dir / CANDIDATE_FITS_DIR / f"{method}.json"
+    path = candidate_fits_path(calibration_dir, method)
     if not path.is_file():
         log.warning("%s missing: the calibration candidates of %s are fitted again (run `dvc repro calibrate`)", path, method)
         return None

@@ -569,9 +569,11 @@ def evaluate_predictions(
         The ``calibration`` block of an earlier result with the same ``dev_df`` and ``settings``
         (the calibrate stage keeps its own, :func:`candidate_fits`): its candidates and their
         selection are read instead of fitted and cross-fitted again, which is most of the cost;
-        everything else is computed as without it, so the result is the same.  DataError where it
-        was fitted on other rows (its standardisation differs from ``dev_df``'s), with another
-        rule, or with candidates ``settings`` does not list.
+        everything else is computed as without it, so the result is the same.
+        :class:`CandidateFitsError` (a DataError) where it was fitted on other rows (its
+        standardisation differs from ``dev_df``'s), serves another candidate or was chosen by
+        another rule than ``settings`` say, names candidates ``settings`` does not list, or cannot
+        be read.
 
     Returns
     -------
