@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     test = json.loads((args.metrics / "test.json").read_text())
     conditional = json.loads((args.metrics / "conditional.json").read_text())
+    held_out = args.metrics / "held_out.json"  # evaluate_ood's, after register: the unseen-pair goal
+    if held_out.is_file():
+        from uamt.uncertainty.goals import with_held_out
+
+        conditional = with_held_out(conditional, json.loads(held_out.read_text()))
     dev = json.loads((args.metrics / "dev.json").read_text())
 
     print("| model | LP | n | PPS | CRPS | ECE (floor) | cov@0.9 | width@0.9 | miss below / above | UPS served / raw | ENCE served / raw |")

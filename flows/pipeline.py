@@ -1,4 +1,4 @@
-"""Prefect flow ``uamt-pipeline``: the dvc.yaml stages ``fetch`` .. ``register``, chained as Prefect tasks.
+"""Prefect flow ``uamt-pipeline``: the dvc.yaml stages ``fetch`` .. ``evaluate_ood``, chained as Prefect tasks.
 
 The stages, their order, deps and outs are read from dvc.yaml (:mod:`flows.dvc_stages`); every task
 is ``task(name=<stage name>)(uamt.stages.<name>.run)``: the same function ``dvc repro`` runs, so this
@@ -40,7 +40,10 @@ from uamt.registry.store import SUMMARY_PATH
 
 log = logging.getLogger(__name__)
 REPORTED_METRICS = ("pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
-FIRST, LAST = "fetch", "register"
+#: The pipeline's stages run fetch .. LAST; ``register`` is where the champions are made, and
+#: :data:`OOD_STAGE` (after it) completes the registered versions with the out-of-domain numbers.
+FIRST, LAST = "fetch", "evaluate_ood"
+OOD_STAGE = "evaluate_ood"
 
 
 def _pipeline_stage_names() -> list[str]:
@@ -116,7 +119,7 @@ def per_method_config(cfg, method: str):
 def uamt_pipeline(
     params: str = str(DEFAULT_PARAMS),
     start: str = "fetch",
-    stop: str = "register",
+    stop: str = LAST,
     parallel: bool = False,
     refresh_cache: bool = False,
 ) -> dict[str, Any]:
@@ -216,7 +219,7 @@ if __name__ == "__main__":  # pragma: no cover
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(DEFAULT_PARAMS))
     parser.add_argument("--start", default="fetch", choices=STAGE_NAMES)
-    parser.add_argument("--stop", default="register", choices=STAGE_NAMES)
+    parser.add_argument("--stop", default=LAST, choices=STAGE_NAMES)
     parser.add_argument("--refresh-cache", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")

@@ -18,7 +18,9 @@ One tick (see docs/orchestration.md):
    the outputs (requires the pool file as a dep of the ``prepare`` stage in dvc.yaml);
 5. once ``register`` has finished, remove the marker.  A tick that dies before (killed, a stage
    failing) leaves it, so the next tick finishes the retrain (``resumed: true``) even with no new
-   file: rows ingested are never left untrained.
+   file: rows ingested are never left untrained;
+6. then stage ``evaluate_ood``: the out-of-domain numbers, which no gate reads, attached to the
+   versions just registered.
 
 ``prepare`` puts pool rows into ``d_q`` (or ``d_e`` when they share a document/sentence with a
 ``d_e`` component) and drops, with a count in ``data/prepared/summary.json``, those that share one
@@ -51,7 +53,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.pipeline import run_pipeline
+from flows.pipeline import OOD_STAGE, run_pipeline
 from uamt import ingest as incoming
 from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.data.prepare import PrepareConfig
@@ -70,6 +72,15 @@ def _dvc_repro(params: str, pool_path: str) -> None:
         )
     subprocess.run(["dvc", "add", pool_path], check=True)
     subprocess.run(["dvc", "repro", "register"], check=True)
+
+
+def _complete_registered(params: str, retrain_with: str) -> None:
+    """Stage ``evaluate_ood`` after ``register``: the out-of-domain numbers (no gate reads them)
+    attached to the versions just registered (``dvc repro evaluate_ood``, or its Prefect task)."""
+    if retrain_with == "dvc":
+        subprocess.run(["dvc", "repro", "evaluate_ood"], check=True)
+    else:
+        run_pipeline(params, start=OOD_STAGE, stop=OOD_STAGE)
 
 
 dvc_repro = task(name="dvc_repro", persist_result=False)(_dvc_repro)
@@ -132,6 +143,9 @@ def retrain_on_new_annotations(params: str = str(DEFAULT_PARAMS)) -> dict[str, A
                 run_pipeline(params, start="prepare", stop="register")
             summary["registry"] = json.loads(SUMMARY_PATH.read_text(encoding="utf-8"))
             incoming.clear_pending(cfg)  # only now: register has finished
+            # After the marker: a failure here leaves the new champion registered, owed nothing
+            # but these numbers (the next `dvc repro` measures them), never a second registration.
+            _complete_registered(params, cfg.retrain_with)
             return {"status": "retrained", **summary}
     except incoming.RetrainBusy as exc:
         print(str(exc))

@@ -331,3 +331,36 @@ def test_encode_stage_fills_cache_and_writes_manifest(tmp_path, monkeypatch):
         )
     params.write_text("encode:\n  encoder: {name: hf, pth: x}\n")
     assert encode.main(["--params", str(params)]) == 2
+
+
+def test_the_out_of_domain_texts_are_encoded_once_into_the_on_demand_cache_and_the_experiments_read_them(tmp_path, monkeypatch):
+    """evaluate_ood encodes the out-of-domain split's texts the encode stage left out (and only
+    those) into the model stages' on-demand cache; a second run encodes nothing; the experiment
+    stages read them there instead of encoding them again into their own cache."""
+    import uamt.encoders as encoders
+    from uamt.encoders import EncodeConfig
+    from uamt.ood_evaluation import encode_ood_texts
+    from uamt.pipeline_config import PipelineConfig, overlay_embeddings
+
+    encoder = CountingEncoder()
+    monkeypatch.setattr(encoders, "get_encoder", lambda cfg: encoder)
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    rows = {"src": ["s1", "s2", "s3"], "mt": ["m1", "m2", "m3"], "ref": ["r1", "r2", "shared"],
+            "dataset": ["ted_mqm", "bio_mqm", "other"], "lp": ["en-de"] * 3}
+    pd.DataFrame(rows).to_parquet(prepared / "ood.parquet", index=False)
+    encode = EncodeConfig(cache_dir=str(tmp_path / "cache" / "embeddings"))
+    EmbeddingCache(encode.cache_dir, encoder).get(["r1"])  # the encode stage held this one
+    pipe = PipelineConfig(prepared_dir=str(prepared), ood_datasets=("ted_mqm", "bio_mqm"))
+
+    counts = encode_ood_texts(pipe, encode)
+    assert counts["texts"] == 6 and counts["encoded"] == 5  # s1 m1 s2 m2 r2 (r1 cached; row 3 not ood)
+    assert sorted(encoder.calls[-1]) == ["m1", "m2", "r2", "s1", "s2"]
+    assert "s1" not in EmbeddingCache(encode.cache_dir, encoder)  # the encode stage's cache untouched
+    assert encode_ood_texts(pipe, encode)["encoded"] == 0
+    calls = len(encoder.calls)
+    experiments = overlay_embeddings(encode, "experiments")
+    np.testing.assert_array_equal(experiments.get(["s1", "r1", "m2"]), expected(["s1", "r1", "m2"]))
+    assert len(encoder.calls) == calls  # read from the on-demand cache, nothing encoded again
+    with pytest.raises(DataError, match=r"ood\.parquet: missing; run `dvc repro prepare`"):
+        encode_ood_texts(PipelineConfig(prepared_dir=str(tmp_path / "none")), encode)

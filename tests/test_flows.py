@@ -331,7 +331,11 @@ def test_retrain_with_dvc_ingests_then_versions_the_pool_and_runs_dvc_repro(
     monkeypatch.setattr(fr.subprocess, "run", fake_run)
     out = fr.retrain_on_new_annotations("params.yaml")
     assert out["status"] == "retrained" and out["registry"] == {"version": "7"}
-    assert commands == [["dvc", "add", "data/annotations/pool.parquet"], ["dvc", "repro", "register"]]
+    assert commands == [
+        ["dvc", "add", "data/annotations/pool.parquet"],
+        ["dvc", "repro", "register"],
+        ["dvc", "repro", "evaluate_ood"],  # after the marker: the versions completed out of domain
+    ]
     assert Path("data/incoming/processed/new.csv").is_file()
 
 

@@ -243,7 +243,7 @@ def test_calibrate_stage_serves_and_measures_the_isotonic_distribution(tmp_path,
     monkeypatch.setattr(model_evaluation, "predict_split", lambda *a, **k: table)
     monkeypatch.setattr(model_evaluation, "fit_reference_factors", lambda *a, **k: {})
     monkeypatch.setattr(model_evaluation, "training_splits", lambda model_dir: frozenset({"d_q"}))
-    monkeypatch.setattr(model_evaluation, "_scale_bounds", lambda pipe: BOUNDS)
+    monkeypatch.setattr(model_evaluation, "pipeline_bounds", lambda pipe: BOUNDS)
     pipe = PipelineConfig(methods=("point", "hts"), dup_base="point", qe_methods=(), register_qe_method=None,
                           metrics_dir=str(tmp_path / "metrics"))  # fmt: skip
     monkeypatch.setattr(PipelineConfig, "all_methods", property(lambda self: ("point", "hts")))

@@ -135,6 +135,8 @@ def test_stage_models_calibrate_and_evaluate_with_the_model_held_out(tmp_path, m
     splits["ood"] = split_table(60, 4, "ted_mqm")
     for name, table in splits.items():
         table["lp"] = np.array(LPS, dtype=object)[np.arange(len(table)) % 3]
+        if name == "ood":  # a pair no model or calibration saw: the unseen-pair goal's rows
+            table.loc[table.index < 20, "lp"] = "aa-zz"
         table.to_parquet(prepared / f"{name}.parquet", index=False)
     pipe = PipelineConfig(
         methods=("point", "hts"), register_method="hts", qe_methods=(), register_qe_method=None,
@@ -196,8 +198,40 @@ def test_stage_models_calibrate_and_evaluate_with_the_model_held_out(tmp_path, m
     refitted = dataclasses.replace(pipe, metrics_dir=str(tmp_path / "metrics_refitted"), plots_dir=str(tmp_path / "plots_refitted"))
     model_evaluation.evaluate_models(refitted, settings, EncodeConfig(), tmp_path / "calibration", lolo.out_dir)
     shutil.move(tmp_path / "fits_aside", fits)
-    for name in ("test.json", "ood.json", "conditional.json", "intervals.json"):
+    for name in ("test.json", "conditional.json", "intervals.json"):
         assert (tmp_path / "metrics_refitted" / name).read_bytes() == (tmp_path / "metrics" / name).read_bytes(), name
+    assert not (tmp_path / "metrics" / "ood.json").exists()  # evaluate leaves the out-of-domain split
+
+    # evaluate_ood, after register: the out-of-domain split measured as evaluate measured test, and
+    # the unseen pair's goal judged as if evaluate had had it (served_summary given the ood metrics)
+    from uamt import ood_evaluation
+    from uamt.uncertainty.goals import served_summary, with_held_out
+
+    monkeypatch.setattr(ood_evaluation, "open_features", lambda encode: FEATURES)
+    monkeypatch.setattr(ood_evaluation, "encode_ood_texts", lambda pipe, encode: {"texts": 0, "encoded": 0})
+    written = ood_evaluation.evaluate_ood_models(pipe, settings, EncodeConfig(), tmp_path / "calibration")
+    ood = json.loads(written["ood"].read_text())
+    held_out = json.loads(written["held_out"].read_text())
+    assert set(ood) == set(held_out) == set(pipe.all_methods) and written["sharpness"].is_file()
+    assert held_out["hts"]["lps"] == ["aa-zz"] and ood["hts"]["aa-zz"]["n"] == 20
+    assert (tmp_path / "predictions" / "ood" / "hts.parquet").is_file()
+    bounds = model_evaluation.pipeline_bounds(pipe)
+    calibration, _, n_eff = model_evaluation.served_calibration(pipe, settings, tmp_path / "calibration", "hts", bounds)
+    ood_table = pd.read_parquet(tmp_path / "predictions" / "ood" / "hts.parquet")
+    test_table = pd.read_parquet(tmp_path / "predictions" / "test" / "hts.parquet")
+    full = {}
+    for split, table in (("test", test_table), ("ood", ood_table)):
+        sigma_table = model_evaluation.with_model_sigma(table, "hts")
+        full[split] = model_evaluation.measure(
+            calibration, model_evaluation.ask(calibration, sigma_table, settings, bounds), sigma_table, settings, dev_n_eff=n_eff
+        )
+    at_once = served_summary(full["test"], full["ood"], served=calibration.selected, rule=settings.calibration_rule,
+                             known_lps=calibration.known_lps)
+    completed = with_held_out(conditional, held_out)["hts"]
+    assert completed["held_out"] == at_once["held_out"]
+    goal = {g["key"]: g for g in completed["goals"]}["unseen_coverage_error"]
+    assert goal == {g["key"]: g for g in at_once["goals"]}["unseen_coverage_error"] and goal["value"] is not None
+    assert {g["key"]: g for g in conditional["hts"]["goals"]}["unseen_coverage_error"]["note"].startswith("measured after register")
     # fits of other rows (here: another standardisation) are refused, naming the file
     stored = json.loads((fits / "hts.json").read_text())
     stored["standardizer"]["global"]["pred_mean"] += 1.0

@@ -1,7 +1,7 @@
 """What the whole stage chain leaves behind, checked on the smoke profile's ``make run``: the session
 fixture ``smoke`` (tests/conftest.py) -- a fresh ``git clone`` of the committed tree, every dvc.yaml
 stage (fetch -> prepare -> encode -> train_base -> train_dup -> train_lolo -> calibrate -> evaluate
--> calibrate_campaigns -> register, and the experiments), the default encoder, tiny heads, WMT21 MQM
+-> calibrate_campaigns -> register -> evaluate_ood, and the experiments), the default encoder, tiny heads, WMT21 MQM
 in domain and bio_mqm out of domain -- built once and shared with tests/test_smoke_make_run.py,
 which checks the run itself.  Here: the metrics of every model and LP, the dev metrics the gate
 reads, the unseen-LP widening fitted with train_lolo's models, the plots; the registered champions,
@@ -88,6 +88,11 @@ def test_chain_writes_metrics_for_every_method_and_lp(run):
         # measured on bio_mqm's rows: its pairs only, some of which WMT21 lacks (de-en, en-fr, ...)
         assert "avg" in by_lp and set(by_lp) - {"avg"} <= run.ood_lps, method
         assert set(by_lp) - {"avg"} - WMT21_LPS, method
+    # the held-out pairs (out of domain, without a dev calibration), judged by evaluate_ood after register
+    held_out = read_json(metrics / "held_out.json")
+    assert set(held_out) == set(test)
+    for method, block in held_out.items():
+        assert block["lps"] and set(block["lps"]) <= run.ood_lps - WMT21_LPS, method
     conditional = read_json(metrics / "conditional.json")
     assert set(conditional) == set(test)
     for method, summary in conditional.items():
@@ -114,6 +119,21 @@ def test_chain_writes_metrics_for_every_method_and_lp(run):
         assert dev[model]["unseen_lp"]["fitted_with"] == "calibration held out", model
     for plot in ("reliability.png", "sharpness.png", "error_vs_sigma.png"):
         assert (run.root / run.pipeline["plots_dir"] / plot).stat().st_size > 1000
+
+
+def test_registered_versions_are_completed_with_the_out_of_domain_numbers(run):
+    """register runs before the out-of-domain split is scored; evaluate_ood then logs its numbers to
+    the registered versions' runs and tags them."""
+    from mlflow.tracking import MlflowClient
+
+    summary = read_json(run.root / SUMMARY_PATH)
+    client = MlflowClient(tracking_uri=run.tracking_uri, registry_uri=run.tracking_uri)
+    for entry, method in ((summary, run.register), (summary["qe"], run.register_qe)):
+        version = client.get_model_version(entry["model_name"], entry["version"])
+        assert version.tags["ood_evaluated"] == "true", entry["model_name"]
+        logged = client.get_run(version.run_id).data.metrics
+        assert f"ood.{method}.avg.pps" in logged and f"conditional.{method}.unseen_coverage_error" in logged, method
+        assert f"test.{method}.avg.pps" in logged  # what register logged stays
 
 
 def assert_valid_intervals(out) -> None:

@@ -1,5 +1,5 @@
-"""Calibrate the pipeline's models on held-out rows and evaluate them in- and out-of-domain (stages
-``calibrate`` and ``evaluate``).
+"""Calibrate the pipeline's models on held-out rows and evaluate them on test (stages ``calibrate``
+and ``evaluate``; the out-of-domain split is scored after ``register``, :mod:`uamt.ood_evaluation`).
 
 One artifact per model: :func:`calibrate_models` fits the model's calibration on the rows of
 ``evaluate.calibration_splits`` the model never trained on (dev and ``d_e`` for the single-stage
@@ -19,11 +19,11 @@ pinned) to ``metrics/dev.json``: the register stage's gate reads those, never te
 baseline every uncertainty method must beat, **the point estimate + the same calibration** (the
 served candidate fitted with sigma = 1, ``calibration/baselines/point+<candidate>.json``).
 
-``evaluate`` writes ``metrics/test.json`` and ``metrics/ood.json`` (model x LP: PPS, UPS served and
+``evaluate`` writes ``metrics/test.json`` (model x LP: PPS, UPS served and
 raw, CRPS, NLL where Gaussian, ECE over 100 levels, ENCE served and raw, coverage/width/lower and
 upper misses, sharpness in z units, the document-clustered ECE floor), ``metrics/conditional.json``
 (per model: LP x quintile cells, risk reliability at each threshold, the point + served-calibration
-baseline, the held-out LPs, the goals; and, as an analysis, what the other calibration candidates
+baseline, the goals -- all but the held-out LPs', which ``evaluate_ood`` judges; and, as an analysis, what the other calibration candidates
 would have given: :func:`uamt.uncertainty.evaluate_predictions` refitted on the same dev rows),
 ``metrics/intervals.json`` (that analysis' Gaussian vs conformal interval report) and the plots.
 """
@@ -88,7 +88,9 @@ from uamt.uncertainty.served import (
 from uamt.uncertainty.tempering import SigmaTempering
 
 log = logging.getLogger(__name__)
-EVAL_SPLITS = ("test", "ood")
+#: What ``evaluate`` scores (before ``register``); ``evaluate_ood`` scores :data:`OOD_SPLIT` after it.
+EVAL_SPLITS = ("test",)
+OOD_SPLIT = "ood"
 BASELINES_DIR = "baselines"
 #: ``<calibration_dir>/lolo/<model>/<lp>.json``: the calibration a model trained without ``lp`` served ``lp``.
 LOLO_DIR = "lolo"
@@ -446,7 +448,7 @@ def choose_risk_lattice(
     )
 
 
-def _scale_bounds(pipe: PipelineConfig):
+def pipeline_bounds(pipe: PipelineConfig):
     """The scale's (low, high) that served mu, intervals and risk are clipped to (as ``uamt score``)."""
     from uamt.data.datasets import scale_bounds
 
@@ -484,7 +486,7 @@ def calibration_inputs(pipe: PipelineConfig, settings: EvaluationSettings, encod
     """``(frames, dev_df, features, bounds)``: what :func:`calibrate_model` reads for every model."""
     frames = {split: read_split(pipe.prepared_dir, split, pipe.datasets) for split in settings.calibration_splits}
     dev_df = frames["dev"] if "dev" in frames else read_split(pipe.prepared_dir, "dev", pipe.datasets)
-    return frames, dev_df, open_features(encode), _scale_bounds(pipe)
+    return frames, dev_df, open_features(encode), pipeline_bounds(pipe)
 
 
 def fit_with_choices(
@@ -695,7 +697,7 @@ def calibrate_models(
     check_pinned_models(settings)
     for split in settings.calibration_splits:  # declared stage outputs, even where no model is calibrated on them
         (Path(pipe.predictions_dir) / split).mkdir(parents=True, exist_ok=True)
-    bounds = _scale_bounds(pipe)
+    bounds = pipeline_bounds(pipe)
     # The models with held-out models (the slowest: their unseen-pair fits) go first, so that no
     # worker is left calibrating one of them alone at the end; results keep the pipeline's order.
     order = sorted(pipe.all_methods, key=lambda m: lolo_dir is None or not held_out_models(lolo_dir, m))
@@ -763,11 +765,30 @@ def dev_effective_sizes(calibration: Calibration, dev: pd.DataFrame, settings: E
 
 def evaluation_inputs(pipe: PipelineConfig, encode: EncodeConfig):
     """``(frames, features, bounds)``: what :func:`evaluate_model` reads for every model."""
-    frames = {
-        "test": read_split(pipe.prepared_dir, "test", pipe.datasets),
-        "ood": read_split(pipe.prepared_dir, "ood", pipe.ood_datasets),
-    }
-    return frames, open_features(encode), _scale_bounds(pipe)
+    frames = {split: read_split(pipe.prepared_dir, split, pipe.datasets) for split in EVAL_SPLITS}
+    return frames, open_features(encode), pipeline_bounds(pipe)
+
+
+def served_calibration(pipe: PipelineConfig, settings: EvaluationSettings, calibration_dir, method: str, bounds):
+    """``(calibration, dev, dev_n_eff)``: the served ``calibration/<method>.json``, the calibration
+    rows it was fitted on (with the model's sigma) and their per-LP effective sizes
+    (:func:`dev_effective_sizes`): what :func:`measure_split` needs besides the rows it measures."""
+    calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
+    dev = with_model_sigma(calibration_rows(pipe, method, calibration.calibrated_on), method)
+    return calibration, dev, dev_effective_sizes(calibration, dev, settings, bounds)
+
+
+def measure_split(
+    pipe: PipelineConfig, method: str, split: str, frame: pd.DataFrame, features, calibration: Calibration,
+    settings: EvaluationSettings, bounds, dev_n_eff,
+) -> tuple[dict[str, Any], pd.DataFrame, ServedRows]:
+    """One model on one split: its predictions (written to ``predictions/<split>/<method>.parquet``),
+    the served distribution's answers for them and their served metrics (:func:`measure`).
+    Returns ``(metrics, predictions, answers)``."""
+    table = predict_split(pipe.model_dir(method), frame, features, Path(pipe.predictions_dir) / split / f"{method}.parquet")
+    sigma_table = with_model_sigma(table, method)
+    rows = ask(calibration, sigma_table, settings, bounds)
+    return measure(calibration, rows, sigma_table, settings, dev_n_eff=dev_n_eff), table, rows
 
 
 def evaluate_model(
@@ -779,27 +800,21 @@ def evaluate_model(
     inputs: tuple | None = None,
     lolo_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """One model of :func:`evaluate_models`: its predictions on test and ood (written), the served
+    """One model of :func:`evaluate_models`: its predictions on test (written), the served
     metrics of its calibration there, and the analysis of the other candidates.  Returns
     ``{"full": {split: metrics}, "tables": {split: predictions}, "analysis": ..., "held_out_models":
     ..., "test_crps": CRPS per test row}``; reads nothing another model writes, so models may run in parallel.  ``inputs``:
     :func:`evaluation_inputs` (read here when None); ``lolo_dir``: the train_lolo stage's models
     (:func:`held_out_model_test_metrics`)."""
     frames, features, bounds = inputs if inputs is not None else evaluation_inputs(pipe, encode)
-    calibration = Calibration.load(Path(calibration_dir) / f"{method}.json")
-    dev = with_model_sigma(calibration_rows(pipe, method, calibration.calibrated_on), method)
-    dev_n_eff = dev_effective_sizes(calibration, dev, settings, bounds)
+    calibration, dev, dev_n_eff = served_calibration(pipe, settings, calibration_dir, method, bounds)
     full, tables, test_crps = {}, {}, None
     for split, frame in frames.items():
-        table = predict_split(
-            pipe.model_dir(method), frame, features, Path(pipe.predictions_dir) / split / f"{method}.parquet"
+        full[split], tables[split], rows = measure_split(
+            pipe, method, split, frame, features, calibration, settings, bounds, dev_n_eff
         )
-        tables[split] = table
-        sigma_table = with_model_sigma(table, method)
-        rows = ask(calibration, sigma_table, settings, bounds)
-        full[split] = measure(calibration, rows, sigma_table, settings, dev_n_eff=dev_n_eff)
         if split == "test":
-            test_crps = row_crps(rows, table["human"].to_numpy(dtype=float))
+            test_crps = row_crps(rows, tables[split]["human"].to_numpy(dtype=float))
     # The analysis of alternatives: every calibration candidate as calibrate fitted it on the same
     # calibration rows, measured on test (the served one among them is the artifact's own fit).
     try:
@@ -897,12 +912,13 @@ def evaluate_models(
     lolo_dir: str | Path | None = None,
 ) -> dict[str, Path]:
     """Measure every model's served calibration (``<calibration_dir>/<model>.json``, as fitted by the
-    calibrate stage) on ``test`` and ``ood``; writes the predictions, the metrics and the plots;
-    returns ``{"test": ..., "ood": ..., plot name: ...}`` paths.  The models are measured in
+    calibrate stage) on ``test``; writes the predictions, the metrics and the plots; returns
+    ``{"test": ..., plot name: ...}`` paths (the out-of-domain split:
+    :func:`uamt.ood_evaluation.evaluate_ood_models`, after ``register``).  The models are measured in
     ``pipe.workers`` processes (:func:`evaluate_model`; the same numbers for any number, up to float
     rounding); ``lolo_dir``: the train_lolo stage's models, measured on their held-out LPs' test rows
     (``metrics/conditional.json``: ``<model>.unseen_lp_held_out_models``)."""
-    bounds = _scale_bounds(pipe)
+    bounds = pipeline_bounds(pipe)
     done = dict(
         zip(
             pipe.all_methods,
@@ -939,7 +955,7 @@ def evaluate_models(
         isotonic = calibration.isotonic is not None  # what the reports name as served
         conditional[method] = served_summary(
             full[method]["test"],
-            full[method]["ood"],
+            None,  # the held-out LPs are out of domain: evaluate_ood's metrics/held_out.json
             served=f"isotonic on the {served} mu" if isotonic else served,
             rule=settings.calibration_rule,
             known_lps=calibration.known_lps,
@@ -954,11 +970,10 @@ def evaluate_models(
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics["test"], metrics_dir / "test.json")
-    write_json_atomic(metrics["ood"], metrics_dir / "ood.json")
     write_json_atomic(intervals, metrics_dir / "intervals.json")
     write_json_atomic(conditional, metrics_dir / "conditional.json")
-    plots = write_plots(Path(pipe.plots_dir), reliability, metrics, scatter)
-    return {"test": metrics_dir / "test.json", "ood": metrics_dir / "ood.json", **plots}
+    plots = write_plots(Path(pipe.plots_dir), reliability, scatter)
+    return {"test": metrics_dir / "test.json", **plots}
 
 
 def _evaluate_baselines(
@@ -1005,8 +1020,9 @@ def _mean_reliability(full: dict[str, Any]) -> dict[str, list[float]]:
     }
 
 
-def write_plots(plots_dir: Path, reliability: dict, metrics: dict, scatter: dict) -> dict[str, Path]:
-    """Reliability diagram, sharpness in- vs out-of-domain, and |error| vs sigma, as PNG."""
+def write_plots(plots_dir: Path, reliability: dict, scatter: dict) -> dict[str, Path]:
+    """Reliability diagram and |error| vs sigma on test, as PNG (sharpness in- vs out-of-domain:
+    :func:`uamt.ood_evaluation.write_sharpness_plot`)."""
     plt = pyplot()
     plots_dir.mkdir(parents=True, exist_ok=True)
     out = {}
@@ -1021,23 +1037,6 @@ def write_plots(plots_dir: Path, reliability: dict, metrics: dict, scatter: dict
     )
     ax.legend(fontsize=8)
     out["reliability"] = save_figure(fig, plots_dir / "reliability.png")
-
-    methods = list(metrics["test"])
-    lps = sorted({lp for split in metrics.values() for m in split.values() for lp in m if lp != "avg"})
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / max(len(methods), 1)
-    for i, method in enumerate(methods):
-        values = [
-            metrics["test"][method]["avg"].get("sharpness") or np.nan,
-            metrics["ood"][method]["avg"].get("sharpness") or np.nan,
-        ]
-        ax.bar(np.arange(2) + i * width, values, width, label=method)
-    ax.set_xticks(
-        np.arange(2) + width * (len(methods) - 1) / 2, ["in-domain (news test)", "out-of-domain (TED)"]
-    )
-    ax.set(ylabel="sharpness (mean calibrated sigma^2, z units)", title=f"Sharpness, LPs {', '.join(lps)}")
-    ax.legend(fontsize=8)
-    out["sharpness"] = save_figure(fig, plots_dir / "sharpness.png")
 
     shown = [m for m in scatter if not is_fixed_variance(m)]
     fig, axes = plt.subplots(1, max(len(shown), 1), figsize=(3 * max(len(shown), 1), 3), squeeze=False)

@@ -177,53 +177,73 @@ def overlay_cache_dir(encode_cfg, overlay: str) -> Path:
 
 
 class OverlayEmbeddingCache:
-    """Embeddings read from ``base`` (the encode stage's :class:`~uamt.encoders.EmbeddingCache`,
-    never written) where it holds the text, else from -- or encoded into -- ``overlay`` (a cache of
-    the same encoder).  Why: the encode stage's cache is a persisted DVC output, hashed; texts a
-    later stage alone reads (the synthetic failure rows of training, an experiment's perturbed
-    translations...) written into it changed that hash, and the next ``dvc repro`` re-ran
+    """Embeddings read from ``bases`` (the encode stage's :class:`~uamt.encoders.EmbeddingCache`
+    and, for the experiment stages, the model stages' on-demand one: never written) where one of
+    them holds the text, else from -- or encoded into -- ``overlay`` (a cache of the same encoder).
+    Why: the encode stage's cache is a persisted DVC output, hashed; texts a later stage alone
+    reads (the out-of-domain split, the synthetic failure rows of training, an experiment's
+    perturbed translations...) written into it changed that hash, and the next ``dvc repro`` re-ran
     ``encode``.  The vectors are the same either way (one encoder, one text, one vector).  It lives
     here, built on the cache's public ``in`` and ``get``, and not in :mod:`uamt.encoders`: the encode
     stage does not use it, and a code dependency of that stage re-runs every stage after it."""
 
-    def __init__(self, base, overlay) -> None:
-        if base.encoder_id != overlay.encoder_id:
-            raise ValueError(
-                f"{overlay.path}: an overlay of encoder {overlay.encoder_id!r} over a cache of "
-                f"{base.encoder_id!r}: embeddings of different encoders must never be mixed"
-            )
-        self.base, self.overlay = base, overlay
+    def __init__(self, bases, overlay) -> None:
+        bases = list(bases) if isinstance(bases, (list, tuple)) else [bases]
+        for base in bases:
+            if base.encoder_id != overlay.encoder_id:
+                raise ValueError(
+                    f"{overlay.path}: an overlay of encoder {overlay.encoder_id!r} over a cache of "
+                    f"{base.encoder_id!r}: embeddings of different encoders must never be mixed"
+                )
+        self.bases, self.overlay = bases, overlay
         self.encoder = overlay.encoder
+
+    def __contains__(self, text: str) -> bool:
+        return any(text in cache for cache in (*self.bases, self.overlay))
 
     def get(self, texts):
         """Pooled per-layer embeddings of ``texts`` (float32, shape [n, num_layers, dim]), as
-        :meth:`~uamt.encoders.EmbeddingCache.get`; only texts in neither cache are encoded."""
+        :meth:`~uamt.encoders.EmbeddingCache.get`; only texts in no cache are encoded."""
         import numpy as np
 
         from uamt.encoders.cache import check_texts
 
         texts = check_texts(texts)
-        in_base = np.array([text in self.base for text in texts], dtype=bool)
         out = np.empty((len(texts), self.overlay.num_layers, self.overlay.dim), dtype=np.float32)
-        if in_base.any():
-            out[in_base] = self.base.get([text for text, b in zip(texts, in_base, strict=True) if b])
-        if not in_base.all():
-            out[~in_base] = self.overlay.get([text for text, b in zip(texts, in_base, strict=True) if not b])
+        left = np.ones(len(texts), dtype=bool)
+        for base in self.bases:
+            found = left & np.array([text in base for text in texts], dtype=bool)
+            if found.any():
+                out[found] = base.get([text for text, f in zip(texts, found, strict=True) if f])
+                left &= ~found
+        if left.any():
+            out[left] = self.overlay.get([text for text, f in zip(texts, left, strict=True) if f])
         return out
 
 
-def open_features(encode_cfg, overlay: str = ON_DEMAND_OVERLAY):
-    """The cached-feature source of the ``encode:`` section: the encode stage's cache, read only, and
-    the texts it lacks encoded into :func:`overlay_cache_dir` (``overlay``: ``on_demand`` for the
-    model stages, ``experiments`` for the analyses), so ``dvc repro`` never finds ``encode``'s
-    output changed by a later stage."""
+def overlay_embeddings(encode_cfg, overlay: str = ON_DEMAND_OVERLAY) -> OverlayEmbeddingCache:
+    """The cache behind :func:`open_features`: the encode stage's cache (and, for any other
+    ``overlay``, the model stages' on-demand one) read only, new texts encoded into
+    :func:`overlay_cache_dir` (``overlay``)."""
     from uamt.encoders import EmbeddingCache, get_encoder
-    from uamt.models.data import features_from_cache
 
     encoder = get_encoder(encode_cfg.encoder)
     base = EmbeddingCache(encode_cfg.cache_dir, encoder, dtype=encode_cfg.dtype)
-    on_demand = EmbeddingCache(overlay_cache_dir(encode_cfg, overlay), encoder, dtype=base.dtype)
-    return features_from_cache(OverlayEmbeddingCache(base, on_demand))
+    bases = [base]
+    if overlay != ON_DEMAND_OVERLAY:  # the out-of-domain split evaluate_ood encoded, for instance
+        bases.append(EmbeddingCache(overlay_cache_dir(encode_cfg, ON_DEMAND_OVERLAY), encoder, dtype=base.dtype))
+    return OverlayEmbeddingCache(bases, EmbeddingCache(overlay_cache_dir(encode_cfg, overlay), encoder, dtype=base.dtype))
+
+
+def open_features(encode_cfg, overlay: str = ON_DEMAND_OVERLAY):
+    """The cached-feature source of the ``encode:`` section (:func:`overlay_embeddings`): the encode
+    stage's cache, read only, and the texts it lacks encoded into :func:`overlay_cache_dir`
+    (``overlay``: ``on_demand`` for the model stages, ``experiments`` for the analyses, which also
+    read the model stages' ``on_demand`` texts), so ``dvc repro`` never finds ``encode``'s output
+    changed by a later stage."""
+    from uamt.models.data import features_from_cache
+
+    return features_from_cache(overlay_embeddings(encode_cfg, overlay))
 
 
 def predict_split(model_dir: Path, frame: pd.DataFrame, features, out_path: Path) -> pd.DataFrame:

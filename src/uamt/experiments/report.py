@@ -154,6 +154,13 @@ def render_goals(path: str | Path, dev_path: str | Path | None = None) -> str:
     if not path.is_file():
         return f"## Interval goals: the served distribution, per LP and cell\n\n`{path.as_posix()}` missing: run `dvc repro evaluate`.\n"
     methods = read_json(path, "evaluate")
+    # The held-out LPs are judged out of domain, after register (evaluate_ood): completed here where
+    # that stage ran, else the goal reads "measured after register".
+    held_out_path = path.parent / "held_out.json"
+    if held_out_path.is_file():
+        from uamt.uncertainty.goals import with_held_out
+
+        methods = with_held_out(methods, read_json(held_out_path, "evaluate_ood"))
     dev_path = Path(dev_path) if dev_path is not None else path.parent / "dev.json"
     dev = read_json(dev_path, "calibrate") if dev_path.is_file() else {}
     weights = {name: sigma_weights(dev.get(name)) for name in methods}

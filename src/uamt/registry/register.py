@@ -5,7 +5,9 @@ The model of ``pipeline.register_method`` (and the reference-free model of
 checkpoint, calibration and encoder spec; every candidate is registered
 (``validation_status=pending``), the promotion gate compares its test metrics with the champion's,
 and the ``champion`` alias moves last, only if the gate passes.  The MLflow calls themselves are
-:mod:`uamt.registry.store`'s.
+:mod:`uamt.registry.store`'s.  The out-of-domain numbers, which no gate reads, are measured after
+``register`` and attached to the versions' runs then (:func:`attach_to_registered`, tag
+:data:`OOD_TAG`).
 
 Before anything is logged, the registry is checked (:func:`uamt.registry.store.prepare_store`): a
 registry that existed (its marker beside the SQLite database, or the previous summary
@@ -31,12 +33,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from uamt.campaigns import CAMPAIGN_CALIBRATION_DIR, CAMPAIGNS_ARTIFACT
-from uamt.core.errors import UamtError
+from uamt.core.errors import DataError, UamtError
 from uamt.core.naming import qe_model_name, qe_registered_name
 from uamt.encoders import EncodeConfig
 from uamt.pipeline_config import PipelineConfig
@@ -45,6 +49,9 @@ from uamt.registry.store import SUMMARY_PATH, Gates
 log = logging.getLogger(__name__)
 #: MLflow run name of a registration (= the dvc stage and Prefect task name).
 RUN_NAME = "register"
+#: Version tag set once the out-of-domain numbers are attached (stage ``evaluate_ood``,
+#: :func:`attach_to_registered`): until then a version carries its test and dev numbers only.
+OOD_TAG = "ood_evaluated"
 
 
 @dataclass(frozen=True)
@@ -314,7 +321,6 @@ def _register_model(
     metrics_dir = Path(pipe.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
     test = json.loads((metrics_dir / "test.json").read_text(encoding="utf-8"))
-    ood = json.loads((metrics_dir / "ood.json").read_text(encoding="utf-8"))
     conditional = conditional_headlines(metrics_dir / "conditional.json")
     candidate = gate_metrics(metrics_dir, method)
     model_dir = pipe.model_dir(method)
@@ -351,7 +357,8 @@ def _register_model(
             **{f"train.{k}": v for k, v in manifest["config"].items()},
             **calibration_params(calibration),
         },
-        run_metrics={**flat_metrics(test, "test"), **flat_metrics(ood, "ood"), **conditional},
+        # the out-of-domain numbers come after registration (evaluate_ood: attach_to_registered)
+        run_metrics={**flat_metrics(test, "test"), **conditional},
         tags={
             "method": method,
             "data_version": version_tag,
@@ -377,3 +384,69 @@ def _register_model(
         "orphans_marked": orphans,
         "candidate": candidate,
     }
+
+
+def registered_versions(summary_path: Path = SUMMARY_PATH) -> list[dict[str, str]]:
+    """``[{"model_name", "version", "method"}]`` of the last registration (:data:`SUMMARY_PATH`: the
+    reference-based model, then the QE one); empty, with a warning, where nothing was registered."""
+    path = Path(summary_path)
+    if not path.is_file():
+        log.warning("%s missing: no registered version to attach to (run `dvc repro register`)", path)
+        return []
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc}); run `dvc repro register`") from None
+    out = []
+    for entry in (summary, summary.get("qe") if isinstance(summary, dict) else None):
+        if not isinstance(entry, dict):
+            continue
+        missing = [key for key in ("model_name", "version", "method") if entry.get(key) is None]
+        if missing:
+            raise DataError(f"{path}: a registration without {missing}; run `dvc repro register`")
+        out.append({key: str(entry[key]) for key in ("model_name", "version", "method")})
+    return out
+
+
+def attach_to_registered(
+    reg: RegisterSettings,
+    metrics: dict[str, float],
+    files: dict[str, list[Path]],
+    summary_path: Path = SUMMARY_PATH,
+) -> list[str]:
+    """Log ``metrics`` and ``files`` (artifact folder -> local files) to the MLflow run of every version the last
+    registration made (:func:`registered_versions`), and tag each version ``ood_evaluated``: what a
+    stage after ``register`` measured completes the versions it describes.  Returns
+    ``name/version`` of each; none where nothing was registered.  A registration the store does not
+    hold is a DataError naming ``summary_path``."""
+    from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
+
+    from uamt.registry import store as registry
+
+    versions = registered_versions(summary_path)
+    if not versions:
+        return []
+    uri = registry.tracking_uri(reg.tracking_uri)
+    done = []
+    with registry.store_errors(uri):
+        client = registry._client(uri)
+        now = int(time.time() * 1000)
+        batch = [Metric(key, float(value), now, 0) for key, value in sorted(metrics.items()) if math.isfinite(float(value))]
+        for entry in versions:
+            try:
+                run_id = client.get_model_version(entry["model_name"], entry["version"]).run_id
+            except MlflowException as exc:
+                raise DataError(
+                    f"{summary_path}: {entry['model_name']} version {entry['version']} is not in the store at {uri} "
+                    f"({exc.message}); run `dvc repro register`"
+                ) from None
+            for start in range(0, len(batch), 1000):  # MLflow's limit per batch
+                client.log_batch(run_id, metrics=batch[start : start + 1000])
+            for folder, paths in files.items():
+                for path in paths:
+                    client.log_artifact(run_id, str(path), artifact_path=folder)
+            client.set_model_version_tag(entry["model_name"], entry["version"], OOD_TAG, "true")
+            done.append(f"{entry['model_name']}/{entry['version']}")
+    log.info("attached %d metrics and %d files to %s", len(batch), sum(map(len, files.values())), ", ".join(done))
+    return done

@@ -26,6 +26,9 @@ GOALS: tuple[tuple[str, str, str], ...] = (
     ("crps_vs_baseline", "CRPS minus that of the point estimate + the same calibration", "< 0"),
     ("unseen_coverage_error", "held-out LPs: |coverage@0.9 - 0.9| (largest)", "<= 0.05"),
 )
+#: The note of ``unseen_coverage_error`` where the out-of-domain split is not measured yet: the
+#: ``evaluate_ood`` stage (after ``register``) writes ``metrics/held_out.json``, :func:`with_held_out`.
+UNSEEN_NOT_YET = "measured after register: evaluate_ood's metrics/held_out.json"
 LP_TOLERANCE, CELL_TOLERANCE, LOW_SCORE_COVERAGE, MISS_TOLERANCE = 0.03, 0.05, 0.85, 0.015
 RISK_TOLERANCE, ECE_GOAL, UNSEEN_TOLERANCE = 0.05, 0.02, 0.05
 #: Each goal's bound: a row is ``within_band`` when its value lies within its sampling band
@@ -158,17 +161,45 @@ def served_summary(
             "crps_delta_se": crps_delta_se,
         }
     if ood is not None:
-        known = set(map(str, known_lps))
-        unseen = {lp: m for lp, m in _per_lp(ood).items() if lp not in known}
-        summary["held_out"] = {
-            "lps": sorted(unseen),
-            "coverage_by_lp": {lp: m.get(f"coverage@{tag}") for lp, m in unseen.items()},
-            "width_by_lp": {lp: m.get(f"width@{tag}") for lp, m in unseen.items()},
-            "n_eff_by_lp": {lp: m.get("n_eff") for lp, m in unseen.items()},
-            "in_domain_width": avg.get(f"width@{tag}"),
-        }
+        summary["held_out"] = held_out_block(ood, known_lps, avg.get(f"width@{tag}"), gamma)
     summary["goals"] = goal_rows(summary)
     return summary
+
+
+def held_out_block(ood: dict[str, Any], known_lps, in_domain_width: float | None, gamma: float = 0.9) -> dict[str, Any]:
+    """The ``held_out`` block of a :func:`served_summary`: per LP of ``ood`` (the model's served
+    metrics out of domain) that has no dev calibration of its own (not in ``known_lps``), the
+    coverage and mean width at ``gamma`` and the effective size; ``in_domain_width`` (the test
+    width at ``gamma``) beside them.  What the ``unseen_coverage_error`` goal judges."""
+    tag = f"{gamma:g}"
+    known = set(map(str, known_lps))
+    unseen = {lp: m for lp, m in _per_lp(ood).items() if lp not in known}
+    return {
+        "lps": sorted(unseen),
+        "coverage_by_lp": {lp: m.get(f"coverage@{tag}") for lp, m in unseen.items()},
+        "width_by_lp": {lp: m.get(f"width@{tag}") for lp, m in unseen.items()},
+        "n_eff_by_lp": {lp: m.get("n_eff") for lp, m in unseen.items()},
+        "in_domain_width": in_domain_width,
+    }
+
+
+def with_held_out(conditional: dict[str, Any], held_out: dict[str, Any] | None) -> dict[str, Any]:
+    """``metrics/conditional.json`` (model -> :func:`served_summary`, written by ``evaluate`` before
+    the out-of-domain split is scored) completed with ``metrics/held_out.json`` (model -> its
+    :func:`held_out_block`, written by ``evaluate_ood`` after ``register``): each model's block set
+    and its goal rows judged again, so that every goal, ``unseen_coverage_error`` included, is read
+    from one summary.  Models without a block, and a missing ``held_out`` (None: not yet run), are
+    returned as they are.  Neither argument is modified."""
+    if not held_out:
+        return conditional
+    out = {}
+    for method, summary in conditional.items():
+        block = held_out.get(method)
+        if isinstance(summary, dict) and "per_lp" in summary and block is not None:
+            summary = {**summary, "held_out": block}
+            summary["goals"] = goal_rows(summary)
+        out[method] = summary
+    return out
 
 
 def _pooled_low(per_lp: dict[str, dict[str, Any]]) -> float | None:
@@ -415,7 +446,9 @@ def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
         "unseen_coverage_error": (
             unseen_error,
             _at_most(unseen_error, UNSEEN_TOLERANCE),
-            "LPs " + (", ".join(held.get("lps") or []) or "none")
+            UNSEEN_NOT_YET
+            if summary.get("held_out") is None
+            else "LPs " + (", ".join(held.get("lps") or []) or "none")
             + ("" if unseen_lp is None else f"; largest {unseen_lp} {held_coverage[unseen_lp]:.3f}"),
             None if unseen_lp is None else _band(gamma, held_n_eff.get(unseen_lp)),
             [(abs(c - gamma) - UNSEEN_TOLERANCE, _se(gamma, held_n_eff.get(lp))) for lp, c in held_coverage.items()],
