@@ -471,3 +471,36 @@ def test_a_separate_registry_is_refused_for_registering_and_named_when_serving(
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", "sqlite:///mlflow/mlflow.db")
     assert main([*argv, "--no-progress"]) == 0, capsys.readouterr().err
     assert main(["registry", "show", "--name", MODEL]) == 0, capsys.readouterr().err
+
+
+def test_numbers_measured_after_register_are_attached_to_the_registered_version(project, as_user):
+    """evaluate_ood runs after register: what it measured is logged to the registered version's run
+    and the version tagged; a registration the store does not hold, or a broken summary, is refused
+    naming the summary; without one there is nothing to attach to."""
+    from uamt.core.config import load_section
+    from uamt.core.errors import DataError
+    from uamt.registry.register import OOD_TAG, RegisterSettings, attach_to_registered
+
+    as_user(project)
+    reg = load_section(RegisterSettings, "register", project / "params.yaml")
+    extra = project / "metrics" / "held_out.json"
+    extra.write_text(json.dumps({"hts": {"lps": ["aa-zz"]}}))
+    assert attach_to_registered(reg, {"ood.hts.avg.pps": 0.25, "nan": float("nan")}, {"metrics": [extra]}) == [f"{MODEL}/1"]
+    client = registry._client(registry.tracking_uri(None))
+    version = client.get_model_version(MODEL, "1")
+    assert version.tags[OOD_TAG] == "true"
+    run = client.get_run(version.run_id)
+    assert run.data.metrics["ood.hts.avg.pps"] == 0.25 and "nan" not in run.data.metrics
+    assert "test.hts.avg.pps" in run.data.metrics  # what register logged stays
+    assert "metrics/held_out.json" in [f.path for f in client.list_artifacts(version.run_id, "metrics")]
+
+    summary = project / "mlflow" / "registration.json"
+    kept = summary.read_text()
+    summary.write_text(json.dumps({**json.loads(kept), "version": "9"}))
+    with pytest.raises(DataError, match=rf"registration\.json: {MODEL} version 9 is not in the store"):
+        attach_to_registered(reg, {"x": 1.0}, {})
+    summary.write_text("{")
+    with pytest.raises(DataError, match=r"registration\.json: not valid JSON"):
+        attach_to_registered(reg, {"x": 1.0}, {})
+    summary.unlink()
+    assert attach_to_registered(reg, {"x": 1.0}, {}) == []

@@ -19,7 +19,6 @@ then attaches them to the registered versions' MLflow runs
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 
 from uamt import model_evaluation
 from uamt.core.errors import DataError
+from uamt.core.fileio import read_stage_json
 from uamt.core.parallel import map_in_processes
 from uamt.encoders import EncodeConfig
 from uamt.pipeline_config import PipelineConfig, open_features, overlay_embeddings, read_split
@@ -90,15 +90,6 @@ def evaluate_ood_model(
     return {"full": full, "known_lps": list(calibration.known_lps)}
 
 
-def _read_evaluate_output(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise DataError(f"{path}: missing; run `dvc repro evaluate` first")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc}); run `dvc repro evaluate`") from None
-
-
 def evaluate_ood_models(
     pipe: PipelineConfig, settings: EvaluationSettings, encode: EncodeConfig, calibration_dir: str | Path
 ) -> dict[str, Any]:
@@ -107,8 +98,8 @@ def evaluate_ood_models(
     paths and the encoding counts.  Reads ``metrics/test.json`` and ``metrics/conditional.json``
     (the evaluate stage's: the in-domain sharpness and width beside the out-of-domain ones)."""
     metrics_dir = Path(pipe.metrics_dir)
-    test = _read_evaluate_output(metrics_dir / "test.json")
-    conditional = _read_evaluate_output(metrics_dir / "conditional.json")
+    test = read_stage_json(metrics_dir / "test.json", "evaluate")
+    conditional = read_stage_json(metrics_dir / "conditional.json", "evaluate")
     missing = [m for m in pipe.all_methods if m not in test or m not in conditional]
     if missing:
         raise DataError(
@@ -174,7 +165,7 @@ def registered_metrics(metrics_dir: str | Path) -> dict[str, float]:
     from uamt.uncertainty.goals import headline_metrics, with_held_out
 
     metrics_dir = Path(metrics_dir)
-    ood = json.loads((metrics_dir / "ood.json").read_text(encoding="utf-8"))
-    held_out = json.loads((metrics_dir / "held_out.json").read_text(encoding="utf-8"))
-    conditional = _read_evaluate_output(metrics_dir / "conditional.json")
+    ood = read_stage_json(metrics_dir / "ood.json", "evaluate_ood")
+    held_out = read_stage_json(metrics_dir / "held_out.json", "evaluate_ood")
+    conditional = read_stage_json(metrics_dir / "conditional.json", "evaluate")
     return {**flat_metrics(ood, "ood"), **headline_metrics(with_held_out(conditional, held_out))}

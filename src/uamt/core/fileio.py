@@ -245,3 +245,15 @@ def wide_encoding_hint(data: bytes) -> str | None:
             "convert it, e.g. iconv -f UTF-16LE -t UTF-8 FILE > FILE.utf8"
         )
     return None
+
+
+def read_stage_json(path: str | Path, stage: str) -> Any:
+    """The JSON in ``path``, a stage's output; a missing or broken file is a DataError naming the
+    ``stage`` that writes it."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: missing; run `dvc repro {stage}` first")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc}); run `dvc repro {stage}` again") from exc

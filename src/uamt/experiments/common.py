@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from uamt.core.errors import DataError
-from uamt.core.fileio import atomic_write_text
+from uamt.core.fileio import atomic_write_text, read_stage_json
 from uamt.plots import pyplot, save_figure  # noqa: F401 - re-exported for the analyses
 
 #: Where each analysis writes ``<name>.json`` (DVC metrics) and its figures (DVC plots).
@@ -57,14 +57,8 @@ def write_result(name: str, result: dict[str, Any], metrics_dir: str | Path = ME
 
 
 def read_json(path: str | Path, stage: str) -> Any:
-    """The JSON in ``path``; a missing or broken file is a DataError naming the ``stage`` that writes it."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: missing; run `dvc repro {stage}` first")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc}); run `dvc repro {stage}` again") from exc
+    """:func:`uamt.core.fileio.read_stage_json` (the analyses' name for it)."""
+    return read_stage_json(path, stage)
 
 
 def read_result(name: str, metrics_dir: str | Path = METRICS_DIR) -> dict[str, Any]:

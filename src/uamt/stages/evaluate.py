@@ -1,11 +1,11 @@
-"""Stage ``evaluate``: every model on the in-domain test set and the out-of-domain (TED) set.
+"""Stage ``evaluate``: every model on the in-domain test set.
 
 Measures the served calibration the ``calibrate`` stage wrote (``calibration/<model>.json``, the
 artifact the register stage ships), never a refit; writes ``metrics/test.json``,
-``metrics/ood.json``, ``metrics/intervals.json``, ``metrics/conditional.json`` (the interval goals)
-with, per model the train_lolo stage trained without each LP, how such a held-out LP's test rows are
-served), and the plots (reliability, sharpness in- vs out-of-domain, error vs sigma)
-(:func:`uamt.model_evaluation.evaluate_models`).
+``metrics/intervals.json``, ``metrics/conditional.json`` (the interval goals, with, per model the
+train_lolo stage trained without each LP, how such a held-out LP's test rows are served) and the
+plots (reliability, error vs sigma) (:func:`uamt.model_evaluation.evaluate_models`).  The
+out-of-domain split is measured after ``register`` (stage ``evaluate_ood``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> EvaluateConfig:
 
 
 def run(cfg: EvaluateConfig) -> dict[str, Path]:
-    """Write the test / ood metrics and plots; returns their paths."""
+    """Write the test metrics and plots; returns their paths."""
     return evaluate_models(cfg.pipeline, cfg.evaluate, cfg.encode, cfg.calibration_dir, cfg.lolo.out_dir)
 
 
