@@ -232,6 +232,7 @@ def test_stage_models_calibrate_and_evaluate_with_the_model_held_out(tmp_path, m
     goal = {g["key"]: g for g in completed["goals"]}["unseen_coverage_error"]
     assert goal == {g["key"]: g for g in at_once["goals"]}["unseen_coverage_error"] and goal["value"] is not None
     assert {g["key"]: g for g in conditional["hts"]["goals"]}["unseen_coverage_error"]["note"].startswith("measured after register")
+    assert conditional["hts"]["held_out_pending"] is True and "held_out_pending" not in completed
     # fits of other rows (here: another standardisation) are refused, naming the file
     stored = json.loads((fits / "hts.json").read_text())
     stored["standardizer"]["global"]["pred_mean"] += 1.0

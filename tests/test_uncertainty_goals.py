@@ -13,7 +13,15 @@ import pytest
 import uamt.uncertainty.evaluate as evaluate_module
 from uamt.models.api import TrainedModel
 from uamt.uncertainty import EvaluationSettings, evaluate_predictions
-from uamt.uncertainty.goals import GOALS, goal_rows, headline_metrics, served_summary
+from uamt.uncertainty.goals import (
+    GOALS,
+    UNSEEN_NOT_YET,
+    goal_rows,
+    headline_metrics,
+    held_out_block,
+    served_summary,
+    with_held_out,
+)
 
 SETTINGS = EvaluationSettings(min_lp_rows=20, calibration_candidates=("affine_ece", "scale_nll", "conformal"))
 
@@ -289,6 +297,21 @@ def test_served_summary_from_measured_metrics(tables):
     assert summary["baseline"]["crps_delta"] == 0.0
     assert [g["key"] for g in summary["goals"]] == [key for key, _, _ in GOALS]
     json.dumps(summary, allow_nan=False)
+
+    # The held-out LPs measured later (evaluate_ood) and completed: the same block and goals as at once
+    pending = served_summary(
+        measured["test"], None, served=calibration.selected, rule="min_goal_ratio",
+        known_lps=calibration.known_lps, baseline=measured["test"], baseline_name="point+mondrian_conformal",
+        held_out_pending=True,
+    )
+    unseen = {g["key"]: g for g in pending["goals"]}["unseen_coverage_error"]
+    assert pending["held_out"] is None and unseen["value"] is None and unseen["note"] == UNSEEN_NOT_YET
+    block = held_out_block(measured["ood"], calibration.known_lps, measured["test"]["avg"]["width@0.9"])
+    assert with_held_out({"hts": pending}, {"hts": block})["hts"] == summary
+    assert with_held_out({"hts": pending}, None) == {"hts": pending}  # not measured yet: as it was
+    # nothing to measure later (a campaign's block): the goal says there are no held-out LPs
+    none = served_summary(measured["test"], None, served=calibration.selected, rule=None, known_lps=calibration.known_lps)
+    assert {g["key"]: g for g in none["goals"]}["unseen_coverage_error"]["note"] == "LPs none"
 
 
 def test_the_crps_difference_is_paired_over_the_same_test_rows(tables):

@@ -964,6 +964,7 @@ def evaluate_models(
             analysis=conditional[method]["analysis"],
             settings=served_settings(settings),
             crps_delta_se=paired_crps_se(done[method]["test_crps"], baseline_crps.get(baseline), tables[method]["test"]),
+            held_out_pending=True,
         )
         if done[method]["held_out_models"] is not None:
             conditional[method]["unseen_lp_held_out_models"] = done[method]["held_out_models"]

@@ -92,6 +92,7 @@ def served_summary(
     analysis: dict[str, Any] | None = None,
     settings=None,
     crps_delta_se: float | None = None,
+    held_out_pending: bool = False,
 ) -> dict[str, Any]:
     """The ``metrics/conditional.json`` block of one model.
 
@@ -111,6 +112,10 @@ def served_summary(
     analysis : dict
         :func:`~uamt.uncertainty.evaluate_predictions` on test with every candidate refitted on dev
         (its ``candidates`` table and the papers' cross-fitted ECE are reported beside).
+    held_out_pending : bool
+        ``ood`` is measured later (the ``evaluate_ood`` stage, after ``register``): the block says so
+        (``held_out_pending``, and the ``unseen_coverage_error`` goal's note) until
+        :func:`with_held_out` completes it.  False (a campaign's block, for instance): none to measure.
     """
     gamma = 0.9 if settings is None else settings.coverage_gamma
     tag = f"{gamma:g}"
@@ -162,6 +167,8 @@ def served_summary(
         }
     if ood is not None:
         summary["held_out"] = held_out_block(ood, known_lps, avg.get(f"width@{tag}"), gamma)
+    elif held_out_pending:
+        summary["held_out_pending"] = True
     summary["goals"] = goal_rows(summary)
     return summary
 
@@ -196,7 +203,8 @@ def with_held_out(conditional: dict[str, Any], held_out: dict[str, Any] | None) 
     for method, summary in conditional.items():
         block = held_out.get(method)
         if isinstance(summary, dict) and "per_lp" in summary and block is not None:
-            summary = {**summary, "held_out": block}
+            summary = {k: v for k, v in summary.items() if k != "held_out_pending"}
+            summary["held_out"] = block
             summary["goals"] = goal_rows(summary)
         out[method] = summary
     return out
@@ -447,7 +455,7 @@ def goal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
             unseen_error,
             _at_most(unseen_error, UNSEEN_TOLERANCE),
             UNSEEN_NOT_YET
-            if summary.get("held_out") is None
+            if summary.get("held_out_pending")
             else "LPs " + (", ".join(held.get("lps") or []) or "none")
             + ("" if unseen_lp is None else f"; largest {unseen_lp} {held_coverage[unseen_lp]:.3f}"),
             None if unseen_lp is None else _band(gamma, held_n_eff.get(unseen_lp)),
