@@ -23,6 +23,7 @@ EXPECTED = [
     "evaluate",
     "calibrate_campaigns",
     "register",
+    "evaluate_ood",  # after register: no gate reads the out-of-domain sets
     *(f"exp_{name}" for name in SECTIONS),
     "report",
 ]
