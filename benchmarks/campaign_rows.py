@@ -68,11 +68,12 @@ FITS = ("campaign", "lp-shape", "lp-slope", "refit")
 def fit_keyed(fit: str, rows: pd.DataFrame, model: str, settings, bounds, min_rows: int, served):
     """The campaign-keyed calibration of ``rows`` fitted the ``fit`` way (:data:`FITS`)."""
     from uamt.campaigns import LPAnchor, fit_campaign_calibration, fit_keys
+    from uamt.model_evaluation import pinned
     from uamt.serving.model_calibration import refit_served
 
-    if fit == "campaign":
-        weight = None if served.sigma_tempering is None else served.sigma_tempering.weight  # as the stage
-        return fit_campaign_calibration(rows, model, settings, bounds, min_rows, sigma_weight=weight)
+    if fit == "campaign":  # as the stage: the served candidate and its σ weight
+        weight = None if served.sigma_tempering is None else served.sigma_tempering.weight
+        return fit_campaign_calibration(rows, model, pinned(settings, served.selected), bounds, min_rows, sigma_weight=weight)
     anchor = None if fit == "refit" else LPAnchor(served, shape=fit == "lp-shape")
     keys = fit_keys(rows, max(int(min_rows), int(settings.min_lp_rows)))
     return refit_served(rows.assign(lp=keys), model, served, settings, anchor=anchor)

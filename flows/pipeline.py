@@ -41,9 +41,10 @@ from uamt.registry.store import SUMMARY_PATH
 log = logging.getLogger(__name__)
 REPORTED_METRICS = ("pps", "ups", "nll", "ece", "sharpness", "coverage@0.9", "width@0.9", "crps", "n")
 #: The pipeline's stages run fetch .. LAST; ``register`` is where the champions are made, and
-#: :data:`OOD_STAGE` (after it) completes the registered versions with the out-of-domain numbers.
+#: :data:`AFTER_REGISTER` (the stages after it, which no gate reads) complete the registered versions
+#: with the per-campaign and out-of-domain numbers.
 FIRST, LAST = "fetch", "evaluate_ood"
-OOD_STAGE = "evaluate_ood"
+AFTER_REGISTER = ("evaluate_campaigns", "evaluate_ood")
 
 
 def _pipeline_stage_names() -> list[str]:

@@ -19,8 +19,8 @@ One tick (see docs/orchestration.md):
 5. once ``register`` has finished, remove the marker.  A tick that dies before (killed, a stage
    failing) leaves it, so the next tick finishes the retrain (``resumed: true``) even with no new
    file: rows ingested are never left untrained;
-6. then stage ``evaluate_ood``: the out-of-domain numbers, which no gate reads, attached to the
-   versions just registered.
+6. then stages ``evaluate_campaigns`` and ``evaluate_ood``: the per-campaign and out-of-domain
+   numbers, which no gate reads, attached to the versions just registered.
 
 ``prepare`` puts pool rows into ``d_q`` (or ``d_e`` when they share a document/sentence with a
 ``d_e`` component) and drops, with a count in ``data/prepared/summary.json``, those that share one
@@ -53,7 +53,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.pipeline import OOD_STAGE, run_pipeline
+from flows.pipeline import AFTER_REGISTER, run_pipeline
 from uamt import ingest as incoming
 from uamt.core.config import DEFAULT_PARAMS, ConfigError, load_section
 from uamt.data.prepare import PrepareConfig
@@ -75,12 +75,13 @@ def _dvc_repro(params: str, pool_path: str) -> None:
 
 
 def _complete_registered(params: str, retrain_with: str) -> None:
-    """Stage ``evaluate_ood`` after ``register``: the out-of-domain numbers (no gate reads them)
-    attached to the versions just registered (``dvc repro evaluate_ood``, or its Prefect task)."""
+    """The stages after ``register`` (:data:`~flows.pipeline.AFTER_REGISTER`): the per-campaign and
+    out-of-domain numbers (no gate reads them) attached to the versions just registered
+    (``dvc repro evaluate_campaigns evaluate_ood``, or their Prefect tasks)."""
     if retrain_with == "dvc":
-        subprocess.run(["dvc", "repro", "evaluate_ood"], check=True)
+        subprocess.run(["dvc", "repro", *AFTER_REGISTER], check=True)
     else:
-        run_pipeline(params, start=OOD_STAGE, stop=OOD_STAGE)
+        run_pipeline(params, start=AFTER_REGISTER[0], stop=AFTER_REGISTER[-1])
 
 
 dvc_repro = task(name="dvc_repro", persist_result=False)(_dvc_repro)

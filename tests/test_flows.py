@@ -334,7 +334,8 @@ def test_retrain_with_dvc_ingests_then_versions_the_pool_and_runs_dvc_repro(
     assert commands == [
         ["dvc", "add", "data/annotations/pool.parquet"],
         ["dvc", "repro", "register"],
-        ["dvc", "repro", "evaluate_ood"],  # after the marker: the versions completed out of domain
+        # after the marker: the versions completed per campaign and out of domain
+        ["dvc", "repro", "evaluate_campaigns", "evaluate_ood"],
     ]
     assert Path("data/incoming/processed/new.csv").is_file()
 

@@ -1,8 +1,8 @@
 """What the whole stage chain leaves behind, checked on the smoke profile's ``make run``: the session
 fixture ``smoke`` (tests/conftest.py) -- a fresh ``git clone`` of the committed tree, every dvc.yaml
 stage (fetch -> prepare -> encode -> train_base -> train_dup -> train_lolo -> calibrate -> evaluate
--> calibrate_campaigns -> register -> evaluate_ood, and the experiments), the default encoder, tiny heads, WMT21 MQM
-in domain and bio_mqm out of domain -- built once and shared with tests/test_smoke_make_run.py,
+-> calibrate_campaigns -> register -> evaluate_campaigns -> evaluate_ood, and the experiments), the
+default encoder, tiny heads, WMT21 MQM in domain and bio_mqm out of domain -- built once and shared with tests/test_smoke_make_run.py,
 which checks the run itself.  Here: the metrics of every model and LP, the dev metrics the gate
 reads, the unseen-LP widening fitted with train_lolo's models, the plots; the registered champions,
 loaded in-process from the clone's ``mlflow/mlflow.db``, score new text (intervals, several
@@ -121,9 +121,10 @@ def test_chain_writes_metrics_for_every_method_and_lp(run):
         assert (run.root / run.pipeline["plots_dir"] / plot).stat().st_size > 1000
 
 
-def test_registered_versions_are_completed_with_the_out_of_domain_numbers(run):
-    """register runs before the out-of-domain split is scored; evaluate_ood then logs its numbers to
-    the registered versions' runs and tags them."""
+def test_registered_versions_are_completed_with_the_campaign_and_out_of_domain_numbers(run):
+    """register runs before the per-campaign calibrations are measured and the out-of-domain split is
+    scored; evaluate_campaigns and evaluate_ood then log their numbers to the registered versions'
+    runs and tag them."""
     from mlflow.tracking import MlflowClient
 
     summary = read_json(run.root / SUMMARY_PATH)
@@ -131,9 +132,13 @@ def test_registered_versions_are_completed_with_the_out_of_domain_numbers(run):
     for entry, method in ((summary, run.register), (summary["qe"], run.register_qe)):
         version = client.get_model_version(entry["model_name"], entry["version"])
         assert version.tags["ood_evaluated"] == "true", entry["model_name"]
+        assert version.tags["campaigns_evaluated"] == "true", entry["model_name"]
         logged = client.get_run(version.run_id).data.metrics
         assert f"ood.{method}.avg.pps" in logged and f"conditional.{method}.unseen_coverage_error" in logged, method
+        assert f"campaigns.{method}.per_campaign.crps" in logged and f"campaigns.{method}.per_lp.coverage" in logged
         assert f"test.{method}.avg.pps" in logged  # what register logged stays
+        artifacts = {a.path for a in client.list_artifacts(version.run_id, "metrics")}
+        assert {"metrics/campaigns.json", "metrics/ood.json"} <= artifacts, artifacts
 
 
 def assert_valid_intervals(out) -> None:

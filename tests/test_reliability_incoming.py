@@ -518,7 +518,8 @@ def test_a_retrain_killed_after_ingestion_is_finished_by_the_next_tick(prefect_a
     assert out["ingest"]["rows_added"] == 0 and out["cleaned"] == [str(stale)]
     assert [c[0] for c in calls] == [
         "train_dup", "train_lolo", "calibrate", "evaluate", "calibrate_campaigns", "register",
-        "evaluate_ood",  # after the marker: the versions completed out of domain
+        # after the marker: the versions completed per campaign and out of domain
+        "evaluate_campaigns", "evaluate_ood",
     ]
     assert not stale.exists() and not Path("data/.retrain.pending").exists()
     assert retrain_on_new_annotations("params.yaml") == {"status": "no new annotations"}

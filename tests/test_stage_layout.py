@@ -23,7 +23,9 @@ EXPECTED = [
     "evaluate",
     "calibrate_campaigns",
     "register",
-    "evaluate_ood",  # after register: no gate reads the out-of-domain sets
+    # after register: no gate reads them
+    "evaluate_campaigns",
+    "evaluate_ood",
     *(f"exp_{name}" for name in SECTIONS),
     "report",
 ]
@@ -31,6 +33,24 @@ EXPECTED = [
 
 def test_stage_order_is_the_pipeline():
     assert list(DVC["stages"]) == EXPECTED
+
+
+def test_the_stages_after_register_wait_for_it_and_nothing_before_it_reads_them():
+    """What no gate reads runs after ``register`` (its output a dep, so ``dvc repro`` orders them
+    after it, and the retrain flow runs them once the champions are made): no stage up to
+    ``register`` depends on their outputs."""
+    from flows.pipeline import AFTER_REGISTER
+
+    register = EXPECTED.index("register")
+    assert list(AFTER_REGISTER) == EXPECTED[register + 1 : register + 1 + len(AFTER_REGISTER)]
+    late_outputs = set()
+    for name in AFTER_REGISTER:
+        stage = DVC["stages"][name]
+        assert "mlflow/registration.json" in stage["deps"], name
+        for kind in ("outs", "metrics", "plots"):
+            late_outputs |= {next(iter(o)) if isinstance(o, dict) else o for o in stage.get(kind, [])}
+    for name in EXPECTED[: register + 1]:
+        assert not late_outputs & set(DVC["stages"][name]["deps"]), name
 
 
 @pytest.mark.parametrize("name", EXPECTED)

@@ -5,9 +5,9 @@ One language pair pools rows rated in different MQM campaigns (zh-en: WMT21, WMT
 side-by-side re-ratings; en-de: WMT21 sentences, WMT23 paragraphs, side-by-side), whose raters use
 the same scale differently at the same predicted quality: on the calibration rows the served (per LP)
 90 % interval covers WMT21 zh-en 0.84 and the side-by-side en-de rows 0.99.  A calibration keyed by
-``lp|campaign`` (the rows' ``dataset``) is the same family fitted the same way
-(:func:`fit_campaign_calibration`: the candidates, the dev rule, the point masses) on the same rows,
-only with a finer key.  A user's own raters are a campaign too: rows ingested with a ``campaign``
+``lp|campaign`` (the rows' ``dataset``) is the served family fitted the same way
+(:func:`fit_campaign_calibration`: the served candidate, the point masses) on the same rows, only
+with a finer key.  A user's own raters are a campaign too: rows ingested with a ``campaign``
 name (:mod:`uamt.ingest`) are keyed by it, and ``prepare`` holds a share of their new documents
 out of training (``prepare.pool_calibration_share``) so that they are calibration rows.  It is
 served beside the per-LP one: a row whose request names a campaign
@@ -16,14 +16,16 @@ served beside the per-LP one: a row whose request names a campaign
 
 :func:`measure_campaigns` puts the two side by side on the calibration rows and on test: per LP x
 campaign (coverage, misses, ECE, CRPS, width, risk reliability) and on the served goals per LP
-(:mod:`uamt.uncertainty.goals`), the ``metrics/campaigns.json`` the ``calibrate_campaigns`` stage
-writes.
+(:mod:`uamt.uncertainty.goals`), the ``metrics/campaigns.json`` the ``evaluate_campaigns`` stage
+writes after ``register`` (the ``calibrate_campaigns`` stage fits the calibrations before it, since the
+registered model carries them).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -342,43 +344,87 @@ def served_models(pipe) -> list[str]:
     return models
 
 
-def calibrate_campaigns(
-    pipe, settings, calibration_dir, out_dir, metrics_path, min_rows: int = DEFAULT_MIN_CAMPAIGN_ROWS
-) -> dict[str, Any]:
-    """Fit each served model's campaign-keyed calibration on the rows its served calibration was
-    fitted on (``calibration/<model>.json``'s ``calibrated_on`` splits, as the calibrate stage
-    predicted them), save it as ``<out_dir>/<model>.json`` and write :func:`measure_campaigns` of
-    every model to ``metrics_path``, with ``below_min_rows``: the campaigns left unserved for having
-    fewer than ``min_rows`` calibration rows (logged as a warning).  Returns the metrics."""
-    from pathlib import Path
+def fit_served_campaigns(
+    pipe, settings, calibration_dir, out_dir, min_rows: int, model: str, _inputs=None
+) -> Path:
+    """One model of :func:`calibrate_campaigns`: its campaign-keyed calibration, fitted on the rows its
+    served calibration was fitted on, with the served candidate pinned, saved as ``<out_dir>/<model>.json``."""
+    from uamt.data.datasets import scale_bounds
+    from uamt.model_evaluation import calibration_rows, pinned
+    from uamt.serving.model_calibration import Calibration
 
+    served = Calibration.load(Path(calibration_dir) / f"{model}.json")
+    rows = calibration_rows(pipe, model, served.calibrated_on)
+    weight = None if served.sigma_tempering is None else served.sigma_tempering.weight
+    # The served family, not the one the rule would pick on the keyed rows: a campaign is answered
+    # by its LP's distribution with a finer key (and the rule's cross-fitting of every candidate was
+    # ~70 % of this stage's fit).
+    keyed = fit_campaign_calibration(
+        rows, model, pinned(settings, served.selected), scale_bounds(pipe.datasets), min_rows, sigma_weight=weight
+    )
+    below = keyed.too_few_rows.get("keys", {})
+    if below:
+        log.warning(
+            "calibrate_campaigns: %s: not served, fewer than %d calibration rows (calibrate_campaigns.min_rows): %s",
+            model, min_rows, below,
+        )
+    keyed.calibrated_on = served.calibrated_on
+    keyed.reference_factors = keyed_reference_factors(served.reference_factors, keyed.known_lps)
+    keyed.risk_lattice = dict(served.risk_lattice)  # the same scale, read on the same lattice
+    path = Path(out_dir) / f"{model}.json"
+    keyed.save(path)
+    return path
+
+
+def calibrate_campaigns(
+    pipe, settings, calibration_dir, out_dir, min_rows: int = DEFAULT_MIN_CAMPAIGN_ROWS
+) -> dict[str, Path]:
+    """Fit each served model's campaign-keyed calibration (:func:`fit_served_campaigns`) in
+    ``pipe.workers`` processes; a campaign with fewer than ``min_rows`` calibration rows is left
+    unserved (logged as a warning, recorded in the file).  Returns ``{model: path}``.  What the
+    calibrations do on the calibration rows and on test is measured after ``register``
+    (:func:`evaluate_campaigns`): no gate reads it."""
+    import functools
+
+    from uamt.core.parallel import map_in_processes
+
+    models = served_models(pipe)
+    fit = functools.partial(fit_served_campaigns, pipe, settings, calibration_dir, out_dir, int(min_rows))
+    return dict(zip(models, map_in_processes(fit, models, pipe.workers), strict=True))
+
+
+def measure_served_campaigns(pipe, settings, calibration_dir, campaigns_dir, model: str, _inputs=None) -> dict[str, Any]:
+    """One model of :func:`evaluate_campaigns`: :func:`measure_campaigns` of its served calibration
+    and its campaign-keyed one, with ``below_min_rows`` where the keyed one left a campaign unserved."""
     from uamt.data.datasets import scale_bounds
     from uamt.model_evaluation import calibration_rows
     from uamt.serving.model_calibration import Calibration, with_model_sigma
+
+    served = Calibration.load(Path(calibration_dir) / f"{model}.json")
+    keyed = Calibration.load(Path(campaigns_dir) / f"{model}.json")
+    rows = calibration_rows(pipe, model, served.calibrated_on)
+    test = pd.read_parquet(Path(pipe.predictions_dir) / "test" / f"{model}.parquet")
+    out = measure_campaigns(
+        served, keyed, with_model_sigma(rows, model), with_model_sigma(test, model), settings, scale_bounds(pipe.datasets)
+    )
+    below = keyed.too_few_rows.get("keys", {})
+    if below:  # only when some campaign is left out, so a file without any keeps its bytes
+        out["below_min_rows"] = {"min_rows": int(keyed.too_few_rows["min_rows"]), "campaigns": below}
+    return out
+
+
+def evaluate_campaigns(pipe, settings, calibration_dir, campaigns_dir, metrics_path) -> dict[str, Any]:
+    """Write :func:`measure_served_campaigns` of every served model (in ``pipe.workers`` processes)
+    to ``metrics_path``; returns the metrics."""
+    import functools
+
+    from uamt.core.parallel import map_in_processes
     from uamt.uncertainty import write_json_atomic
 
-    bounds = scale_bounds(pipe.datasets)
-    metrics: dict[str, Any] = {}
-    for model in served_models(pipe):
-        served = Calibration.load(Path(calibration_dir) / f"{model}.json")
-        rows = calibration_rows(pipe, model, served.calibrated_on)
-        weight = None if served.sigma_tempering is None else served.sigma_tempering.weight
-        keyed = fit_campaign_calibration(rows, model, settings, bounds, min_rows, sigma_weight=weight)
-        below = keyed.too_few_rows.get("keys", {})
-        if below:
-            log.warning(
-                "calibrate_campaigns: %s: not served, fewer than %d calibration rows (calibrate_campaigns.min_rows): %s",
-                model, min_rows, below,
-            )
-        keyed.calibrated_on = served.calibrated_on
-        keyed.reference_factors = keyed_reference_factors(served.reference_factors, keyed.known_lps)
-        keyed.risk_lattice = dict(served.risk_lattice)  # the same scale, read on the same lattice
-        keyed.save(Path(out_dir) / f"{model}.json")
-        test = pd.read_parquet(Path(pipe.predictions_dir) / "test" / f"{model}.parquet")
-        metrics[model] = measure_campaigns(
-            served, keyed, with_model_sigma(rows, model), with_model_sigma(test, model), settings, bounds)
-        if below:  # only when some campaign is left out, so a file without any keeps its bytes
-            metrics[model]["below_min_rows"] = {"min_rows": int(min_rows), "campaigns": below}
+    models = served_models(pipe)
+    measure = functools.partial(measure_served_campaigns, pipe, settings, calibration_dir, campaigns_dir)
+    metrics = dict(zip(models, map_in_processes(measure, models, pipe.workers), strict=True))
     Path(metrics_path).parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(metrics, metrics_path)
     return metrics
+

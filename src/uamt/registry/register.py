@@ -52,6 +52,8 @@ RUN_NAME = "register"
 #: Version tag set once the out-of-domain numbers are attached (stage ``evaluate_ood``,
 #: :func:`attach_to_registered`): until then a version carries its test and dev numbers only.
 OOD_TAG = "ood_evaluated"
+#: Version tag set once the per-campaign calibrations' numbers are attached (stage ``evaluate_campaigns``).
+CAMPAIGNS_TAG = "campaigns_evaluated"
 
 
 @dataclass(frozen=True)
@@ -413,10 +415,12 @@ def attach_to_registered(
     metrics: dict[str, float],
     files: dict[str, list[Path]],
     summary_path: Path = SUMMARY_PATH,
+    tag: str = OOD_TAG,
 ) -> list[str]:
     """Log ``metrics`` and ``files`` (artifact folder -> local files) to the MLflow run of every version the last
-    registration made (:func:`registered_versions`), and tag each version ``ood_evaluated``: what a
-    stage after ``register`` measured completes the versions it describes.  Returns
+    registration made (:func:`registered_versions`), and tag each version ``tag: true``
+    (:data:`OOD_TAG`, :data:`CAMPAIGNS_TAG`): what a stage after ``register`` measured completes the
+    versions it describes.  Returns
     ``name/version`` of each; none where nothing was registered.  A registration the store does not
     hold is a DataError naming ``summary_path``."""
     from mlflow.entities import Metric
@@ -446,7 +450,7 @@ def attach_to_registered(
             for folder, paths in files.items():
                 for path in paths:
                     client.log_artifact(run_id, str(path), artifact_path=folder)
-            client.set_model_version_tag(entry["model_name"], entry["version"], OOD_TAG, "true")
+            client.set_model_version_tag(entry["model_name"], entry["version"], tag, "true")
             done.append(f"{entry['model_name']}/{entry['version']}")
     log.info("attached %d metrics and %d files to %s", len(batch), sum(map(len, files.values())), ", ".join(done))
     return done

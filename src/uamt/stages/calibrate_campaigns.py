@@ -2,11 +2,10 @@
 
 For each registered model (``pipeline.register_method`` and its QE model) the served calibration's
 family fitted again on the same calibration rows with the key ``lp|dataset``
-(:func:`uamt.campaigns.fit_campaign_calibration`), written to ``calibration_campaigns/<model>.json``
-and registered with the model: a request naming its campaign gets it.  ``metrics/campaigns.json``
-compares it with the per-LP calibration per LP x campaign and on the served goals
-(:func:`uamt.campaigns.measure_campaigns`; calibration rows and test).  A campaign with fewer than
+(:func:`uamt.campaigns.calibrate_campaigns`), written to ``calibration_campaigns/<model>.json``
+and registered with the model: a request naming its campaign gets it.  A campaign with fewer than
 ``calibrate_campaigns.min_rows`` calibration rows is not served (``benchmarks/campaign_rows.py``).
+How the calibrations do is measured after ``register`` (stage ``evaluate_campaigns``): no gate reads it.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from uamt.stages._cli import stage_main
 from uamt.uncertainty import EvaluationSettings
 
 NAME = "calibrate_campaigns"
-METRICS_FILE = "campaigns.json"
 
 
 @dataclass(frozen=True)
@@ -54,12 +52,9 @@ def load_config(path: str | Path = DEFAULT_PARAMS) -> CalibrateCampaignsConfig:
     )
 
 
-def run(cfg: CalibrateCampaignsConfig) -> dict:
-    """Fit, save and measure every served model's per-campaign calibration."""
-    metrics_path = Path(cfg.pipeline.metrics_dir) / METRICS_FILE
-    return calibrate_campaigns(
-        cfg.pipeline, cfg.evaluate, cfg.calibration_dir, cfg.out_dir, metrics_path, cfg.campaigns.min_rows
-    )
+def run(cfg: CalibrateCampaignsConfig) -> dict[str, Path]:
+    """Fit and save every served model's per-campaign calibration; returns ``{model: path}``."""
+    return calibrate_campaigns(cfg.pipeline, cfg.evaluate, cfg.calibration_dir, cfg.out_dir, cfg.campaigns.min_rows)
 
 
 def main(argv: list[str] | None = None) -> int:
