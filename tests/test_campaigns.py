@@ -139,3 +139,73 @@ def test_a_campaign_key_gets_its_language_pairs_reference_factor():
     factors = {2: {"__global__": 0.97, "en-de": 1.002}, 3: {"zh-en": 0.9}}
     keys = ["en-de|a", "en-de|b", "zh-en|a", "he-en|a"]
     assert keyed_reference_factors(factors, keys) == {2: {"en-de|a": 1.002, "en-de|b": 1.002}, 3: {"zh-en|a": 0.9}}
+
+
+def _stage_layout(tmp_path, served):
+    """A pipeline folder as the calibrate stage leaves it for the served model ``hts``: its served
+    calibration (fitted on ``dev``) and its dev and test predictions."""
+    from uamt.pipeline_config import PipelineConfig
+
+    pipe = PipelineConfig(register_qe_method=None, predictions_dir=str(tmp_path / "predictions"), workers=1)
+    for split, table in (("dev", _predictions(0)), ("test", _predictions(1))):
+        (tmp_path / "predictions" / split).mkdir(parents=True)
+        table.to_parquet(tmp_path / "predictions" / split / "hts.parquet")
+    served.calibrated_on = ["dev"]
+    served.save(tmp_path / "calibration" / "hts.json")
+    return pipe
+
+
+def test_the_stages_fit_the_served_candidate_per_campaign_and_measure_the_files_the_model_ships(tmp_path):
+    """calibrate_campaigns fits the served candidate (pinned: here one the dev rule would not pick)
+    keyed by campaign and writes it; evaluate_campaigns measures the files as saved, so a changed
+    per-campaign file changes its rows and leaves the per-LP ones."""
+    import json
+
+    from uamt.campaigns import calibrate_campaigns, evaluate_campaigns
+    from uamt.model_evaluation import pinned
+    from uamt.serving.model_calibration import Calibration, with_model_sigma
+
+    settings = EvaluationSettings()
+    rows = _predictions(0)
+    served, _ = fit_calibration(rows, "hts", settings=pinned(settings, "affine_nll"))
+    served = attach_distribution(served, rows, "hts", pinned(settings, "affine_nll"), BOUNDS)
+    auto_keyed = fit_campaign_calibration(rows, "hts", settings, BOUNDS)
+    assert auto_keyed.selected != "affine_nll"  # what the rule picks on the keyed rows
+    pipe = _stage_layout(tmp_path, served)
+
+    written = calibrate_campaigns(pipe, settings, tmp_path / "calibration", tmp_path / "campaigns", min_rows=300)
+    assert written == {"hts": tmp_path / "campaigns" / "hts.json"}
+    keyed = Calibration.load(written["hts"])
+    assert keyed.selected == "affine_nll" and tuple(keyed.calibrated_on) == ("dev",)
+    assert known_campaigns(keyed) == {"en-de": ["calm", "harsh"]}
+
+    metrics_path = tmp_path / "metrics" / "campaigns.json"
+    metrics = evaluate_campaigns(pipe, settings, tmp_path / "calibration", tmp_path / "campaigns", metrics_path)
+    assert json.loads(metrics_path.read_text()) == json.loads(json.dumps(metrics))
+    test = with_model_sigma(_predictions(1), "hts")
+    expected = measure_campaigns(
+        Calibration.load(tmp_path / "calibration" / "hts.json"), keyed, with_model_sigma(rows, "hts"), test, settings, BOUNDS
+    )
+    assert metrics["hts"] == json.loads(json.dumps(expected))
+
+    # another per-campaign file (fitted on other rows) changes the per-campaign rows only
+    fit_campaign_calibration(_predictions(2, n=400), "hts", pinned(settings, "affine_nll"), BOUNDS).save(written["hts"])
+    changed = evaluate_campaigns(pipe, settings, tmp_path / "calibration", tmp_path / "campaigns", metrics_path)["hts"]
+    by_label = {label: [r for r in changed["campaigns"] if r["calibration"] == label] for label in ("per_lp", "per_campaign")}
+    before = {label: [r for r in metrics["hts"]["campaigns"] if r["calibration"] == label] for label in ("per_lp", "per_campaign")}
+    assert by_label["per_lp"] == before["per_lp"]
+    assert by_label["per_campaign"] != before["per_campaign"]
+
+
+def test_a_campaign_below_the_minimum_is_recorded_in_the_file_and_reported(tmp_path):
+    from uamt.campaigns import calibrate_campaigns, evaluate_campaigns
+    from uamt.serving.model_calibration import Calibration
+
+    settings = EvaluationSettings()
+    rows = _predictions(0)
+    served, _ = fit_calibration(rows, "hts", settings=settings)
+    pipe = _stage_layout(tmp_path, attach_distribution(served, rows, "hts", settings, BOUNDS))
+    written = calibrate_campaigns(pipe, settings, tmp_path / "calibration", tmp_path / "campaigns", min_rows=3000)
+    assert Calibration.load(written["hts"]).too_few_rows == {"min_rows": 3000, "keys": {"en-de|calm": 2000, "en-de|harsh": 2000}}
+    metrics = evaluate_campaigns(pipe, settings, tmp_path / "calibration", tmp_path / "campaigns", tmp_path / "m.json")
+    assert metrics["hts"]["below_min_rows"] == {"min_rows": 3000, "campaigns": {"en-de|calm": 2000, "en-de|harsh": 2000}}
