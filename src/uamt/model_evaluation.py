@@ -669,6 +669,31 @@ def save_held_out_calibrations(calibrations: dict[str, Calibration], folder: Pat
         calibration.save(folder / f"{lp}.json")
 
 
+def costliest_first(pipe: PipelineConfig, settings: EvaluationSettings, lolo_dir=None) -> list[str]:
+    """The pipeline's models in the order :func:`calibrate_models` and :func:`evaluate_models` hand
+    them to their workers: the costliest first (longest-processing-time order), so that no worker
+    is left with a long one alone at the end.
+
+    The cost, in the order the stages' logs show it (calibrate, 2026-12-07: HTS 210 s and its QE
+    twin 191 s with their held-out models, MC dropout 182-184 s, the ensemble 159 s, the
+    single-pass models 70-146 s, DUP on dev alone 24 s): models with held-out models
+    (``lolo_dir``: their unseen-pair fits and test rows) first, then by forward passes per row
+    (:class:`uamt.models.specs.CostClass`, with the model's own ``mc_samples`` / ``ensemble_size``)
+    times calibration splits; ties keep the pipeline's order.  Only the order changes: every model is
+    calibrated and measured on its own."""
+    from uamt.models.api import read_manifest
+    from uamt.models.specs import model_spec
+
+    def cost(model: str) -> tuple[bool, int]:
+        config = read_manifest(pipe.model_dir(model)).get("config", {})
+        sizes = {key: int(config.get(key) or 1) for key in ("mc_samples", "ensemble_size")}
+        passes = model_spec(model).cost.count("passes", **sizes)
+        held_out = lolo_dir is not None and bool(held_out_models(lolo_dir, model))
+        return (not held_out, -passes * len(model_calibration_splits(pipe, model, settings)))
+
+    return sorted(pipe.all_methods, key=cost)
+
+
 def check_pinned_models(settings: EvaluationSettings) -> None:
     """ValueError where ``settings.pinned_sigma_weights`` names a model no method trains (a typo
     would otherwise leave the model choosing its weight, slowly and unnoticed)."""
@@ -698,9 +723,7 @@ def calibrate_models(
     for split in settings.calibration_splits:  # declared stage outputs, even where no model is calibrated on them
         (Path(pipe.predictions_dir) / split).mkdir(parents=True, exist_ok=True)
     bounds = pipeline_bounds(pipe)
-    # The models with held-out models (the slowest: their unseen-pair fits) go first, so that no
-    # worker is left calibrating one of them alone at the end; results keep the pipeline's order.
-    order = sorted(pipe.all_methods, key=lambda m: lolo_dir is None or not held_out_models(lolo_dir, m))
+    order = costliest_first(pipe, settings, lolo_dir)  # results keep the pipeline's order
     done = dict(zip(order, map_in_processes(
         functools.partial(calibrate_model, pipe, settings, encode, calibration_dir, lolo_dir=lolo_dir),
         order,
@@ -919,18 +942,20 @@ def evaluate_models(
     rounding); ``lolo_dir``: the train_lolo stage's models, measured on their held-out LPs' test rows
     (``metrics/conditional.json``: ``<model>.unseen_lp_held_out_models``)."""
     bounds = pipeline_bounds(pipe)
+    order = costliest_first(pipe, settings, lolo_dir)
     done = dict(
         zip(
-            pipe.all_methods,
+            order,
             map_in_processes(
                 functools.partial(evaluate_model, pipe, settings, encode, calibration_dir, lolo_dir=lolo_dir),
-                pipe.all_methods,
+                order,
                 pipe.workers,
                 load=functools.partial(evaluation_inputs, pipe, encode),
             ),
             strict=True,
         )
     )
+    done = {method: done[method] for method in pipe.all_methods}  # the files keep the pipeline's order
     metrics: dict[str, dict] = {split: {} for split in EVAL_SPLITS}
     intervals, reliability, scatter, conditional, full = {}, {}, {}, {}, {}
     tables: dict[str, dict[str, pd.DataFrame]] = {}

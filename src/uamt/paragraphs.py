@@ -104,7 +104,10 @@ def chrf_from_ngrams(hyp: list[Counter], ref: list[Counter]) -> float:
     for hyp_n, ref_n in zip(hyp, ref, strict=True):
         n_hyp, n_ref = sum(hyp_n.values()), sum(ref_n.values())
         if n_hyp and n_ref:
-            match = sum((hyp_n & ref_n).values())
+            # the clipped matches, summed over the shared n-grams without building the
+            # intersection Counter (``sum((hyp_n & ref_n).values())``, the same integer; 2/3 of the
+            # alignment's time went to building it)
+            match = sum(min(hyp_n[gram], ref_n[gram]) for gram in hyp_n.keys() & ref_n.keys())
             precision += match / n_hyp
             recall += match / n_ref
             orders += 1

@@ -591,12 +591,12 @@ class Calibration:
         if not inside.any():
             return out
         if not self.below_top.is_gaussian:  # a conformal distribution below: every row's own level in one call
-            gamma = np.minimum(np.abs(2.0 * level[inside] - 1.0), 1.0)
-            lower, upper = self.below_top.interval(
-                mu[inside], sigma[inside], gamma, None if lps is None else lps[inside], "conformal",
-                n_refs=None if refs is None else refs[inside],
-            )
-            out[inside] = np.where(level[inside] < 0.5, lower, upper)
+            # Asked for every row (level 1 where the top's mass holds the quantile; each row's answer
+            # is its own), so that the calls for the ~100 levels of a CRPS ask the same rows and the
+            # conformal calibrator interpolates their knots once (MondrianConformalCalibrator._interpolated).
+            gamma = np.minimum(np.abs(2.0 * level - 1.0), 1.0)
+            lower, upper = self.below_top.interval(mu, sigma, gamma, lps, "conformal", n_refs=refs)
+            out[inside] = np.where(level[inside] < 0.5, lower[inside], upper[inside])
             return np.minimum(out, top)
         # A Gaussian below (the fixed-variance point baseline): its quantile at each row's own level
         # in one pass.  pi interpolated in mu gives nearly every row its own level, and one interval
