@@ -65,3 +65,33 @@ def test_the_artifact_records_its_splits_and_old_files_read_as_dev(tmp_path):
 def test_a_baseline_fitted_on_fewer_splits_is_named_by_them():
     assert baseline_key("point", "conformal", ("dev", "d_e"), ("dev", "d_e")) == "point+conformal"
     assert baseline_key("point", "conformal", ("dev",), ("dev", "d_e")) == "point+conformal@dev"
+
+
+def test_the_costliest_models_go_to_the_workers_first(tmp_path):
+    """calibrate and evaluate hand out models with held-out models first, then by forward passes per
+    row (the model's own mc_samples / ensemble_size) times calibration splits, ties in the
+    pipeline's order."""
+    from uamt.leave_one_lp_out import MANIFEST as LOLO_MANIFEST
+    from uamt.model_evaluation import costliest_first
+
+    models = tmp_path / "models"
+    config = {"train_split": "d_q", "mc_samples": 30, "ensemble_size": 4}
+    for name in ("point", "mcd_head", "ensemble", "hts", "kl", "hts_qe", "point_qe"):
+        _manifest(models / name, "d_q")
+        meta = json.loads((models / name / MANIFEST).read_text())
+        (models / name / MANIFEST).write_text(json.dumps({**meta, "config": config}))
+    _manifest(models / "dup", "d_e", base="base")
+    _manifest(models / "dup" / "base", "d_q")
+    lolo = tmp_path / "lolo"
+    (lolo / "en-de" / "hts_qe").mkdir(parents=True)
+    _manifest(lolo / "en-de" / "hts_qe", "d_q")
+    (lolo / LOLO_MANIFEST).write_text(json.dumps({"models": ["hts_qe"], "held_out_lps": ["en-de"]}))
+    pipe = PipelineConfig(
+        models_dir=str(models), methods=("point", "mcd_head", "ensemble", "hts", "kl"), qe_methods=("hts", "point"),
+        register_qe_method="hts",
+    )
+    settings = EvaluationSettings(calibration_splits=("dev", "d_e"))
+    # hts_qe: held-out models; mcd_head: 30 passes x 2 splits; ensemble 4 x 2; dup 2 passes x dev only
+    expected = ["hts_qe", "mcd_head", "ensemble", "point", "hts", "kl", "dup", "point_qe"]
+    assert costliest_first(pipe, settings, lolo) == expected
+    assert costliest_first(pipe, settings, None) == ["mcd_head", "ensemble", "point", "hts", "kl", "dup", "hts_qe", "point_qe"]

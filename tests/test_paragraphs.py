@@ -53,6 +53,24 @@ def test_chrf_from_counted_ngrams_is_sacrebleus_sentence_chrf(hyp, ref):
     assert chrf_from_ngrams(_char_ngrams(hyp), _char_ngrams(ref)) == pytest.approx(want, abs=1e-12)
 
 
+def test_chrf_counts_the_clipped_matches_of_the_counters_intersection():
+    """The matches are the summed counts of the n-grams' intersection (each n-gram at its smaller
+    count), on texts with repeated n-grams: the same floats as summing ``hyp & ref``."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        hyp, ref = ("".join(rng.choice(list("aab c"), size=rng.integers(0, 30))) for _ in range(2))
+        hyp_n, ref_n = _char_ngrams(hyp), _char_ngrams(ref)
+        precision = recall = 0.0
+        orders = 0
+        for h, r in zip(hyp_n, ref_n, strict=True):
+            if sum(h.values()) and sum(r.values()):
+                match = sum((h & r).values())
+                precision, recall, orders = precision + match / sum(h.values()), recall + match / sum(r.values()), orders + 1
+        precision, recall = (precision / orders, recall / orders) if orders else (0.0, 0.0)
+        want = 0.0 if precision + recall == 0 else (1 + 4) * precision * recall / (4 * precision + recall)
+        assert chrf_from_ngrams(hyp_n, ref_n) == want, (hyp, ref)
+
+
 def test_a_dropped_sentence_is_left_unaligned_and_the_others_keep_their_partners():
     links, unaligned_ref, unaligned_mt = align_sentences([REF[0], REF[2]], REF)
     assert links == [((0,), (0,)), ((2,), (1,))] and unaligned_ref == [1] and unaligned_mt == []

@@ -220,8 +220,9 @@ def test_a_changed_atom_changes_what_is_measured(fitted):
 
 
 def test_the_mixture_reads_every_row_at_its_own_level_as_one_call_per_level_would(fitted):
-    """The quantile below the top is read for all rows in one call (each row at its own level); it
-    equals, bit for bit, the interval of the distribution below at one level per call."""
+    """The quantile below the top is read for all rows in one call (each row at its own level, the
+    rows the top's mass holds at level 1, so that every level asks the same rows); it equals, bit
+    for bit, the interval of the distribution below at one level per call on the rows it is for."""
     _, test, _, served = fitted
     mu, sigma, lp = test["mu"].to_numpy(), test["sigma"].to_numpy(), test["lp"].to_numpy(dtype=object)
     pi = served.top_atom.probability(served.center(mu, sigma, lp), lp)

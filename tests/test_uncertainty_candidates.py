@@ -831,3 +831,48 @@ def test_a_broken_candidate_fits_file_is_refused_naming_it(tmp_path):
     (tmp_path / CANDIDATE_FITS_DIR / "hts.json").write_text('{"selected": "conformal", ')
     with pytest.raises(DataError, match=r"candidates/hts\.json: not valid JSON .*dvc repro calibrate"):
         read_candidate_fits(tmp_path, "hts")
+
+
+@pytest.mark.parametrize("kind", ["mondrian_conformal", "signed_mondrian_conformal"])
+def test_remembered_knots_never_change_an_answer(kind):
+    """The interpolated knots a Mondrian calibrator remembers per row set (asked once per level)
+    give every answer a fresh, unremembering copy gives, bit for bit: the same rows again, subsets,
+    alternating row sets, a changed setting; the remembered arrays are read-only and neither
+    pickling nor a deep copy carries them."""
+    import copy
+    import pickle
+
+    from uamt.uncertainty.candidates import MondrianConformalCalibrator, SignedMondrianConformalCalibrator
+
+    cls = {c.kind: c for c in (MondrianConformalCalibrator, SignedMondrianConformalCalibrator)}[kind]
+    rng = np.random.default_rng(41)
+    human, mu, sigma = skewed(rng, 2000)
+    lp = np.where(rng.random(2000) < 0.4, "en-de", "zh-en").astype(object)
+    fitted = cls(**COMMON).fit(human, mu, sigma, lp=lp)
+
+    def fresh():
+        return cls.from_dict(fitted.to_dict())
+
+    grid = np.linspace(-3.0, 3.0, 301)
+    asks = [
+        (mu, sigma, lp), (mu[:700], sigma[:700], lp[:700]), (grid, np.ones_like(grid), np.full(grid.size, "en-de", dtype=object)),
+        (mu, sigma, lp), (mu[::3], sigma[::3], lp[::3]), (mu, sigma, lp),
+    ]
+    for gamma in (0.5, 0.9, np.linspace(0.05, 0.95, mu.size)):
+        for rows_mu, rows_sigma, rows_lp in asks:
+            level = gamma if np.isscalar(gamma) else gamma[: rows_mu.size]
+            got = fitted.interval_at(rows_mu, rows_sigma, level, rows_lp)
+            want = fresh().interval_at(rows_mu, rows_sigma, level, rows_lp)
+            for a, b in zip(got, want, strict=True):
+                assert a.tobytes() == b.tobytes()
+            assert fitted.risk(rows_mu, rows_sigma, -1.0, rows_lp).tobytes() == fresh().risk(rows_mu, rows_sigma, -1.0, rows_lp).tobytes()
+    remembered = [entry for entries in fitted._knot_memo.values() for entry in entries if entry[3] is not None]
+    assert remembered and all(not array.flags.writeable for entry in remembered for array in entry[3])
+    stepwise = fresh()
+    stepwise.interpolate = False  # a setting changed after a call: the remembered knots are not reused
+    fitted.interpolate = False
+    np.testing.assert_array_equal(fitted.interval_at(mu, sigma, 0.9, lp), stepwise.interval_at(mu, sigma, 0.9, lp))
+    fitted.interpolate = True
+    for copied in (pickle.loads(pickle.dumps(fitted)), copy.deepcopy(fitted)):
+        assert "_knot_memo" not in vars(copied)
+        np.testing.assert_array_equal(copied.interval_at(mu, sigma, 0.9, lp), fitted.interval_at(mu, sigma, 0.9, lp))
