@@ -95,3 +95,6 @@ def test_the_costliest_models_go_to_the_workers_first(tmp_path):
     expected = ["hts_qe", "mcd_head", "ensemble", "point", "hts", "kl", "dup", "point_qe"]
     assert costliest_first(pipe, settings, lolo) == expected
     assert costliest_first(pipe, settings, None) == ["mcd_head", "ensemble", "point", "hts", "kl", "dup", "hts_qe", "point_qe"]
+    # a model without a folder is ordered last and left to the stage's own call to name
+    (models / "ensemble" / MANIFEST).unlink()
+    assert costliest_first(pipe, settings, None)[-3:] == ["hts_qe", "point_qe", "ensemble"]

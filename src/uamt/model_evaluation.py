@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from uamt.core.errors import DataError
+from uamt.core.errors import DataError, UamtError
 from uamt.core.naming import is_reference_free, qe_model_name
 from uamt.core.parallel import map_in_processes
 from uamt.encoders import EncodeConfig
@@ -685,11 +685,15 @@ def costliest_first(pipe: PipelineConfig, settings: EvaluationSettings, lolo_dir
     from uamt.models.specs import model_spec
 
     def cost(model: str) -> tuple[bool, int]:
-        config = read_manifest(pipe.model_dir(model)).get("config", {})
+        try:
+            config = read_manifest(pipe.model_dir(model)).get("config", {})
+            splits = model_calibration_splits(pipe, model, settings)
+        except UamtError:  # no such model (yet): the stage's own call names what is wrong
+            return (True, 0)
         sizes = {key: int(config.get(key) or 1) for key in ("mc_samples", "ensemble_size")}
         passes = model_spec(model).cost.count("passes", **sizes)
         held_out = lolo_dir is not None and bool(held_out_models(lolo_dir, model))
-        return (not held_out, -passes * len(model_calibration_splits(pipe, model, settings)))
+        return (not held_out, -passes * len(splits))
 
     return sorted(pipe.all_methods, key=cost)
 
