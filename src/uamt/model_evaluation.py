@@ -674,10 +674,9 @@ def costliest_first(pipe: PipelineConfig, settings: EvaluationSettings, lolo_dir
     them to their workers: the costliest first (longest-processing-time order), so that no worker
     is left with a long one alone at the end.
 
-    The cost, in the order the stages' logs show it (calibrate, 2026-12-07: HTS 210 s and its QE
-    twin 191 s with their held-out models, MC dropout 182-184 s, the ensemble 159 s, the
-    single-pass models 70-146 s, DUP on dev alone 24 s): models with held-out models
-    (``lolo_dir``: their unseen-pair fits and test rows) first, then by forward passes per row
+    The cost, ranked as the calibrate stage's log ranks the models (those with held-out models the
+    longest, then MC dropout and the ensemble, DUP on dev alone the shortest): models with held-out
+    models (``lolo_dir``: their unseen-pair fits and test rows) first, then by forward passes per row
     (:class:`uamt.models.specs.CostClass`, with the model's own ``mc_samples`` / ``ensemble_size``)
     times calibration splits; ties keep the pipeline's order.  Only the order changes: every model is
     calibrated and measured on its own."""
