@@ -123,3 +123,45 @@ def test_prepare_fails_on_the_old_line_number_join_of_wmt21_da(tmp_path, mirror_
         assert f"wmt21_da {lp} (r = " in str(caught.value)
     # nothing half-written: the previous outputs are untouched
     assert {p.name: p.read_bytes() for p in (tmp_path / "prepared").iterdir()} == before
+
+
+_GUARD_R = """
+import numpy as np
+from uamt.data.guard import chrf_signal
+from tests.test_data_guard import _table
+signal = chrf_signal(_table("a", 2000, shuffle=False), {}, {})
+print(repr(signal["a"]["xx-en"]["pearson"]), repr(signal["a"]["xx-en"]["within"]))
+x = np.random.default_rng(0).normal(size=(2, 500))
+print(repr(float(np.corrcoef(x[0], x[0] + x[1])[0, 1])))
+"""
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _cpu_has("avx2"), reason="needs an x86 CPU with AVX2 (OpenBLAS's Haswell kernel)")
+def test_guard_correlations_are_the_same_bits_under_every_blas_kernel():
+    """summary.json is part of DVC's data/prepared: its correlations must not follow the CPU's BLAS kernel
+    (np.corrcoef's did: 3 bytes more on an AMD EPYC than on an Intel Xeon, and every stage re-ran)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    outputs = {}
+    for kernel in ("Prescott", "Haswell"):  # SSE3 and AVX2: what OpenBLAS picks on old and AMD CPUs
+        env = {**os.environ, "OPENBLAS_CORETYPE": kernel, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
+        done = subprocess.run([sys.executable, "-c", _GUARD_R], env=env, capture_output=True, text=True, check=True)
+        outputs[kernel] = done.stdout.splitlines()
+    guard = {kernel: lines[0] for kernel, lines in outputs.items()}
+    assert guard["Prescott"] == guard["Haswell"], guard
+    # The test can fail: the kernels really do round np.corrcoef's sums differently on this machine.
+    blas = {kernel: lines[1] for kernel, lines in outputs.items()}
+    if blas["Prescott"] == blas["Haswell"]:
+        pytest.skip(f"OPENBLAS_CORETYPE changes nothing here (np.corrcoef {blas}): cannot tell")

@@ -391,3 +391,15 @@ def test_pearson_scores_are_exactly_order_invariant_for_values_ulps_apart():
     }
     assert len(values) == 1
     assert values.pop() == pytest.approx(math.sqrt(2.0 / 3.0))
+
+
+def test_pearson_r_hand_value_and_undefined_cases():
+    from uamt.core.stats import pearson_r
+
+    # x = (1, 2, 3, 4), y = (2, 1, 4, 3): centred sums 3 (xy), 5 (xx), 5 (yy) -> r = 3 / 5
+    assert pearson_r([1, 2, 3, 4], [2, 1, 4, 3]) == pytest.approx(0.6, abs=1e-15)
+    assert pearson_r([1, 2, 3], [3, 2, 1]) == -1.0
+    assert math.isnan(pearson_r([1.0], [2.0]))
+    assert math.isnan(pearson_r([1, 1, 1], [1, 2, 3]))
+    with pytest.raises(ValueError, match=r"shapes \(3,\) and \(2,\)"):
+        pearson_r([1, 2, 3], [1, 2])

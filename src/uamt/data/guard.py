@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
+from uamt.core.stats import pearson_r
 
 
 @dataclass(frozen=True)
@@ -138,9 +139,10 @@ def _demean(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
-    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
-        return None
-    return float(np.corrcoef(x, y)[0, 1])
+    """Pearson r, the same bits on every machine (``summary.json`` is part of DVC's ``data/prepared``);
+    None below 3 rows or where r is undefined."""
+    r = pearson_r(x, y) if len(x) >= 3 else float("nan")
+    return None if np.isnan(r) else r
 
 
 def check_signal(signal: Mapping[str, Mapping[str, Mapping[str, Any]]], cfg: GuardConfig) -> None:

@@ -17,6 +17,8 @@ import math
 import numpy as np
 from scipy.special import erf, erfinv, ndtr
 
+from uamt.core.stats import pearson_r
+
 #: Number of confidence levels of the expected calibration error used in both papers.
 N_CONFIDENCE_LEVELS = 100
 
@@ -180,22 +182,6 @@ def gaussian_interval(mu, sigma, gamma: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --------------------------------------------------------------------------- Pearson scores
-def _pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson r; NaN when fewer than 2 points or either input is constant (r undefined)."""
-    # Exact constancy check: x - x.mean() of a constant array can be ~1e-17 instead of 0.
-    if x.size < 2 or x.min() == x.max() or y.min() == y.max():
-        return float("nan")
-    # Correctly rounded sums (math.fsum), so that r does not depend on the rows' order: with values
-    # a few ulps apart (sigma 0.01, 0.01, 0.01 + 1 ulp) a pairwise sum's rounding changes the
-    # centred values, and r with them, when the rows are shuffled.
-    dx = x - math.fsum(x) / x.size
-    dy = y - math.fsum(y) / y.size
-    denom = math.sqrt(math.fsum(dx * dx) * math.fsum(dy * dy))
-    if denom == 0.0:
-        return float("nan")
-    return float(np.clip(math.fsum(dx * dy) / denom, -1.0, 1.0))
-
-
 def predictive_pearson_score(human, mu) -> float:
     """Predictive Pearson score (PPS): :math:`r(q^*, \\hat\\mu)`.
 
@@ -214,7 +200,7 @@ def predictive_pearson_score(human, mu) -> float:
         In [-1, 1]; NaN when ``n_segments < 2`` or an input is constant.
     """
     human, mu = _columns(human=human, mu=mu)
-    return _pearson(human, mu)
+    return pearson_r(human, mu)
 
 
 def uncertainty_pearson_score(human, mu, sigma) -> float:
@@ -236,7 +222,7 @@ def uncertainty_pearson_score(human, mu, sigma) -> float:
         the paper reports as "-") or ``n_segments < 2``.
     """
     human, mu, sigma = _triple(human, mu, sigma)
-    return _pearson(np.abs(human - mu), sigma)
+    return pearson_r(np.abs(human - mu), sigma)
 
 
 # --------------------------------------------------------------------------- proper scores
