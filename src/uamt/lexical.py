@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from uamt.core.errors import DataError
+from uamt.core.stats import pearson_r
 
 #: Supported similarity functions and whether a higher score means a better translation.
 HIGHER_IS_BETTER: dict[str, bool] = {"bleu": True, "chrf": True, "ter": False}
@@ -288,10 +289,7 @@ def correlations(variants: Mapping[str, np.ndarray], human: np.ndarray) -> dict[
         scores = np.asarray(scores, dtype=np.float64)
         if scores.shape != human.shape:
             raise DataError(f"variant {name!r} has shape {scores.shape} but human scores {human.shape}")
-        if np.std(scores) == 0 or np.std(human) == 0:
-            out[name] = float("nan")
-        else:
-            out[name] = float(np.corrcoef(scores, human)[0, 1])
+        out[name] = pearson_r(scores, human)
     return out
 
 

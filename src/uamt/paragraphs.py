@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import UamtError
+from uamt.core.stats import pearson_r
 from uamt.surface_features import sentences
 
 #: A link is kept where its sentence chrF (0-1) reaches this; below it both sides stay unaligned.
@@ -384,11 +385,6 @@ def _lstsq(inputs: pd.DataFrame, human: np.ndarray) -> np.ndarray:
     return lsq_linear(design, human, bounds=(lower, upper)).x
 
 
-def _pearson(a, b) -> float:
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    return float(np.corrcoef(a, b)[0, 1]) if len(a) > 2 and a.std() > 0 and b.std() > 0 else float("nan")
-
-
 @dataclass(frozen=True)
 class ParagraphBlend:
     """Per language pair, the weights of :data:`COLUMNS` (inputs on the score scale, the blended μ
@@ -604,8 +600,8 @@ def fit_blend(
         folded = (_lstsq(inputs[multi], human[multi]) - alpha * np.eye(len(COLUMNS))[0]) / beta
         weights[lp] = tuple(float(w) for w in folded)
         blended[multi] = _design(inputs[multi]) @ folded
-        entry["pearson_whole"] = round(_pearson(mu[rows], human[rows]), 4)
-        entry["pearson_blend_in_sample"] = round(_pearson(blended[rows], human[rows]), 4)
+        entry["pearson_whole"] = round(pearson_r(mu[rows], human[rows], min_rows=3), 4)
+        entry["pearson_blend_in_sample"] = round(pearson_r(blended[rows], human[rows], min_rows=3), 4)
     fitted = sorted(weights)
     why = f"adopted for {fitted}" if fitted else "adopted for no language pair"
     scales = {lp: c for lp, c in scales.items() if lp in weights}

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
+from uamt.core.stats import pearson_r
 
 #: Columns that identify a test row in both the predictions and the prepared table.
 ROW_KEYS = ("dataset", "lp", "seg_id", "system")
@@ -103,12 +104,6 @@ def worst_recall_score(predicted: np.ndarray, human: np.ndarray, fraction: float
     return float((flagged & truly_worst).sum() / truly_worst.sum())
 
 
-def _pearson(x: np.ndarray, y: np.ndarray) -> float:
-    if x.size < 3 or np.std(x) == 0 or np.std(y) == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
-
-
 def sentence_chrf(mt, ref) -> np.ndarray:
     """Sentence chrF (sacrebleu defaults, 0-100) of each translation against its reference."""
     from uamt.lexical import segment_scores
@@ -165,7 +160,7 @@ def group_metrics(
     out: dict[str, Any] = {
         "n": int(human.size),
         "n_bad": int(event.sum()),
-        "pps": _pearson(center, human),
+        "pps": pearson_r(center, human, min_rows=3),
         "auroc_risk": auroc_score(served["risk"], event),
         "auroc_mu": auroc_score(-center, event),
         "recall_worst": worst_recall_score(center, human, worst_fraction),
@@ -173,7 +168,7 @@ def group_metrics(
         "coverage": float(np.mean(inside)),
     }
     if chrf is not None:
-        out["chrf_r"] = _pearson(np.asarray(chrf, float), human)
+        out["chrf_r"] = pearson_r(chrf, human, min_rows=3)
         out["auroc_chrf"] = auroc_score(-np.asarray(chrf, float), event)
         out["recall_worst_chrf"] = worst_recall_score(np.asarray(chrf, float), human, worst_fraction)
     return out

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 
-def pearson_r(x, y) -> float:
+def pearson_r(x, y, min_rows: int = 2) -> float:
     """Pearson's correlation coefficient :math:`r(x, y)`, the same bits on every machine and in every row order.
 
     .. math:: r = \\frac{\\sum_j (x_j - \\bar x)(y_j - \\bar y)}{\\sqrt{\\sum_j (x_j - \\bar x)^2 \\sum_j (y_j - \\bar y)^2}}
@@ -20,18 +20,23 @@ def pearson_r(x, y) -> float:
     Parameters
     ----------
     x, y : array_like of float, shape [n]
+    min_rows : int
+        Fewer rows than this give NaN (2 at least: r of two points is +-1).
 
     Returns
     -------
     float
-        In [-1, 1]; NaN when ``n < 2`` or either input is constant (r undefined).
+        In [-1, 1]; NaN when ``n < min_rows`` or either input is constant
+        (r undefined) or not finite.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"pearson_r needs two 1-d arrays of one length, got shapes {x.shape} and {y.shape}")
     # Exact constancy check: x - x.mean() of a constant array can be ~1e-17 instead of 0.
-    if x.size < 2 or x.min() == x.max() or y.min() == y.max():
+    if x.size < max(2, min_rows) or not (np.isfinite(x).all() and np.isfinite(y).all()):
+        return float("nan")
+    if x.min() == x.max() or y.min() == y.max():
         return float("nan")
     # Correctly rounded sums (math.fsum): r depends neither on the CPU's BLAS kernel nor on the rows'
     # order (with values a few ulps apart, sigma 0.01, 0.01, 0.01 + 1 ulp, a pairwise sum's rounding

@@ -141,7 +141,7 @@ def _demean(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
 def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
     """Pearson r, the same bits on every machine (``summary.json`` is part of DVC's ``data/prepared``);
     None below 3 rows or where r is undefined."""
-    r = pearson_r(x, y) if len(x) >= 3 else float("nan")
+    r = pearson_r(x, y, min_rows=3)
     return None if np.isnan(r) else r
 
 

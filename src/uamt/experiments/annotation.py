@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
+from uamt.core.stats import pearson_r
 from uamt.decisions.annotation import STRATEGIES, select_rows
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, save_figure, write_result
@@ -255,7 +256,7 @@ def test_metrics(mu: np.ndarray, var: np.ndarray, human: np.ndarray, chi: float)
 
     risk = norm.cdf((chi - mu) / np.sqrt(var))
     return {
-        "pps": float(np.corrcoef(mu, human)[0, 1]),
+        "pps": pearson_r(mu, human),
         "nll": float(np.mean(0.5 * np.log(2 * np.pi * var) + (human - mu) ** 2 / (2 * var))),
         "bad_auroc": auroc(risk, human <= chi),
     }
@@ -407,10 +408,10 @@ def domain_metrics(mu, var, human, lps, level: float) -> dict[str, Any]:
     """Coverage at ``level`` and PPS, pooled and per LP (PPS None for an LP with constant scores)."""
 
     def one(rows):
-        constant = np.std(human[rows]) == 0 or np.std(mu[rows]) == 0
+        pps = pearson_r(mu[rows], human[rows])
         return {
             "coverage": coverage_score(mu[rows], var[rows], human[rows], level),
-            "pps": None if constant else float(np.corrcoef(mu[rows], human[rows])[0, 1]),
+            "pps": None if np.isnan(pps) else pps,
             "rows": int(rows.sum()),
         }
 

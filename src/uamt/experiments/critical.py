@@ -37,6 +37,7 @@ import pandas as pd
 
 from uamt.core.config import ConfigError
 from uamt.core.errors import DataError
+from uamt.core.stats import pearson_r
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     FIGURES_DIR,
@@ -485,13 +486,13 @@ def analyse(
         key: {
             method: {
                 lp: {
-                    "score": _pearson(
+                    "score": pearson_r(
                         pred[method]["test"][0][mask], frames["test"]["score"].to_numpy()[mask]
                     ),
-                    "target": _pearson(
+                    "target": pearson_r(
                         pred[method]["test"][0][mask], frames["test"]["target"].to_numpy()[mask]
                     ),
-                    "q_hat": _pearson(pred[method]["test"][0][mask], pred[point_method]["test"][0][mask]),
+                    "q_hat": pearson_r(pred[method]["test"][0][mask], pred[point_method]["test"][0][mask]),
                 }
                 for lp in lps
                 for mask in [(frames["test"]["lp"] == lp).to_numpy()]
@@ -595,12 +596,6 @@ def _on_scale(
     if scale == "raw":
         return mu, sigma
     return mu / words, sigma / words
-
-
-def _pearson(x: np.ndarray, y: np.ndarray) -> float:
-    if len(x) < 2 or np.std(x) == 0 or np.std(y) == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
 
 
 def compare_rankings(result: dict[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from uamt.core.stats import pearson_r
 from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
     confidence_levels,
@@ -518,9 +519,8 @@ def randomised_shares(human, gamma: float, lower, upper, bounds=None, cdf_at_bou
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
-    if x.size < 2 or np.std(x) == 0 or np.std(y) == 0 or not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-        return None
-    return float(np.corrcoef(x, y)[0, 1])
+    r = pearson_r(x, y)
+    return None if np.isnan(r) else r
 
 
 def _cells(inside: np.ndarray, values: np.ndarray, docs: np.ndarray, n_groups: int, gamma: float) -> dict[str, Any]:
