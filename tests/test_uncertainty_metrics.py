@@ -401,5 +401,9 @@ def test_pearson_r_hand_value_and_undefined_cases():
     assert pearson_r([1, 2, 3], [3, 2, 1]) == -1.0
     assert math.isnan(pearson_r([1.0], [2.0]))
     assert math.isnan(pearson_r([1, 1, 1], [1, 2, 3]))
+    assert math.isnan(pearson_r([1, 2, 3], [1, 2, np.inf]))  # an infinite sigma: r undefined
+    assert math.isnan(pearson_r([1, 2, 3], [3, 2, 2], min_rows=4))
+    # 0.1 three times: np.std is ~1e-17, not 0, so a std check called it non-constant
+    assert math.isnan(pearson_r([0.1, 0.1, 0.1], [1, 2, 3]))
     with pytest.raises(ValueError, match=r"shapes \(3,\) and \(2,\)"):
         pearson_r([1, 2, 3], [1, 2])

@@ -1,0 +1,41 @@
+"""benchmarks/lock_diff.py: two dvc.lock files compared stage by stage."""
+
+from __future__ import annotations
+
+import yaml
+
+from benchmarks.lock_diff import compare_stage, main
+
+
+def _stage(out_md5: str, code_md5: str = "c1", params: dict | None = None) -> dict:
+    return {
+        "cmd": "python -m uamt.stages.x",
+        "deps": [{"path": "data/prepared", "md5": "d1.dir"}, {"path": "src/uamt/x.py", "md5": code_md5}],
+        "params": {"params.yaml": params or {"x": 1}},
+        "outs": [{"path": "models/x", "md5": out_md5, "size": 3}, {"path": "metrics/x.json", "md5": "m1"}],
+    }
+
+
+def _write(path, stages: dict) -> str:
+    path.write_text(yaml.safe_dump({"schema": "2.0", "stages": stages}), encoding="utf-8")
+    return str(path)
+
+
+def test_compare_stage_names_the_differing_outputs_and_inputs():
+    same = compare_stage(_stage("a.dir"), _stage("a.dir"))
+    assert same == {"outs": {}, "outs_same": ["metrics/x.json", "models/x"], "deps": [], "params": []}
+    moved = compare_stage(_stage("a.dir"), _stage("b.dir", code_md5="c2", params={"x": 2}))
+    assert moved["outs"] == {"models/x": ("a.dir", "b.dir")}
+    assert moved["deps"] == ["src/uamt/x.py"] and moved["params"] == ["params.yaml"]
+
+
+def test_main_exits_1_and_prints_each_differing_stage(tmp_path, capsys):
+    a = _write(tmp_path / "a.lock", {"prepare": _stage("p.dir"), "encode": _stage("e1.dir")})
+    b = _write(tmp_path / "b.lock", {"prepare": _stage("p.dir"), "encode": _stage("e2.dir"), "new": _stage("n")})
+    assert main([a, a]) == 0
+    assert main([a, b]) == 1
+    out = capsys.readouterr().out
+    assert "prepare              same outputs" in out
+    assert "models/x: e1.dir -> e2.dir" in out
+    assert f"new                  only in {b}" in out
+    assert main([a, b, "--stages", "prepare"]) == 0
