@@ -39,3 +39,32 @@ def test_main_exits_1_and_prints_each_differing_stage(tmp_path, capsys):
     assert "models/x: e1.dir -> e2.dir" in out
     assert f"new                  only in {b}" in out
     assert main([a, b, "--stages", "prepare"]) == 0
+
+
+def test_a_listing_names_the_files_that_differ_inside_a_folder(tmp_path, capsys):
+    import json
+    import subprocess
+
+    from benchmarks.lock_diff import listing
+
+    repo = tmp_path / "repo"
+    cache = repo / ".dvc" / "cache" / "files" / "md5"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    lock = {"prepare": _stage("ab1234.dir")}
+    _write(repo / "dvc.lock", lock)
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "1234.dir").write_text(json.dumps([{"md5": "m1", "relpath": "a.parquet"}, {"md5": "m2", "relpath": "summary.json"}]))
+    mine = listing(repo)
+    assert mine["stages"]["prepare"]["outs"][0]["files"] == {"a.parquet": "m1", "summary.json": "m2"}
+    assert "deps" not in mine["stages"]["prepare"]  # the inputs stay in dvc.lock
+    assert mine["stages"]["prepare"]["outs"][1].get("files") is None  # a file output, not a folder
+    saved = tmp_path / "mine.json"
+    saved.write_text(json.dumps(mine))
+
+    (cache / "cd").mkdir()
+    (cache / "cd" / "5678.dir").write_text(json.dumps([{"md5": "m1", "relpath": "a.parquet"}, {"md5": "m3", "relpath": "summary.json"}]))
+    _write(repo / "dvc.lock", {"prepare": _stage("cd5678.dir")})
+    assert main([str(saved), "--listing-of", str(repo)]) == 1
+    out = capsys.readouterr().out
+    assert "inputs not compared (a listing)" in out
+    assert "1 of 2 files differ: summary.json" in out
