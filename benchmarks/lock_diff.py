@@ -22,6 +22,7 @@ Exit status 0 when every compared stage's outputs match, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import subprocess
@@ -34,8 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def listing(repo: str | Path) -> dict:
-    """Every output of ``<repo>/dvc.lock`` with, for a folder, the md5 of each file in it (from the
-    folder's ``.dir`` entry in ``<repo>/.dvc/cache``; ``files`` is None where the cache lacks it)."""
+    """Every output of ``<repo>/dvc.lock`` with, for a folder, the md5 of each file in it: from the
+    folder's ``.dir`` entry in ``<repo>/.dvc/cache``, else (an output DVC does not cache) from the
+    files in the workspace (``files_from: workspace``: they must be the locked run's); ``files`` is
+    None where neither is there."""
     repo = Path(repo)
     stages = yaml.safe_load((repo / "dvc.lock").read_text(encoding="utf-8")).get("stages", {})
     for entry in stages.values():
@@ -43,14 +46,28 @@ def listing(repo: str | Path) -> dict:
             md5 = out.get("md5") or ""
             if md5.endswith(".dir"):
                 cached = repo / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
-                out["files"] = (
-                    {f["relpath"]: f["md5"] for f in json.loads(cached.read_text(encoding="utf-8"))}
-                    if cached.is_file() else None
-                )
+                folder = repo / out["path"]
+                if cached.is_file():
+                    out["files"] = {f["relpath"]: f["md5"] for f in json.loads(cached.read_text(encoding="utf-8"))}
+                elif folder.is_dir():  # an output DVC does not cache (cache: false): hash what is there
+                    out["files"] = {
+                        path.relative_to(folder).as_posix(): _md5(path) for path in sorted(folder.rglob("*")) if path.is_file()
+                    }
+                    out["files_from"] = "workspace"
+                else:
+                    out["files"] = None
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     # Only the outputs: the inputs are in dvc.lock at that commit.
     outs = {name: {"outs": entry.get("outs") or []} for name, entry in stages.items()}
     return {"format": "uamt-output-listing/1", "commit": head, "cpu": _cpu(), "stages": outs}
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _cpu() -> str:

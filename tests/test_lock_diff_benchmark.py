@@ -68,3 +68,25 @@ def test_a_listing_names_the_files_that_differ_inside_a_folder(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "inputs not compared (a listing)" in out
     assert "1 of 2 files differ: summary.json" in out
+
+
+def test_a_listing_hashes_an_uncached_folder_in_the_workspace(tmp_path):
+    import hashlib
+    import subprocess
+
+    from benchmarks.lock_diff import listing
+
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    stage = _stage("ef0000.dir")
+    stage["outs"][0]["path"] = "cache/embeddings"  # cache: false, as encode's output is
+    _write(repo / "dvc.lock", {"encode": stage})
+    (repo / "cache" / "embeddings" / "shards").mkdir(parents=True)
+    (repo / "cache" / "embeddings" / "shards" / "000000.npy").write_bytes(b"abc")
+    out = listing(repo)["stages"]["encode"]["outs"][0]
+    assert out["files"] == {"shards/000000.npy": hashlib.md5(b"abc").hexdigest()}
+    assert out["files_from"] == "workspace"
+    (repo / "cache" / "embeddings" / "shards" / "000000.npy").unlink()
+    (repo / "cache" / "embeddings" / "shards").rmdir()
+    (repo / "cache" / "embeddings").rmdir()
+    assert listing(repo)["stages"]["encode"]["outs"][0]["files"] is None
