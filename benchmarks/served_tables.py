@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, default=Path("metrics"))
     parser.add_argument("--calibration-dir", type=Path, default=Path("calibration"))
     args = parser.parse_args(argv)
+    for name in ("test.json", "conditional.json", "dev.json"):
+        if not (args.metrics / name).is_file():
+            parser.error(f"--metrics {args.metrics}: no {name} there (--metrics names the folder of the metrics files)")
     test = json.loads((args.metrics / "test.json").read_text())
     conditional = json.loads((args.metrics / "conditional.json").read_text())
     held_out = args.metrics / "held_out.json"  # evaluate_ood's, after register: the unseen-pair goal
