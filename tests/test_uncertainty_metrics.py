@@ -407,3 +407,14 @@ def test_pearson_r_hand_value_and_undefined_cases():
     assert math.isnan(pearson_r([0.1, 0.1, 0.1], [1, 2, 3]))
     with pytest.raises(ValueError, match=r"shapes \(3,\) and \(2,\)"):
         pearson_r([1, 2, 3], [1, 2])
+
+
+def test_pearson_or_none_is_pearson_r_with_none_for_undefined():
+    from uamt.core.stats import pearson_or_none
+
+    assert pearson_or_none([1, 2, 3, 4], [2, 1, 4, 3]) == pytest.approx(0.6, abs=1e-15)
+    assert pearson_or_none([1, 1, 1], [1, 2, 3]) is None
+    assert pearson_or_none([1, 2, 3], [3, 2, 2], min_rows=4) is None
+    assert pearson_or_none([1, 2, 3], [3, 2, 2], min_rows=3) == pytest.approx(-0.8660254037844387)
+    with pytest.raises(ValueError, match="shapes"):
+        pearson_or_none([1, 2, 3], [1, 2])

@@ -48,3 +48,10 @@ def pearson_r(x, y, min_rows: int = 2) -> float:
     if denom == 0.0:
         return float("nan")
     return float(np.clip(math.fsum(dx * dy) / denom, -1.0, 1.0))
+
+
+def pearson_or_none(x, y, min_rows: int = 2) -> float | None:
+    """:func:`pearson_r`, with None where it is NaN (a JSON report's "undefined": too few rows, a
+    constant or a non-finite input)."""
+    r = pearson_r(x, y, min_rows=min_rows)
+    return None if math.isnan(r) else r

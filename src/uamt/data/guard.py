@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
-from uamt.core.stats import pearson_r
+from uamt.core.stats import pearson_or_none
 
 
 @dataclass(frozen=True)
@@ -102,16 +102,17 @@ def chrf_signal(
         scores = sign * part["score"].to_numpy(dtype=float)
         chrfs = segment_scores(list(part["mt"]), [list(part["ref"])], "chrf")
         n = len(part)
-        r = _pearson(scores, chrfs)
+        r = pearson_or_none(scores, chrfs, min_rows=3)
         src = part["src"].to_numpy() if "src" in part.columns else np.arange(n)
         system = part["system"].to_numpy() if "system" in part.columns else np.zeros(n)
         shared = pd.Series(src).duplicated(keep=False).to_numpy()  # sources with >= 2 rows
         within = None
         if shared.sum() >= min(cfg.min_rows, n) and shared.sum() >= 3:
             keys, systems = src[shared], system[shared]
-            within = _pearson(
+            within = pearson_or_none(
                 _demean(_demean(scores[shared], systems), keys),
                 _demean(_demean(chrfs[shared], systems), keys),
+                min_rows=3,
             )
         tested, value = ("within", within) if within is not None else ("pearson", r)
         exempt = cfg.exempt.get(dataset, {}).get(lp)
@@ -136,13 +137,6 @@ def chrf_signal(
 def _demean(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """``values`` minus the mean of the rows with the same key."""
     return values - pd.Series(values).groupby(keys).transform("mean").to_numpy()
-
-
-def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Pearson r, the same bits on every machine (``summary.json`` is part of DVC's ``data/prepared``);
-    None below 3 rows or where r is undefined."""
-    r = pearson_r(x, y, min_rows=3)
-    return None if np.isnan(r) else r
 
 
 def check_signal(signal: Mapping[str, Mapping[str, Mapping[str, Any]]], cfg: GuardConfig) -> None:

@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from uamt.core.errors import DataError
-from uamt.core.stats import pearson_r
+from uamt.core.stats import pearson_or_none, pearson_r
 from uamt.decisions.annotation import STRATEGIES, select_rows
 from uamt.experiments import rendering
 from uamt.experiments.common import FIGURES_DIR, METRICS_DIR, save_figure, write_result
@@ -408,10 +408,9 @@ def domain_metrics(mu, var, human, lps, level: float) -> dict[str, Any]:
     """Coverage at ``level`` and PPS, pooled and per LP (PPS None for an LP with constant scores)."""
 
     def one(rows):
-        pps = pearson_r(mu[rows], human[rows])
         return {
             "coverage": coverage_score(mu[rows], var[rows], human[rows], level),
-            "pps": None if np.isnan(pps) else pps,
+            "pps": pearson_or_none(mu[rows], human[rows]),
             "rows": int(rows.sum()),
         }
 

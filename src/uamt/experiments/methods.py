@@ -42,7 +42,7 @@ import pandas as pd
 
 from uamt.core.config import ConfigError
 from uamt.core.errors import DataError, UamtError
-from uamt.core.stats import pearson_r
+from uamt.core.stats import pearson_or_none
 from uamt.experiments import paper_numbers, rendering
 from uamt.experiments.common import (
     FIGURES_DIR,
@@ -280,8 +280,7 @@ def chrf_pps(frame: pd.DataFrame) -> dict[str, float | None]:
         chrf = segment_scores(list(group["mt"]), list(group["ref"]), "chrf")
         human = pd.to_numeric(group["score"], errors="coerce").to_numpy(dtype=float)
         ok = np.isfinite(human)
-        r = pearson_r(chrf[ok], human[ok], min_rows=3)
-        out[lp] = None if np.isnan(r) else r
+        out[lp] = pearson_or_none(chrf[ok], human[ok], min_rows=3)
     values = [v for v in out.values() if v is not None]
     out["avg"] = float(np.mean(values)) if values else None
     return out

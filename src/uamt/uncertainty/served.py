@@ -57,7 +57,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from uamt.core.stats import pearson_r
+from uamt.core.stats import pearson_or_none
 from uamt.uncertainty.metrics import (
     N_CONFIDENCE_LEVELS,
     confidence_levels,
@@ -518,11 +518,6 @@ def randomised_shares(human, gamma: float, lower, upper, bounds=None, cdf_at_bou
     return below, inside, above
 
 
-def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
-    r = pearson_r(x, y)
-    return None if np.isnan(r) else r
-
-
 def _cells(inside: np.ndarray, values: np.ndarray, docs: np.ndarray, n_groups: int, gamma: float) -> dict[str, Any]:
     """Coverage in the quantile groups of ``values`` (one LP): n, coverage, clustered SE, gap."""
     if values.size < n_groups:
@@ -587,7 +582,7 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
         lower, upper = rows.intervals[float(level)]
         return (human >= lower) & (human <= upper)
 
-    out: dict[str, Any] = {"n": int(human.size), "pps": _pearson(human, center)}
+    out: dict[str, Any] = {"n": int(human.size), "pps": pearson_or_none(human, center)}
     for level in sorted({gamma, *settings.report_gammas}):
         lower, upper = rows.intervals[float(level)]
         below, covered_share, above = shares(level)
@@ -610,8 +605,8 @@ def _lp_metrics(rows: ServedRows, human: np.ndarray, docs: np.ndarray, settings:
     out["crps_rows"] = int(finite.sum())
     out["sharpness"] = float(np.mean(sd[finite] ** 2)) if finite.any() else None
     out["sd"] = float(np.mean(sd[finite])) if finite.any() else None
-    out["ups"] = _pearson(abs_err[finite], sd[finite])
-    out["ups_raw"] = _pearson(abs_err, rows.raw_sigma)
+    out["ups"] = pearson_or_none(abs_err[finite], sd[finite])
+    out["ups_raw"] = pearson_or_none(abs_err, rows.raw_sigma)
     positive = finite & (sd > 0)
     out["ence"] = (
         expected_normalized_calibration_error(human[positive], center[positive], sd[positive], 5)
