@@ -29,6 +29,23 @@ def fmt(value, spec: str = ".3f") -> str:
     return "–" if value is None else format(value, spec)
 
 
+def per_lp_table(test: dict) -> list[str]:
+    """The first table's lines (header included) from ``metrics/test.json``: per model and LP."""
+    lines = [
+        "| model | LP | n | PPS | CRPS | ECE (floor) | cov@0.9 | width@0.9 | miss below / above | UPS served / raw | ENCE served / raw |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model, by_lp in test.items():
+        for lp, m in by_lp.items():
+            lines.append(
+                f"| {model} | {lp} | {m['n']:,} | {fmt(m.get('pps'))} | {fmt(m.get('crps'))} | "
+                f"{fmt(m.get('ece'))} ({fmt(m.get('ece_floor'))}) | {fmt(m.get('coverage@0.9'))} | "
+                f"{fmt(m.get('width@0.9'), '.2f')} | {fmt(m.get('miss_below@0.9'))} / {fmt(m.get('miss_above@0.9'))} | "
+                f"{fmt(m.get('ups'))} / {fmt(m.get('ups_raw'))} | {fmt(m.get('ence'))} / {fmt(m.get('ence_raw'))} |"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--metrics", type=Path, default=Path("metrics"))
@@ -46,16 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         conditional = with_held_out(conditional, json.loads(held_out.read_text()))
     dev = json.loads((args.metrics / "dev.json").read_text())
 
-    print("| model | LP | n | PPS | CRPS | ECE (floor) | cov@0.9 | width@0.9 | miss below / above | UPS served / raw | ENCE served / raw |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for model, by_lp in test.items():
-        for lp, m in by_lp.items():
-            print(
-                f"| {model} | {lp} | {m['n']:,} | {fmt(m.get('pps'))} | {fmt(m.get('crps'))} | "
-                f"{fmt(m.get('ece'))} ({fmt(m.get('ece_floor'))}) | {fmt(m.get('coverage@0.9'))} | "
-                f"{fmt(m.get('width@0.9'), '.2f')} | {fmt(m.get('miss_below@0.9'))} / {fmt(m.get('miss_above@0.9'))} | "
-                f"{fmt(m.get('ups'))} / {fmt(m.get('ups_raw'))} | {fmt(m.get('ence'))} / {fmt(m.get('ence_raw'))} |"
-            )
+    print("\n".join(per_lp_table(test)))
     print()
     print(
         "| model | served | CRPS (baseline) | width (baseline) | worst sd cell | worst μ cell | cov MQM≤−5 | "

@@ -1,8 +1,9 @@
-"""The README's results table says what the committed metrics say.
+"""The README's results table and docs/results.md's per-LP table say what the committed metrics say.
 
-The table is written by hand from ``metrics/test.json`` and ``metrics/conditional.json``; a cold run
-that re-records the metrics (or a change of the served model) must not leave it stale.  Each row is
-read back and every number compared with the metrics file at the digits the README shows.
+The README's table is written by hand from ``metrics/test.json`` and ``metrics/conditional.json``,
+docs/results.md's first table is ``benchmarks/served_tables.py``'s; a cold run that re-records the
+metrics (or a change of the served model) must not leave either stale.  Each row is read back and
+every number compared with the metrics file at the digits the page shows.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from benchmarks.served_tables import per_lp_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,3 +85,14 @@ def test_readme_results_table_matches_the_committed_metrics():
 def test_a_changed_header_is_refused():
     with pytest.raises(AssertionError, match="columns"):
         results_rows("x\n## Results\n\n| model | LP |\n|---|---|\n| a | b |\n## Next\n")
+
+
+def test_results_page_per_lp_table_is_served_tables_output():
+    """docs/results.md's first table, line for line, is what ``python benchmarks/served_tables.py``
+    prints from the committed ``metrics/test.json``."""
+    want = per_lp_table(json.loads((ROOT / "metrics" / "test.json").read_text()))
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8").splitlines()
+    start = page.index(want[0])
+    got = page[start : start + len(want)]
+    stale = [f"docs/results.md line {start + i + 1}: {g!r}, metrics give {w!r}" for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w]
+    assert not stale and len(got) == len(want), "docs/results.md's per-LP table is stale (paste served_tables.py's):\n" + "\n".join(stale[:10])

@@ -347,6 +347,7 @@ BATCH_REFUSALS = [
     Refusal("lp-number", lambda t, s: _batch_argv(t, frame=_with("lp", 0, "x").assign(lp=7)), r"row 0: column 'lp' must be text, got int"),
     Refusal("empty-mt-at-row-450", lambda t, s: _batch_argv(t, "--partition-rows", "50", frame=_with("mt", 450, "", n=500)), r"in\.parquet: row 450: column 'mt' is empty"),
     Refusal("null-src-at-row-20", lambda t, s: _batch_argv(t, "--partition-rows", "5", frame=_with("src", 20, None)), r"row 20: column 'src' must be text, got nothing \(null\)"),
+    Refusal("null-ref-at-row-3", lambda t, s: _batch_argv(t, frame=_with("ref", 3, None)), r"row 3: column 'ref' must be text, got nothing \(null\); a table with a 'ref' column is scored with references in every row: .*reference-free model"),
     Refusal("model-version-missing", lambda t, s: _batch_argv(t, model=f"models:/{REF_MODEL}/9", frame=_with("lp", 0, "de-en")), r"could not load model 'models:/uamt-test/9' from sqlite:///.*/mlflow.db: .*not found"),
     Refusal("model-folder-missing", lambda t, s: _batch_argv(t, model=str(t / "no-model")), r"could not load model '.*no-model': no model folder at"),
     Refusal("qe-model-given-references", lambda t, s: _batch_argv(t, model=f"models:/{QE_MODEL}@champion"), r"is a reference-free \(QE\) model .*but references were given"),

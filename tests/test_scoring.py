@@ -338,6 +338,27 @@ def test_output_folder_missing_is_checked_before_scoring(files, capsys, monkeypa
 
 
 # ----------------------------------------------------------------------------- compare
+def test_comparison_table_numbers_systems_whose_names_its_columns_would_cut():
+    from uamt.serving.compare import comparison_table
+
+    def result(names):
+        systems = [
+            {"name": n, "system_score": -1.0, "system_sigma": 0.5, "system_lower": -2.0, "system_upper": 0.0}
+            for n in names
+        ]
+        return {"confidence": 0.9, "systems": systems, "pairs": [{"a": names[0], "b": names[1], "p_a_better": 0.013}]}
+
+    # Two paths sharing their first 7 characters: each column headed by a number, each row naming it.
+    matrix = comparison_table(result(["/data/run/sysA.txt", "/data/run/sysB.txt"])).split("P(row better")[1]
+    lines = matrix.splitlines()[1:]
+    assert lines[0].split() == ["#1", "#2"]
+    assert lines[1].split() == ["#1", "/data/run/sysA.txt", "-", "0.013"]
+    assert lines[2].split() == ["#2", "/data/run/sysB.txt", "0.987", "-"]
+    # Names that fit head their own columns, as before.
+    short = comparison_table(result(["sysA", "sysB"])).split("P(row better")[1].splitlines()[1:]
+    assert short[0].split() == ["sysA", "sysB"] and short[1].split() == ["sysA", "-", "0.013"]
+
+
 def _compare(files, *mts, extra=()):
     argv = ["compare", "-s", str(files["src"]), "-r", str(files["ref_a"]), "--params", str(files["params"])]
     for mt in mts:

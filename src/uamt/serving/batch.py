@@ -388,9 +388,16 @@ def check_rows(frame: pd.DataFrame, path: str | Path) -> None:
             if column == "lp":
                 continue
             if not isinstance(value, str):
+                null = value is None or value != value
+                hint = (
+                    "; a table with a 'ref' column is scored with references in every row: score the rows "
+                    "without one from a table without the column (the reference-free model)"
+                    if column == "ref" and null
+                    else ""
+                )
                 raise DataError(
                     f"{path}: row {row}: column {column!r} must be text, got "
-                    f"{'nothing (null)' if value is None or value != value else type(value).__name__}"
+                    f"{'nothing (null)' if null else type(value).__name__}{hint}"
                 )
             if is_blank(value):
                 detail = blank_detail(value)

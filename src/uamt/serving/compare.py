@@ -191,8 +191,14 @@ def comparison_table(result: dict[str, Any]) -> str:
             "P(row better than column)"
             + (": normal approximation (paired bootstrap)" if bootstrap else ": normal approximation")
         )
-        lines.append(f"{'':<{width}}" + "".join(f"  {n[:cell]:>{cell}}" for n in names))
-        for a in names:
+        # A name wider than its column (a path such as /data/sysA.txt) would be cut to a prefix that
+        # several systems share: number the systems instead, the number before each row's name.
+        numbered = any(len(n) > cell for n in names)
+        labels = [f"#{k}" for k in range(1, len(names) + 1)] if numbered else names
+        row_names = [f"{label} {n}" for label, n in zip(labels, names, strict=True)] if numbered else names
+        name_width = max(width, *(len(n) for n in row_names))
+        lines.append(f"{'':<{name_width}}" + "".join(f"  {label:>{cell}}" for label in labels))
+        for a, row_name in zip(names, row_names, strict=True):
             cells = []
             for b in names:
                 if a == b:
@@ -201,5 +207,5 @@ def comparison_table(result: dict[str, Any]) -> str:
                     p_norm, p_boot = prob[(a, b)]
                     text = f"{p_norm:.3f}" + (f" ({p_boot:.3f})" if p_boot is not None else "")
                 cells.append(f"  {text:>{cell}}")
-            lines.append(f"{a:<{width}}" + "".join(cells))
+            lines.append(f"{row_name:<{name_width}}" + "".join(cells))
     return "\n".join(lines) + "\n"
