@@ -96,3 +96,11 @@ def test_results_page_per_lp_table_is_served_tables_output():
     got = page[start : start + len(want)]
     stale = [f"docs/results.md line {start + i + 1}: {g!r}, metrics give {w!r}" for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w]
     assert not stale and len(got) == len(want), "docs/results.md's per-LP table is stale (paste served_tables.py's):\n" + "\n".join(stale[:10])
+
+
+def test_served_tables_refuses_a_metrics_path_that_is_not_the_folder(capsys):
+    from benchmarks.served_tables import main
+
+    with pytest.raises(SystemExit):
+        main(["--metrics", str(ROOT / "metrics" / "test.json")])
+    assert "no test.json there (--metrics names the folder of the metrics files)" in capsys.readouterr().err
