@@ -98,7 +98,10 @@ def _git_files(ref: str, path: str) -> dict[str, str]:
     kind = subprocess.run(["git", "cat-file", "-t", f"{ref}:{path}"], cwd=REPO_ROOT, capture_output=True, text=True)
     if kind.returncode != 0:
         raise SystemExit(f"metrics_diff: git:{ref}:{path}: {kind.stderr.strip() or 'not found'}")
-    show = lambda p: subprocess.run(["git", "show", f"{ref}:{p}"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout  # noqa: E731
+
+    def show(name: str) -> str:
+        return subprocess.run(["git", "show", f"{ref}:{name}"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+
     if kind.stdout.strip() == "blob":
         return {Path(path).name: show(path)}
     names = subprocess.run(

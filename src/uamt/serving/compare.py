@@ -193,9 +193,11 @@ def comparison_table(result: dict[str, Any]) -> str:
         )
         # A name wider than its column (a path such as /data/sysA.txt) would be cut to a prefix that
         # several systems share: number the systems instead, the number before each row's name.
-        numbered = any(len(n) > cell for n in names)
-        labels = [f"#{k}" for k in range(1, len(names) + 1)] if numbered else names
-        row_names = [f"{label} {n}" for label, n in zip(labels, names, strict=True)] if numbered else names
+        if any(len(n) > cell for n in names):
+            labels = [f"#{k}" for k in range(1, len(names) + 1)]
+            row_names = [f"{label} {n}" for label, n in zip(labels, names, strict=True)]
+        else:
+            labels = row_names = names
         name_width = max(width, *(len(n) for n in row_names))
         lines.append(f"{'':<{name_width}}" + "".join(f"  {label:>{cell}}" for label in labels))
         for a, row_name in zip(names, row_names, strict=True):
